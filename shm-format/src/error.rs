@@ -1,0 +1,119 @@
+//! The one error type of this crate. Every message says what to do next.
+
+use std::io;
+use std::path::PathBuf;
+
+/// Errors from creating, opening and validating engine-state files.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The engine id is not a valid file name / key suffix.
+    #[error(
+        "invalid engine id {id:?}: {reason}; use 1 to 63 characters of [A-Za-z0-9._-], not starting \
+         with '.' (set AGENTIC_WORKER_ID or pass engine_id)"
+    )]
+    InvalidEngineId {
+        /// The refused id, escaped for display.
+        id: String,
+        /// Why it was refused.
+        reason: &'static str,
+    },
+    /// A system call on a path failed.
+    #[error("could not {action} {}: {source}{hint}", path.display())]
+    Io {
+        /// What was being done ("open", "create", "map", ...).
+        action: &'static str,
+        /// The path it was done to.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+        /// A hint on what to do, possibly empty.
+        hint: &'static str,
+    },
+    /// The file does not start with the engine-state magic.
+    #[error(
+        "{} is not an engine-state file (bad magic); remove it from the engine-state directory",
+        path.display()
+    )]
+    NotEngineState {
+        /// The foreign file.
+        path: PathBuf,
+    },
+    /// The file has a layout version this build does not know.
+    #[error(
+        "{} has layout version {found}, but this build reads version {supported}; upgrade \
+         engine-state on this side (or downgrade the writer) so both use the same layout",
+        path.display()
+    )]
+    UnknownVersion {
+        /// The file.
+        path: PathBuf,
+        /// The version in the file.
+        found: u32,
+        /// The version this build supports.
+        supported: u32,
+    },
+    /// The file is shorter or longer than a layout-version-1 file.
+    #[error(
+        "{} is {size} bytes, but an engine-state file is {expected} bytes (truncated or not an \
+         engine-state file); remove it and restart its publisher",
+        path.display()
+    )]
+    WrongSize {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        size: u64,
+        /// The size of a valid file.
+        expected: u64,
+    },
+    /// The header is inconsistent with layout version 1.
+    #[error("{} has a corrupt header ({what}); remove it and restart its publisher", path.display())]
+    CorruptHeader {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        what: String,
+    },
+    /// Another live process already publishes this engine id.
+    #[error(
+        "engine id {engine_id:?} is already published by a live process (pid {pid} in its \
+         namespace) at {}; give this engine another id (AGENTIC_WORKER_ID) or stop the other \
+         publisher",
+        path.display()
+    )]
+    AlreadyPublished {
+        /// The contested id.
+        engine_id: String,
+        /// The live file.
+        path: PathBuf,
+        /// The other writer's pid, as recorded in its header.
+        pid: u32,
+    },
+}
+
+impl Error {
+    pub(crate) fn io(action: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Error {
+        let hint = match source.kind() {
+            io::ErrorKind::NotFound if action == "read directory" => {
+                "; create it, or point AGENTIC_ENGINE_STATE_URI / --uri at the directory the \
+                 engines publish into"
+            }
+            io::ErrorKind::NotFound => "; check the path (AGENTIC_ENGINE_STATE_URI / --uri)",
+            io::ErrorKind::PermissionDenied => {
+                "; run as a user that may write there, or choose another directory \
+                 (AGENTIC_ENGINE_STATE_URI / --uri)"
+            }
+            _ if source.raw_os_error() == Some(nix::libc::ENOSPC) => {
+                "; the shared-memory filesystem is full: free space in it or enlarge it"
+            }
+            _ => "",
+        };
+        Error::Io {
+            action,
+            path: path.into(),
+            source,
+            hint,
+        }
+    }
+}

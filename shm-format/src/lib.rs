@@ -1,0 +1,68 @@
+//! Layout version 1 of engine-state: the fixed-layout engine [`Snapshot`], the
+//! seqlock protocol that publishes it, and the shared-memory file it lives in.
+//!
+//! This crate owns the bytes and nothing else (no discovery, no staleness
+//! policy, no environment): the `engine-state-reader` crate builds on it.
+//!
+//! - [`Snapshot`]: sixteen `u64` words, field names as in DESIGN §3.
+//! - [`ShmWriter`]: the single writer of one engine's file; atomic creation,
+//!   `flock` against a second writer, seqlock publish, [`Heartbeat`] handle for
+//!   a timer thread, retirement.
+//! - [`ShmFile`]: a reader's read-only mapping, validated at open; lock-free
+//!   [`ShmFile::read`].
+//! - [`seqlock`]: the protocol itself over atomic words (checked with loom and
+//!   Miri).
+//! - [`layout`]: every offset, pinned by compile-time asserts and a
+//!   golden-bytes test.
+//!
+//! ```
+//! use engine_state_shm_format::{EngineId, ShmFile, ShmWriter, Snapshot, WriterOptions};
+//!
+//! let dir = tempfile::tempdir()?;
+//! let id = EngineId::new("engine-0")?;
+//! let mut writer = ShmWriter::create(dir.path(), &id, &WriterOptions::default(), &Snapshot::default())?;
+//! writer.publish(&Snapshot { num_running: 3, num_waiting: 1, ..Snapshot::default() })?;
+//!
+//! let reader = ShmFile::open(dir.path().join("engine-0"))?;
+//! let (snapshot, _seq) = reader.read().expect("no writer is mid-write");
+//! assert_eq!(snapshot.num_running, 3);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+#[cfg(not(target_endian = "little"))]
+compile_error!(
+    "engine-state layout version 1 stores little-endian words; big-endian hosts are not supported"
+);
+
+mod clock;
+mod engine_id;
+mod error;
+mod fork;
+pub mod layout;
+// Under `--cfg loom` only the protocol is built: loom's atomics cannot live in
+// a mapping, and the model checks `seqlock` alone.
+#[cfg(not(loom))]
+mod mapping;
+pub mod seqlock;
+#[cfg(not(loom))]
+mod shm_file;
+mod snapshot;
+#[cfg(not(loom))]
+mod writer;
+
+pub use crate::clock::{monotonic_ns, pid_namespace, unix_ns};
+pub use crate::engine_id::{EngineId, MAX_ENGINE_ID_LEN};
+pub use crate::error::Error;
+pub use crate::fork::fork_generation;
+pub use crate::layout::{Header, FILE_SIZE, LAYOUT_VERSION};
+pub use crate::seqlock::Torn;
+#[cfg(not(loom))]
+pub use crate::shm_file::ShmFile;
+pub use crate::snapshot::{Snapshot, FLAG_IDLE, FLAG_SHUTTING_DOWN, SNAPSHOT_WORDS};
+#[cfg(not(loom))]
+pub use crate::writer::{Heartbeat, ShmWriter, WriterOptions, WrongProcess};
+
+#[cfg(all(test, not(loom)))]
+mod file_tests;

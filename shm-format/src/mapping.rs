@@ -1,0 +1,104 @@
+//! A mapped engine-state file seen as atomic words.
+//!
+//! The only `unsafe` of the crate lives here: turning offsets into the mapping
+//! into `&AtomicU64`.
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use memmap2::{MmapOptions, MmapRaw};
+
+use crate::error::Error;
+use crate::layout::{FILE_SIZE, HEADER_SIZE};
+
+/// A `FILE_SIZE`-byte shared mapping of an engine-state file.
+#[derive(Debug)]
+pub(crate) struct Mapping {
+    map: MmapRaw,
+}
+
+impl Mapping {
+    /// Maps `file` read-only (`PROT_READ`). The caller checked its size.
+    pub(crate) fn read_only(file: &File, path: &Path) -> Result<Mapping, Error> {
+        let map = MmapOptions::new()
+            .len(FILE_SIZE)
+            .map_raw_read_only(file)
+            .map_err(|e| Error::io("map", path, e))?;
+        Ok(Mapping { map })
+    }
+
+    /// Maps `file` read-write and shared. The caller checked or reserved its size.
+    pub(crate) fn read_write(file: &File, path: &Path) -> Result<Mapping, Error> {
+        let map = MmapOptions::new()
+            .len(FILE_SIZE)
+            .map_raw(file)
+            .map_err(|e| Error::io("map", path, e))?;
+        Ok(Mapping { map })
+    }
+
+    /// The `u64` word at byte `offset`.
+    ///
+    /// Panics if `offset` is not 8-aligned or not inside the file.
+    #[inline]
+    pub(crate) fn word(&self, offset: usize) -> &AtomicU64 {
+        assert!(
+            offset % 8 == 0 && offset + 8 <= FILE_SIZE,
+            "word offset {offset} out of layout"
+        );
+        // SAFETY:
+        // - the mapping is `FILE_SIZE` bytes (length passed to mmap, and the file
+        //   is at least that long: checked by the reader, reserved by the writer,
+        //   and never truncated while live), so `offset..offset + 8` is inside it;
+        // - mmap returns a page-aligned address and `offset` is a multiple of 8,
+        //   so the pointer is aligned for `AtomicU64`, which has the size and
+        //   alignment of `u64`;
+        // - the mapping lives as long as `self`, and the returned reference
+        //   borrows `self`;
+        // - every access to these bytes, in every process, goes through atomic
+        //   `u64` operations of the same size (this module is the only way in),
+        //   so there is no data race and no mixed-size access;
+        // - on a read-only mapping only Relaxed loads are done (readers never
+        //   store, swap or compare-and-swap).
+        unsafe { &*(self.map.as_ptr().add(offset) as *const AtomicU64) }
+    }
+
+    /// `N` consecutive words starting at byte `offset`.
+    #[inline]
+    pub(crate) fn words<const N: usize>(&self, offset: usize) -> &[AtomicU64; N] {
+        assert!(
+            offset % 8 == 0 && offset + 8 * N <= FILE_SIZE,
+            "words {offset}+{N} out of layout"
+        );
+        // SAFETY: as in `word`, for the `8 * N` bytes at `offset`, which are
+        // inside the mapping (asserted above); `[AtomicU64; N]` has the layout
+        // of `[u64; N]`.
+        unsafe { &*(self.map.as_ptr().add(offset) as *const [AtomicU64; N]) }
+    }
+
+    /// The header words, each loaded Relaxed (only `state` changes after creation).
+    pub(crate) fn header(&self) -> crate::layout::Header {
+        let words: &[AtomicU64; HEADER_SIZE / 8] = self.words(0);
+        let copy: [u64; HEADER_SIZE / 8] =
+            core::array::from_fn(|i| words[i].load(Ordering::Relaxed));
+        bytemuck::cast(copy)
+    }
+
+    /// Bytes `offset..offset + 8 * N`, loaded as Relaxed words (little-endian).
+    pub(crate) fn bytes<const N: usize>(&self, offset: usize) -> Vec<u8> {
+        let words: &[AtomicU64; N] = self.words(offset);
+        words
+            .iter()
+            .flat_map(|w| w.load(Ordering::Relaxed).to_le_bytes())
+            .collect()
+    }
+
+    /// Stores `bytes` (a multiple of 8 long) at `offset` as Relaxed words.
+    pub(crate) fn store_bytes(&self, offset: usize, bytes: &[u8]) {
+        assert!(bytes.len() % 8 == 0);
+        for (i, chunk) in bytes.chunks_exact(8).enumerate() {
+            let value = u64::from_le_bytes(chunk.try_into().expect("chunks_exact(8)"));
+            self.word(offset + 8 * i).store(value, Ordering::Relaxed);
+        }
+    }
+}

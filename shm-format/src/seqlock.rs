@@ -1,0 +1,279 @@
+//! The seqlock protocol of DESIGN §5, over atomic words.
+//!
+//! One writer, any number of readers, possibly in other processes. The
+//! protected words are `AtomicU64`s accessed with `Relaxed` loads and stores
+//! between fences (H.-J. Boehm, "Can Seqlocks Get Along with Programming
+//! Language Memory Models?", 2012): no plain or volatile access to memory that
+//! another process writes, so there is no data race in the Rust memory model.
+//!
+//! Ordering contract:
+//! - writer: `seq = s+1` (Relaxed), `fence(Release)`, words (Relaxed),
+//!   `seq = s+2` (Release);
+//! - reader: `s0 = seq` (Relaxed), `fence(Acquire)`, words (Relaxed),
+//!   `fence(Acquire)`, `s1 = seq` (Relaxed); the copy is accepted only if
+//!   `s0 == s1` and even. Readers use only Relaxed loads of 8 bytes because
+//!   they work on a read-only mapping (`PROT_READ`); the fences give them the
+//!   acquire semantics.
+//!
+//! Pairings are named at each operation below. The model is checked with loom
+//! (`RUSTFLAGS="--cfg loom" cargo test -p engine-state-shm-format --release
+//! seqlock`), and the in-memory tests of this module run under Miri.
+//!
+//! Retries are bounded ([`READ_SPINS`] + [`READ_YIELDS`]): a writer killed in
+//! the middle of a write leaves the sequence odd forever, and readers then get
+//! [`Torn`] instead of spinning.
+
+#[cfg(loom)]
+use loom::sync::atomic::{fence, AtomicU64, Ordering};
+#[cfg(not(loom))]
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+
+/// Attempts that spin (with a CPU pause hint) before a reader starts yielding.
+#[cfg(not(loom))]
+pub const READ_SPINS: u32 = 128;
+/// Further attempts, each after `yield_now`, before a reader gives up with [`Torn`].
+#[cfg(not(loom))]
+pub const READ_YIELDS: u32 = 16;
+#[cfg(loom)]
+pub const READ_SPINS: u32 = 2;
+#[cfg(loom)]
+pub const READ_YIELDS: u32 = 1;
+
+/// The seqlock could not be read consistently within its retry bound: a write
+/// was in progress at every attempt, or the writer died in the middle of one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Torn {
+    /// The last sequence value seen (odd while a write is in progress).
+    pub last_seq: u64,
+}
+
+/// Publishes `values` into `words` under the sequence `seq`.
+///
+/// Single writer: the caller guarantees that no other thread or process writes
+/// `seq` or `words` at the same time (the file's writer lock does this across
+/// processes, `&mut` ownership of the writer inside one).
+#[inline]
+pub fn write<const N: usize>(seq: &AtomicU64, words: &[AtomicU64; N], values: &[u64; N]) {
+    // Only this writer stores to `seq`, so a Relaxed load sees its own last store.
+    let s = seq.load(Ordering::Relaxed);
+    debug_assert!(
+        s % 2 == 0,
+        "seqlock writer found an odd sequence: two writers?"
+    );
+    // Mark the write as in progress. Readers that see this odd value retry.
+    seq.store(s.wrapping_add(1), Ordering::Relaxed);
+    // Pairs with the reader's `fence(Acquire)` after its word loads: a reader
+    // that sees any of the word stores below also sees the odd sequence above
+    // when it reloads `seq`, so it rejects a copy that mixes old and new words.
+    fence(Ordering::Release);
+    for (word, value) in words.iter().zip(values) {
+        word.store(*value, Ordering::Relaxed);
+    }
+    // Pairs with the reader's Acquire load of `seq`: a reader that sees s+2
+    // sees every word stored above.
+    seq.store(s.wrapping_add(2), Ordering::Release);
+}
+
+/// One attempt at a consistent copy and the (even) sequence it was published
+/// under; `Err(seq)` when a write interfered.
+#[inline]
+pub fn try_read<const N: usize>(
+    seq: &AtomicU64,
+    words: &[AtomicU64; N],
+) -> Result<([u64; N], u64), u64> {
+    // Relaxed load + Acquire fence rather than an Acquire load: on a read-only
+    // mapping only Relaxed loads of at most 8 bytes are documented to work.
+    // Together they pair with the writer's final Release store of `seq`: a
+    // reader that sees s+2 sees every word of that write.
+    let s0 = seq.load(Ordering::Relaxed);
+    fence(Ordering::Acquire);
+    if s0 % 2 == 1 {
+        return Err(s0);
+    }
+    let mut out = [0u64; N];
+    for (slot, word) in out.iter_mut().zip(words) {
+        *slot = word.load(Ordering::Relaxed);
+    }
+    // Pairs with the writer's `fence(Release)` after its odd store: if any load
+    // above saw a store from a later write, the reload below sees that write's
+    // odd (or later) sequence.
+    fence(Ordering::Acquire);
+    let s1 = seq.load(Ordering::Relaxed);
+    if s0 == s1 {
+        Ok((out, s0))
+    } else {
+        Err(s1)
+    }
+}
+
+/// A consistent copy of `words` and the (even) sequence it was published under,
+/// or [`Torn`] after [`READ_SPINS`] + [`READ_YIELDS`] failed attempts.
+#[inline]
+pub fn read<const N: usize>(
+    seq: &AtomicU64,
+    words: &[AtomicU64; N],
+) -> Result<([u64; N], u64), Torn> {
+    let mut last_seq = 0;
+    for attempt in 0..READ_SPINS + READ_YIELDS {
+        match try_read(seq, words) {
+            Ok(copy) => return Ok(copy),
+            Err(s) => last_seq = s,
+        }
+        if attempt < READ_SPINS {
+            spin_hint();
+        } else {
+            yield_now();
+        }
+    }
+    Err(Torn { last_seq })
+}
+
+#[inline]
+fn spin_hint() {
+    #[cfg(loom)]
+    loom::thread::yield_now();
+    #[cfg(not(loom))]
+    std::hint::spin_loop();
+}
+
+#[inline]
+fn yield_now() {
+    #[cfg(loom)]
+    loom::thread::yield_now();
+    #[cfg(not(loom))]
+    std::thread::yield_now();
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+
+    struct Cell<const N: usize> {
+        seq: AtomicU64,
+        words: [AtomicU64; N],
+    }
+
+    impl<const N: usize> Cell<N> {
+        fn new() -> Self {
+            Cell {
+                seq: AtomicU64::new(0),
+                words: core::array::from_fn(|_| AtomicU64::new(0)),
+            }
+        }
+    }
+
+    #[test]
+    fn write_then_read_round_trips() {
+        let cell = Cell::<4>::new();
+        write(&cell.seq, &cell.words, &[1, 2, 3, 4]);
+        let (values, seq) = read(&cell.seq, &cell.words).unwrap();
+        assert_eq!(values, [1, 2, 3, 4]);
+        assert_eq!(seq, 2);
+        write(&cell.seq, &cell.words, &[5, 6, 7, 8]);
+        assert_eq!(read(&cell.seq, &cell.words).unwrap(), ([5, 6, 7, 8], 4));
+    }
+
+    #[test]
+    fn odd_sequence_is_torn_after_bounded_retries() {
+        let cell = Cell::<4>::new();
+        // A writer that died between its odd store and its final store.
+        cell.seq.store(7, Ordering::Relaxed);
+        assert_eq!(read(&cell.seq, &cell.words), Err(Torn { last_seq: 7 }));
+        assert_eq!(try_read(&cell.seq, &cell.words), Err(7));
+    }
+
+    #[test]
+    fn concurrent_reader_never_sees_a_mixed_copy() {
+        // Every word is derived from one value; a mixed copy breaks the relation.
+        const N: usize = 16;
+        let iterations: u64 = if cfg!(miri) { 200 } else { 200_000 };
+        let cell = Arc::new(Cell::<N>::new());
+        let done = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let (cell, done) = (cell.clone(), done.clone());
+            std::thread::spawn(move || {
+                for v in 1..=iterations {
+                    let values: [u64; N] = core::array::from_fn(|i| v.wrapping_mul(i as u64 + 1));
+                    write(&cell.seq, &cell.words, &values);
+                }
+                done.store(true, Ordering::Release);
+            })
+        };
+        let mut accepted = 0u64;
+        while !done.load(Ordering::Acquire) {
+            if let Ok((values, _)) = read(&cell.seq, &cell.words) {
+                let v = values[0];
+                for (i, word) in values.iter().enumerate() {
+                    assert_eq!(*word, v.wrapping_mul(i as u64 + 1), "mixed copy accepted");
+                }
+                accepted += 1;
+            }
+        }
+        writer.join().unwrap();
+        let (values, _) = read(&cell.seq, &cell.words).unwrap();
+        assert_eq!(values[0], iterations);
+        assert!(accepted > 0);
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use loom::sync::Arc;
+
+    struct Cell {
+        seq: AtomicU64,
+        words: [AtomicU64; 2],
+    }
+
+    /// A reader racing two writes accepts only whole snapshots (0,0), (1,10) or (2,20).
+    #[test]
+    fn reader_accepts_only_whole_snapshots() {
+        loom::model(|| {
+            let cell = Arc::new(Cell {
+                seq: AtomicU64::new(0),
+                words: [AtomicU64::new(0), AtomicU64::new(0)],
+            });
+            let writer = {
+                let cell = cell.clone();
+                loom::thread::spawn(move || {
+                    write(&cell.seq, &cell.words, &[1, 10]);
+                    write(&cell.seq, &cell.words, &[2, 20]);
+                })
+            };
+            if let Ok((values, _)) = try_read(&cell.seq, &cell.words) {
+                assert_eq!(values[1], values[0] * 10, "torn copy accepted: {values:?}");
+            }
+            writer.join().unwrap();
+            assert_eq!(try_read(&cell.seq, &cell.words), Ok(([2, 20], 4)));
+        });
+    }
+
+    /// Two readers, one write: whatever each accepts is whole.
+    #[test]
+    fn two_readers_one_write() {
+        loom::model(|| {
+            let cell = Arc::new(Cell {
+                seq: AtomicU64::new(0),
+                words: [AtomicU64::new(3), AtomicU64::new(30)],
+            });
+            let writer = {
+                let cell = cell.clone();
+                loom::thread::spawn(move || write(&cell.seq, &cell.words, &[4, 40]))
+            };
+            let reader = {
+                let cell = cell.clone();
+                loom::thread::spawn(move || {
+                    if let Ok((values, _)) = try_read(&cell.seq, &cell.words) {
+                        assert_eq!(values[1], values[0] * 10, "torn copy accepted: {values:?}");
+                    }
+                })
+            };
+            writer.join().unwrap();
+            reader.join().unwrap();
+            assert_eq!(try_read(&cell.seq, &cell.words), Ok(([4, 40], 2)));
+        });
+    }
+}

@@ -1,0 +1,203 @@
+//! A reader's view of one engine-state file: opened read-only, validated,
+//! mapped `PROT_READ`, never written.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+
+use crate::engine_id::EngineId;
+use crate::error::Error;
+use crate::layout::*;
+use crate::mapping::Mapping;
+use crate::seqlock::{self, Torn};
+use crate::snapshot::Snapshot;
+
+/// One engine-state file, mapped read-only.
+///
+/// [`ShmFile::open`] checks size, magic, layout version, header sizes and the
+/// engine id before the mapping is used. Reads are lock-free: [`ShmFile::read`]
+/// is the seqlock read of DESIGN §5.
+#[derive(Debug)]
+pub struct ShmFile {
+    pub(crate) map: Mapping,
+    path: PathBuf,
+    header: Header,
+    engine_id: EngineId,
+    inode: u64,
+}
+
+impl ShmFile {
+    /// Opens and validates `path`.
+    pub fn open(path: impl AsRef<Path>) -> Result<ShmFile, Error> {
+        let path = path.as_ref();
+        let file = File::open(path).map_err(|e| Error::io("open", path, e))?;
+        ShmFile::from_file(file, path)
+    }
+
+    /// Validates an open file and maps it read-only.
+    pub(crate) fn from_file(file: File, path: &Path) -> Result<ShmFile, Error> {
+        check_size(&file, path)?;
+        let map = Mapping::read_only(&file, path)?;
+        ShmFile::checked(map, &file, path)
+    }
+
+    /// Validates an open file and maps it read-write (for a writer retiring it).
+    pub(crate) fn validate(file: &File, path: &Path) -> Result<ShmFile, Error> {
+        check_size(file, path)?;
+        let map = Mapping::read_write(file, path)?;
+        ShmFile::checked(map, file, path)
+    }
+
+    fn checked(map: Mapping, file: &File, path: &Path) -> Result<ShmFile, Error> {
+        let header = map.header();
+        check_header(&header, path)?;
+        let engine_id =
+            EngineId::from_field(&map.bytes::<{ ENGINE_ID_FIELD_SIZE / 8 }>(ENGINE_ID_OFFSET))
+                .map_err(|e| Error::CorruptHeader {
+                    path: path.to_owned(),
+                    what: e.to_string(),
+                })?;
+        if let Some(name) = path.file_name().and_then(|n| n.to_str()) {
+            if name != engine_id.as_str() {
+                return Err(Error::CorruptHeader {
+                    path: path.to_owned(),
+                    what: format!(
+                        "it names engine {:?} but the file is called {name:?}",
+                        engine_id.as_str()
+                    ),
+                });
+            }
+        }
+        let inode = file
+            .metadata()
+            .map_err(|e| Error::io("stat", path, e))?
+            .ino();
+        Ok(ShmFile {
+            map,
+            path: path.to_owned(),
+            header,
+            engine_id,
+            inode,
+        })
+    }
+
+    /// A consistent snapshot and the sequence it was published under, or
+    /// [`Torn`] when no consistent copy could be had within the retry bound.
+    #[inline]
+    pub fn read(&self) -> Result<(Snapshot, u64), Torn> {
+        let (words, seq) =
+            seqlock::read(self.map.word(SEQ_OFFSET), self.map.words(PAYLOAD_OFFSET))?;
+        Ok((Snapshot::from_words(words), seq))
+    }
+
+    /// The last heartbeat stamp (`CLOCK_MONOTONIC` ns of the writer's host).
+    #[inline]
+    pub fn heartbeat_mono_ns(&self) -> u64 {
+        self.map.word(HEARTBEAT_OFFSET).load(Ordering::Relaxed)
+    }
+
+    /// The writer retired this file (closed, or replaced by a new writer).
+    #[inline]
+    pub fn is_retired(&self) -> bool {
+        self.map.word(STATE_WORD * 8).load(Ordering::Relaxed) == STATE_RETIRED
+    }
+
+    /// The header as it was at open (the `state` field may have changed since:
+    /// see [`ShmFile::is_retired`]).
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// The engine id recorded in the file.
+    pub fn engine_id(&self) -> &EngineId {
+        &self.engine_id
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file's inode (with the generation, what tells a replacement apart).
+    pub fn inode(&self) -> u64 {
+        self.inode
+    }
+
+    /// The file's generation.
+    pub fn generation(&self) -> u64 {
+        self.header.generation
+    }
+}
+
+fn check_size(file: &File, path: &Path) -> Result<(), Error> {
+    let meta = file.metadata().map_err(|e| Error::io("stat", path, e))?;
+    if !meta.is_file() {
+        return Err(Error::io(
+            "read",
+            path,
+            io::Error::other("not a regular file"),
+        ));
+    }
+    if meta.len() == FILE_SIZE as u64 {
+        return Ok(());
+    }
+    // Tell a foreign file, a future layout and a truncated file apart before
+    // mapping anything.
+    let mut start = [0u8; 12];
+    let have = file
+        .read_at(&mut start, 0)
+        .map_err(|e| Error::io("read", path, e))?;
+    if have >= 8 && u64::from_le_bytes(start[..8].try_into().expect("8 bytes")) != MAGIC {
+        return Err(Error::NotEngineState {
+            path: path.to_owned(),
+        });
+    }
+    if have == 12 {
+        let version = u32::from_le_bytes(start[8..12].try_into().expect("4 bytes"));
+        if version != LAYOUT_VERSION {
+            return Err(Error::UnknownVersion {
+                path: path.to_owned(),
+                found: version,
+                supported: LAYOUT_VERSION,
+            });
+        }
+    }
+    Err(Error::WrongSize {
+        path: path.to_owned(),
+        size: meta.len(),
+        expected: FILE_SIZE as u64,
+    })
+}
+
+fn check_header(header: &Header, path: &Path) -> Result<(), Error> {
+    if header.magic != MAGIC {
+        return Err(Error::NotEngineState {
+            path: path.to_owned(),
+        });
+    }
+    if header.layout_version != LAYOUT_VERSION {
+        return Err(Error::UnknownVersion {
+            path: path.to_owned(),
+            found: header.layout_version,
+            supported: LAYOUT_VERSION,
+        });
+    }
+    let corrupt = |what: String| {
+        Err(Error::CorruptHeader {
+            path: path.to_owned(),
+            what,
+        })
+    };
+    if header.header_size as usize != HEADER_SIZE || header.payload_size as usize != PAYLOAD_SIZE {
+        return corrupt(format!(
+            "header/payload size {}/{}, expected {HEADER_SIZE}/{PAYLOAD_SIZE}",
+            header.header_size, header.payload_size
+        ));
+    }
+    if header.state != STATE_ACTIVE && header.state != STATE_RETIRED {
+        return corrupt(format!("state {}", header.state));
+    }
+    Ok(())
+}

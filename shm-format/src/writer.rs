@@ -1,0 +1,350 @@
+//! The single writer of one engine's file: atomic creation, lock, publish,
+//! heartbeat, retirement (DESIGN §4).
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
+
+use crate::clock::{monotonic_ns, pid_namespace, unix_ns};
+use crate::engine_id::EngineId;
+use crate::error::Error;
+use crate::fork::fork_generation;
+use crate::layout::*;
+use crate::mapping::Mapping;
+use crate::seqlock;
+use crate::snapshot::{Snapshot, SNAPSHOT_WORDS};
+
+/// How a [`ShmWriter`] creates its file.
+#[derive(Clone, Debug)]
+pub struct WriterOptions {
+    /// Permission bits of the file (default `0o600`: only the engine's user
+    /// may read it; use `0o644` when routers run as another user).
+    pub mode: u32,
+    /// The publish period recorded in the header (default 50 ms).
+    pub publish_period: Duration,
+}
+
+impl Default for WriterOptions {
+    fn default() -> Self {
+        WriterOptions {
+            mode: 0o600,
+            publish_period: Duration::from_millis(50),
+        }
+    }
+}
+
+/// The one writer of `<dir>/<engine id>`.
+///
+/// Created atomically (temporary dot-file, `posix_fallocate`, header and first
+/// snapshot, then `link`/`rename` into place) and locked with `flock` for its
+/// whole life, so a second live writer of the same id is refused. A dead
+/// writer's file is marked retired and replaced, never truncated or reused.
+/// Dropping the writer retires and removes the file.
+#[derive(Debug)]
+pub struct ShmWriter {
+    pub(crate) map: Arc<Mapping>,
+    path: PathBuf,
+    engine_id: EngineId,
+    generation: u64,
+    pub(crate) inode: u64,
+    fork_generation: u64,
+    // Held for the writer's life; released (closing the file) on drop.
+    _lock: Flock<File>,
+    pub(crate) retired: bool,
+}
+
+/// Stamps the heartbeat word of a writer's file from another thread.
+#[derive(Clone, Debug)]
+pub struct Heartbeat {
+    map: Arc<Mapping>,
+    fork_generation: u64,
+}
+
+impl Heartbeat {
+    /// Stores the current `CLOCK_MONOTONIC` as `heartbeat_mono_ns`. Returns
+    /// false (and writes nothing) once the file is retired or in a forked child.
+    pub fn beat(&self) -> bool {
+        if fork_generation() != self.fork_generation {
+            return false;
+        }
+        if self.map.word(STATE_WORD * 8).load(Ordering::Relaxed) != STATE_ACTIVE {
+            return false;
+        }
+        // Readers load it Relaxed; it carries no other data, so Relaxed suffices.
+        self.map
+            .word(HEARTBEAT_OFFSET)
+            .store(monotonic_ns(), Ordering::Relaxed);
+        true
+    }
+}
+
+impl ShmWriter {
+    /// Creates (or takes over from a dead writer) the file of `engine_id` in `dir`.
+    ///
+    /// `first` is published before the file becomes visible, so readers never
+    /// see a file without a snapshot.
+    pub fn create(
+        dir: &Path,
+        engine_id: &EngineId,
+        options: &WriterOptions,
+        first: &Snapshot,
+    ) -> Result<ShmWriter, Error> {
+        let meta = std::fs::metadata(dir).map_err(|e| Error::io("read directory", dir, e))?;
+        if !meta.is_dir() {
+            return Err(Error::io(
+                "use as a directory",
+                dir,
+                io::Error::other("not a directory"),
+            ));
+        }
+        let path = dir.join(engine_id.as_str());
+        // A few rounds: another writer may replace or create the file between
+        // our steps; each round starts over from what the path holds now.
+        for _ in 0..8 {
+            let previous = match take_over(&path, engine_id)? {
+                TakeOver::Raced => continue,
+                TakeOver::Nothing => None,
+                TakeOver::Dead { lock, generation } => Some((lock, generation)),
+            };
+            let generation = previous.as_ref().map_or(1, |(_, g)| g + 1);
+            let (lock, map) = create_filled(dir, &path, engine_id, options, first, generation)?;
+            let tmp = tmp_path(dir, engine_id);
+            let placed = if previous.is_some() {
+                // We hold the old file's lock and checked that the path names it,
+                // so nobody else can replace it meanwhile: rename over it.
+                std::fs::rename(&tmp, &path)
+            } else {
+                // Nothing was there: link fails if someone created it since.
+                std::fs::hard_link(&tmp, &path).and_then(|()| std::fs::remove_file(&tmp))
+            };
+            match placed {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    let _ = std::fs::remove_file(&tmp);
+                    continue;
+                }
+                Err(e) => {
+                    let _ = std::fs::remove_file(&tmp);
+                    return Err(Error::io("move into place", &path, e));
+                }
+            }
+            drop(previous);
+            let inode = lock
+                .metadata()
+                .map_err(|e| Error::io("stat", &path, e))?
+                .ino();
+            return Ok(ShmWriter {
+                map: Arc::new(map),
+                path,
+                engine_id: engine_id.clone(),
+                generation,
+                inode,
+                fork_generation: fork_generation(),
+                _lock: lock,
+                retired: false,
+            });
+        }
+        Err(Error::io(
+            "create",
+            &path,
+            io::Error::other("the file kept changing under us; retry"),
+        ))
+    }
+
+    /// Publishes one snapshot (the seqlock write of DESIGN §5).
+    ///
+    /// In a process forked from the one that created the writer this writes
+    /// nothing and returns [`WrongProcess`]: the child must create its own writer.
+    #[inline]
+    pub fn publish(&mut self, snapshot: &Snapshot) -> Result<(), WrongProcess> {
+        if fork_generation() != self.fork_generation || self.retired {
+            return Err(WrongProcess);
+        }
+        let words: [u64; SNAPSHOT_WORDS] = snapshot.to_words();
+        seqlock::write(
+            self.map.word(SEQ_OFFSET),
+            self.map.words(PAYLOAD_OFFSET),
+            &words,
+        );
+        Ok(())
+    }
+
+    /// A handle for a heartbeat thread.
+    pub fn heartbeat(&self) -> Heartbeat {
+        Heartbeat {
+            map: self.map.clone(),
+            fork_generation: self.fork_generation,
+        }
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The engine id.
+    pub fn engine_id(&self) -> &EngineId {
+        &self.engine_id
+    }
+
+    /// This file's generation.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Marks the file retired and removes it (if the path still names it).
+    /// Idempotent; does nothing in a forked child.
+    pub fn retire(&mut self) {
+        if self.retired || fork_generation() != self.fork_generation {
+            return;
+        }
+        self.retired = true;
+        // Pairs with the readers' Relaxed state load followed by their
+        // seqlock fences; readers only need to see it eventually.
+        self.map
+            .word(STATE_WORD * 8)
+            .store(STATE_RETIRED, Ordering::Release);
+        // We hold the lock, so no other writer can have replaced the path,
+        // but a foreign hand may have: only remove our own inode.
+        if std::fs::metadata(&self.path).map(|m| m.ino()).ok() == Some(self.inode) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+impl Drop for ShmWriter {
+    fn drop(&mut self) {
+        self.retire();
+    }
+}
+
+/// A writer was used in a process forked from the one that created it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("this writer belongs to the process that created it (before fork); create a new one in this process")]
+pub struct WrongProcess;
+
+enum TakeOver {
+    Nothing,
+    Raced,
+    Dead { lock: Flock<File>, generation: u64 },
+}
+
+/// Looks at what `path` holds now: nothing, a live writer's file (error), a
+/// dead writer's file (locked and retired, its generation returned), or a
+/// foreign file (error: never clobbered).
+fn take_over(path: &Path, engine_id: &EngineId) -> Result<TakeOver, Error> {
+    let file = match OpenOptions::new().read(true).write(true).open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(TakeOver::Nothing),
+        Err(e) => return Err(Error::io("open", path, e)),
+    };
+    let lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => lock,
+        Err((file, Errno::EWOULDBLOCK)) => {
+            let pid = crate::ShmFile::from_file(file, path)
+                .map(|f| f.header().writer_pid)
+                .unwrap_or(0);
+            return Err(Error::AlreadyPublished {
+                engine_id: engine_id.to_string(),
+                path: path.to_owned(),
+                pid,
+            });
+        }
+        Err((_, errno)) => return Err(Error::io("lock", path, errno.into())),
+    };
+    // The path may have been replaced between open and lock.
+    let locked_inode = lock
+        .metadata()
+        .map_err(|e| Error::io("stat", path, e))?
+        .ino();
+    match std::fs::metadata(path) {
+        Ok(m) if m.ino() == locked_inode => {}
+        Ok(_) => return Ok(TakeOver::Raced),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(TakeOver::Raced),
+        Err(e) => return Err(Error::io("stat", path, e)),
+    }
+    let old = crate::ShmFile::validate(&lock, path)?;
+    // Tell readers still mapping it that this file is over.
+    old.map
+        .word(STATE_WORD * 8)
+        .store(STATE_RETIRED, Ordering::Release);
+    Ok(TakeOver::Dead {
+        generation: old.header().generation,
+        lock,
+    })
+}
+
+fn tmp_path(dir: &Path, engine_id: &EngineId) -> PathBuf {
+    dir.join(format!(".{}.tmp.{}", engine_id, std::process::id()))
+}
+
+/// Creates the temporary file, locks it, reserves its space and fills it.
+///
+/// It is locked before it gets its real name, so no other writer can ever
+/// see it unlocked and take it for a dead writer's file.
+fn create_filled(
+    dir: &Path,
+    path: &Path,
+    engine_id: &EngineId,
+    options: &WriterOptions,
+    first: &Snapshot,
+    generation: u64,
+) -> Result<(Flock<File>, Mapping), Error> {
+    let tmp = tmp_path(dir, engine_id);
+    // A leftover of an earlier process with our pid that died mid-creation.
+    let _ = std::fs::remove_file(&tmp);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(options.mode)
+        .open(&tmp)
+        .map_err(|e| Error::io("create", path, e))?;
+    let file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => lock,
+        Err((_, errno)) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(Error::io("lock", path, errno.into()));
+        }
+    };
+    let fill = || -> Result<Mapping, Error> {
+        // Reserve the pages now, so that a full tmpfs fails here and not with
+        // SIGBUS on first touch of the mapping.
+        nix::fcntl::posix_fallocate(file.as_raw_fd(), 0, FILE_SIZE as i64)
+            .map_err(|errno| Error::io("reserve space for", path, errno.into()))?;
+        let map = Mapping::read_write(&file, path)?;
+        let period_us = options.publish_period.as_micros().min(u32::MAX as u128) as u32;
+        let header = Header::new(
+            std::process::id(),
+            pid_namespace(),
+            period_us,
+            unix_ns(),
+            generation,
+        );
+        map.store_bytes(0, bytemuck::bytes_of(&header));
+        map.store_bytes(ENGINE_ID_OFFSET, &engine_id.to_field());
+        map.word(HEARTBEAT_OFFSET)
+            .store(monotonic_ns(), Ordering::Relaxed);
+        seqlock::write(
+            map.word(SEQ_OFFSET),
+            map.words(PAYLOAD_OFFSET),
+            &first.to_words(),
+        );
+        Ok(map)
+    };
+    match fill() {
+        Ok(map) => Ok((file, map)),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
+}
