@@ -19,14 +19,14 @@ pub enum Error {
         reason: &'static str,
     },
     /// A system call on a path failed.
-    #[error("could not {action} {}: {source}{hint}", path.display())]
+    #[error("could not {action} {}: {io}{hint}", path.display())]
     Io {
         /// What was being done ("open", "create", "map", ...).
         action: &'static str,
         /// The path it was done to.
         path: PathBuf,
         /// The OS error.
-        source: io::Error,
+        io: io::Error,
         /// A hint on what to do, possibly empty.
         hint: &'static str,
     },
@@ -55,8 +55,8 @@ pub enum Error {
     },
     /// The file is shorter or longer than a layout-version-1 file.
     #[error(
-        "{} is {size} bytes, but an engine-state file is {expected} bytes (truncated or not an \
-         engine-state file); remove it and restart its publisher",
+        "{} is {size} bytes, but an engine-state file is {expected} bytes (truncated, or not an \
+         engine-state file); remove it (a restarted publisher creates a new one)",
         path.display()
     )]
     WrongSize {
@@ -68,7 +68,10 @@ pub enum Error {
         expected: u64,
     },
     /// The header is inconsistent with layout version 1.
-    #[error("{} has a corrupt header ({what}); remove it and restart its publisher", path.display())]
+    #[error(
+        "{} has a corrupt header ({what}); remove it (a restarted publisher creates a new one)",
+        path.display()
+    )]
     CorruptHeader {
         /// The file.
         path: PathBuf,
@@ -93,8 +96,8 @@ pub enum Error {
 }
 
 impl Error {
-    pub(crate) fn io(action: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Error {
-        let hint = match source.kind() {
+    pub(crate) fn io(action: &'static str, path: impl Into<PathBuf>, io: io::Error) -> Error {
+        let hint = match io.kind() {
             io::ErrorKind::NotFound if action == "read directory" => {
                 "; create it, or point AGENTIC_ENGINE_STATE_URI / --uri at the directory the \
                  engines publish into"
@@ -104,7 +107,7 @@ impl Error {
                 "; run as a user that may write there, or choose another directory \
                  (AGENTIC_ENGINE_STATE_URI / --uri)"
             }
-            _ if source.raw_os_error() == Some(nix::libc::ENOSPC) => {
+            _ if io.raw_os_error() == Some(nix::libc::ENOSPC) => {
                 "; the shared-memory filesystem is full: free space in it or enlarge it"
             }
             _ => "",
@@ -112,7 +115,7 @@ impl Error {
         Error::Io {
             action,
             path: path.into(),
-            source,
+            io,
             hint,
         }
     }

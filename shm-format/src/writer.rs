@@ -177,6 +177,16 @@ impl ShmWriter {
         Ok(())
     }
 
+    /// Stores `mono_ns` as the heartbeat (a publish is a sign of life too).
+    #[inline]
+    pub fn stamp_heartbeat(&self, mono_ns: u64) {
+        if !self.retired && fork_generation() == self.fork_generation {
+            self.map
+                .word(HEARTBEAT_OFFSET)
+                .store(mono_ns, Ordering::Relaxed);
+        }
+    }
+
     /// A handle for a heartbeat thread.
     pub fn heartbeat(&self) -> Heartbeat {
         Heartbeat {

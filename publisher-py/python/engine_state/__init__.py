@@ -1,0 +1,29 @@
+"""engine-state: real-time engine-state telemetry for LLM routers.
+
+Publish a vLLM engine's scheduler state with :class:`Publisher`, read every
+engine's state lock-free with :class:`Reader`. Both default to the settings in
+``AGENTIC_ENGINE_STATE_URI`` (default ``file:///dev/shm/agentic_engine_state``),
+``AGENTIC_WORKER_ID`` and ``AGENTIC_ENGINE_STATE_PERIOD_MS`` (default 50).
+"""
+
+from engine_state._native import (
+    FIELD_NAMES,
+    JSON_KEYS,
+    LAYOUT_VERSION,
+    EngineState,
+    EngineStateError,
+    Publisher,
+    Reader,
+    __version__,
+)
+
+__all__ = [
+    "FIELD_NAMES",
+    "JSON_KEYS",
+    "LAYOUT_VERSION",
+    "EngineState",
+    "EngineStateError",
+    "Publisher",
+    "Reader",
+    "__version__",
+]

@@ -1,0 +1,90 @@
+"""Type stubs of the compiled module (checked against it by tests/test_stubs.py)."""
+
+from types import TracebackType
+from typing import Optional, Type
+
+FIELD_NAMES: list[str]
+JSON_KEYS: list[str]
+LAYOUT_VERSION: int
+__version__: str
+
+class EngineStateError(Exception): ...
+
+class Publisher:
+    def __init__(
+        self,
+        uri: Optional[str] = None,
+        engine_id: Optional[str] = None,
+        period_ms: Optional[int] = None,
+        file_mode: Optional[int] = None,
+    ) -> None: ...
+    def publish(
+        self,
+        *,
+        step: int = 0,
+        num_running: int = 0,
+        num_waiting: int = 0,
+        gpu_blocks_total: int = 0,
+        gpu_blocks_free: int = 0,
+        pending_prefill_tokens: int = 0,
+        ongoing_decode_tokens: int = 0,
+        num_prefilling: int = 0,
+        max_prefill_remaining: int = 0,
+        num_preempted: int = 0,
+        flags: int = 0,
+    ) -> None: ...
+    def close(self) -> None: ...
+    @property
+    def engine_id(self) -> str: ...
+    @property
+    def uri(self) -> str: ...
+    @property
+    def path(self) -> Optional[str]: ...
+    @property
+    def period_ms(self) -> int: ...
+    @property
+    def closed(self) -> bool: ...
+    def __enter__(self) -> "Publisher": ...
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]] = None,
+        exc_value: Optional[BaseException] = None,
+        traceback: Optional[TracebackType] = None,
+    ) -> bool: ...
+
+class EngineState:
+    engine_id: str
+    status: str
+    captured_mono_ns: int
+    captured_unix_ns: int
+    step: int
+    num_running: int
+    num_waiting: int
+    gpu_blocks_total: int
+    gpu_blocks_free: int
+    pending_prefill_tokens: int
+    ongoing_decode_tokens: int
+    num_prefilling: int
+    max_prefill_remaining: int
+    num_preempted: int
+    flags: int
+    heartbeat_age_ms: float
+    capture_age_ms: float
+    gpu_kv_used_frac: Optional[float]
+    generation: int
+    @property
+    def fresh(self) -> bool: ...
+    def to_dict(self) -> dict[str, object]: ...
+
+class Reader:
+    def __init__(
+        self,
+        uri: Optional[str] = None,
+        stale_after_ms: Optional[int] = None,
+        max_capture_age_ms: Optional[int] = None,
+    ) -> None: ...
+    def read(self) -> list[EngineState]: ...
+    @property
+    def errors(self) -> list[str]: ...
+    @property
+    def uri(self) -> str: ...

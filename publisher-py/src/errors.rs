@@ -1,0 +1,30 @@
+//! Rust errors as Python exceptions: bad settings are `ValueError`, the rest
+//! `EngineStateError`.
+
+use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::PyErr;
+
+pyo3::create_exception!(
+    engine_state,
+    EngineStateError,
+    PyException,
+    "An engine-state operation failed; the message says what to do."
+);
+
+pub(crate) fn publisher_error(error: engine_state_publisher::Error) -> PyErr {
+    use engine_state_publisher::Error as E;
+    match &error {
+        E::Config { .. } | E::Uri(_) => PyValueError::new_err(error.to_string()),
+        E::Shm(engine_state_shm_format::Error::InvalidEngineId { .. }) => {
+            PyValueError::new_err(error.to_string())
+        }
+        _ => EngineStateError::new_err(error.to_string()),
+    }
+}
+
+pub(crate) fn reader_error(error: engine_state_reader::Error) -> PyErr {
+    match &error {
+        engine_state_reader::Error::BadUri { .. } => PyValueError::new_err(error.to_string()),
+        _ => EngineStateError::new_err(error.to_string()),
+    }
+}

@@ -1,0 +1,27 @@
+//! `engine_state._native`: the compiled core of the `engine-state` Python
+//! package. The public Python API is re-exported by `engine_state/__init__.py`.
+
+use pyo3::prelude::*;
+
+mod errors;
+mod publisher;
+mod reader;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<publisher::Publisher>()?;
+    m.add_class::<reader::Reader>()?;
+    m.add_class::<reader::EngineState>()?;
+    m.add(
+        "EngineStateError",
+        m.py().get_type::<errors::EngineStateError>(),
+    )?;
+    m.add(
+        "FIELD_NAMES",
+        engine_state_shm_format::Snapshot::FIELD_NAMES.to_vec(),
+    )?;
+    m.add("JSON_KEYS", engine_state_reader::JSON_KEYS.to_vec())?;
+    m.add("LAYOUT_VERSION", engine_state_shm_format::LAYOUT_VERSION)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,161 @@
+//! Publisher settings: arguments win over the environment (DESIGN §9).
+
+use std::time::Duration;
+
+use engine_state_reader::StateUri;
+use engine_state_shm_format::EngineId;
+
+use crate::error::Error;
+
+/// Environment variable holding the engine id.
+pub const ENGINE_ID_ENV: &str = "AGENTIC_WORKER_ID";
+/// Environment variable holding the publish period in milliseconds.
+pub const PERIOD_ENV: &str = "AGENTIC_ENGINE_STATE_PERIOD_MS";
+/// Environment variable holding the file mode (octal, e.g. `644`).
+pub const FILE_MODE_ENV: &str = "AGENTIC_ENGINE_STATE_FILE_MODE";
+/// Default publish period.
+pub const DEFAULT_PERIOD: Duration = Duration::from_millis(50);
+
+/// Everything a [`crate::Publisher`] needs.
+#[derive(Clone, Debug)]
+pub struct PublisherConfig {
+    /// Where to publish.
+    pub uri: StateUri,
+    /// The engine's id.
+    pub engine_id: EngineId,
+    /// The heartbeat (and capture) period.
+    pub period: Duration,
+    /// Permission bits of a shared-memory file.
+    pub file_mode: u32,
+}
+
+impl PublisherConfig {
+    /// Builds the configuration from explicit values, falling back to the
+    /// environment, then to the defaults (engine id: `<hostname>-<pid>`).
+    pub fn resolve(
+        uri: Option<&str>,
+        engine_id: Option<&str>,
+        period_ms: Option<u64>,
+        file_mode: Option<u32>,
+    ) -> Result<PublisherConfig, Error> {
+        let uri = StateUri::from_flag_or_env(uri)?;
+        let engine_id = match engine_id.map(str::to_owned).or_else(|| env(ENGINE_ID_ENV)) {
+            Some(id) => EngineId::new(&id)?,
+            None => EngineId::new(&default_engine_id())?,
+        };
+        let period_ms = match period_ms {
+            Some(ms) => ms,
+            None => match env(PERIOD_ENV) {
+                Some(text) => text.trim().parse().map_err(|_| Error::Config {
+                    what: format!("{PERIOD_ENV}={text:?} is not a whole number of milliseconds"),
+                })?,
+                None => DEFAULT_PERIOD.as_millis() as u64,
+            },
+        };
+        if !(1..=60_000).contains(&period_ms) {
+            return Err(Error::Config {
+                what: format!("publish period {period_ms} ms is outside 1..=60000 ms (default 50)"),
+            });
+        }
+        let file_mode = match file_mode {
+            Some(mode) => mode,
+            None => match env(FILE_MODE_ENV) {
+                Some(text) => u32::from_str_radix(text.trim(), 8).map_err(|_| Error::Config {
+                    what: format!(
+                        "{FILE_MODE_ENV}={text:?} is not an octal mode such as 600 or 644"
+                    ),
+                })?,
+                None => 0o600,
+            },
+        };
+        if file_mode & !0o777 != 0 || file_mode & 0o600 != 0o600 {
+            return Err(Error::Config {
+                what: format!(
+                    "file mode {file_mode:o} must be permission bits (at most 777) that let the owner \
+                     read and write (at least 600)"
+                ),
+            });
+        }
+        Ok(PublisherConfig {
+            uri,
+            engine_id,
+            period: Duration::from_millis(period_ms),
+            file_mode,
+        })
+    }
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// `<hostname>-<pid>`: unique on the host, valid as an engine id.
+pub fn default_engine_id() -> String {
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "host".to_owned());
+    let host: String = host
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(40)
+        .collect();
+    format!("{}-{}", host.trim_start_matches('.'), std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn explicit_values_are_validated() {
+        let config =
+            PublisherConfig::resolve(Some("file:///tmp/x"), Some("e0"), Some(20), Some(0o644))
+                .unwrap();
+        assert_eq!(config.engine_id.as_str(), "e0");
+        assert_eq!(config.period, Duration::from_millis(20));
+        assert_eq!(config.file_mode, 0o644);
+        let err = |r: Result<PublisherConfig, Error>| r.unwrap_err().to_string();
+        assert!(err(PublisherConfig::resolve(
+            Some("file:///tmp/x"),
+            Some("../x"),
+            None,
+            None
+        ))
+        .contains("invalid engine id"));
+        assert!(err(PublisherConfig::resolve(
+            Some("nope"),
+            Some("e"),
+            None,
+            None
+        ))
+        .contains("bad engine-state URI"));
+        assert!(err(PublisherConfig::resolve(
+            Some("/tmp"),
+            Some("e"),
+            Some(0),
+            None
+        ))
+        .contains("1..=60000"));
+        assert!(err(PublisherConfig::resolve(
+            Some("/tmp"),
+            Some("e"),
+            None,
+            Some(0o400)
+        ))
+        .contains("at least 600"));
+    }
+
+    #[test]
+    fn default_id_is_valid_and_host_unique() {
+        let id = default_engine_id();
+        assert!(EngineId::new(&id).is_ok(), "{id}");
+        assert!(id.ends_with(&format!("-{}", std::process::id())));
+    }
+}

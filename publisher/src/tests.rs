@@ -1,0 +1,104 @@
+use std::time::Duration;
+
+use engine_state_reader::{ReaderOptions, ShmDir, Source, Status};
+use engine_state_shm_format::{Snapshot, FLAG_IDLE, FLAG_SHUTTING_DOWN};
+
+use crate::*;
+
+fn start(dir: &std::path::Path, id: &str, period_ms: u64) -> Publisher {
+    let uri = format!("file://{}", dir.display());
+    Publisher::start(PublisherConfig::resolve(Some(&uri), Some(id), Some(period_ms), None).unwrap())
+        .unwrap()
+}
+
+#[test]
+fn publish_stamps_clocks_and_idle_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut publisher = start(dir.path(), "e0", 50);
+    let mut source = ShmDir::open(dir.path(), ReaderOptions::default()).unwrap();
+    let first = source.read().unwrap().engines[0].snapshot;
+    assert_ne!(first.captured_mono_ns, 0);
+    assert!(first.is_idle(), "nothing published yet: idle");
+
+    publisher
+        .publish(Snapshot {
+            step: 3,
+            num_running: 2,
+            flags: FLAG_IDLE | FLAG_SHUTTING_DOWN,
+            ..Snapshot::default()
+        })
+        .unwrap();
+    let snap = source.read().unwrap().engines[0].snapshot;
+    assert_eq!((snap.step, snap.num_running), (3, 2));
+    assert!(!snap.is_idle(), "idle follows the counts, not the caller");
+    assert!(snap.is_shutting_down(), "other flags are kept");
+    assert!(snap.captured_mono_ns > first.captured_mono_ns);
+    assert!(snap.captured_unix_ns > 1_600_000_000_000_000_000);
+
+    publisher
+        .publish(Snapshot {
+            num_waiting: 0,
+            ..Snapshot::default()
+        })
+        .unwrap();
+    assert!(source.read().unwrap().engines[0].snapshot.is_idle());
+}
+
+#[test]
+fn heartbeat_thread_keeps_an_idle_engine_fresh() {
+    let dir = tempfile::tempdir().unwrap();
+    let _publisher = start(dir.path(), "hb", 10);
+    let options = ReaderOptions {
+        freshness: engine_state_reader::Freshness {
+            stale_after: Duration::from_millis(100),
+            ..Default::default()
+        },
+        ..ReaderOptions::default()
+    };
+    let mut source = ShmDir::open(dir.path(), options).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let state = &source.read().unwrap().engines[0];
+    assert_eq!(state.status, Status::Fresh, "{state:?}");
+    assert!(state.heartbeat_age < Duration::from_millis(100));
+    assert!(
+        state.capture_age >= Duration::from_millis(300),
+        "no capture, only heartbeats"
+    );
+}
+
+#[test]
+fn close_retires_removes_and_refuses_later_publishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut publisher = start(dir.path(), "c", 50);
+    let path = publisher.path().unwrap().to_owned();
+    assert!(path.exists());
+    publisher.close();
+    publisher.close();
+    assert!(!path.exists());
+    assert!(!publisher.is_open());
+    let err = publisher.publish(Snapshot::default()).unwrap_err();
+    assert!(err.to_string().contains("closed"), "{err}");
+}
+
+#[test]
+fn missing_directory_is_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let nested = dir.path().join("a/b");
+    let _publisher = start(&nested, "e", 50);
+    assert!(nested.join("e").exists());
+}
+
+#[test]
+fn uncreatable_directory_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("file"), b"").unwrap();
+    let uri = format!("file://{}/file/sub", dir.path().display());
+    let err =
+        Publisher::start(PublisherConfig::resolve(Some(&uri), Some("e"), None, None).unwrap())
+            .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("cannot create the engine-state directory"),
+        "{err}"
+    );
+}

@@ -1,0 +1,47 @@
+//! Lock-free readers of engine-state: every engine's latest scheduler
+//! snapshot, how old it is, and whether it may be used.
+//!
+//! - [`Source`]: one API over every backend; [`open`] picks the backend a
+//!   [`StateUri`] names. [`ShmDir`] reads a shared-memory directory.
+//! - [`EngineState`]: per engine, the [`Snapshot`], `heartbeat_age`,
+//!   `capture_age`, `gpu_kv_used_frac()` and a [`Status`]
+//!   (`fresh | stale | dead | torn`).
+//! - [`Freshness`]: the staleness rule of DESIGN §6, the one place it lives.
+//! - [`Reading`]: the engines of one read plus per-engine errors: a bad file
+//!   never stops the others from being read.
+//!
+//! ```
+//! use engine_state_reader::{open, ReaderOptions, StateUri, Status};
+//! use engine_state_shm_format::{EngineId, ShmWriter, Snapshot, WriterOptions, monotonic_ns};
+//!
+//! let dir = tempfile::tempdir()?;
+//! let first = Snapshot { captured_mono_ns: monotonic_ns(), num_running: 2, ..Snapshot::default() };
+//! let _writer = ShmWriter::create(dir.path(), &EngineId::new("e0")?, &WriterOptions::default(), &first)?;
+//!
+//! let uri = StateUri::parse(&format!("file://{}", dir.path().display()))?;
+//! let mut source = open(&uri, ReaderOptions::default())?;
+//! let reading = source.read()?;
+//! assert_eq!(reading.engines[0].snapshot.num_running, 2);
+//! assert_eq!(reading.engines[0].status, Status::Fresh);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod error;
+mod freshness;
+mod shm_dir;
+mod source;
+mod state;
+mod uri;
+
+pub use crate::error::{EngineError, Error, FormatError};
+pub use crate::freshness::{
+    Freshness, Observation, Status, DEFAULT_MAX_CAPTURE_AGE, DEFAULT_STALE_AFTER,
+};
+pub use crate::shm_dir::ShmDir;
+pub use crate::source::{open, ReaderOptions, Source};
+pub use crate::state::{millis, EngineState, Reading, JSON_KEYS};
+pub use crate::uri::{redact, StateUri, DEFAULT_URI, URI_ENV};
+pub use engine_state_shm_format::{Snapshot, FLAG_IDLE, FLAG_SHUTTING_DOWN};
+
+#[cfg(test)]
+mod shm_dir_tests;

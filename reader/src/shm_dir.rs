@@ -1,0 +1,264 @@
+//! The shared-memory source: one file per engine in a directory (DESIGN §4).
+
+use std::os::unix::fs::{DirEntryExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use engine_state_shm_format::{monotonic_ns, pid_namespace, Header, ShmFile, Snapshot};
+use nix::errno::Errno;
+use nix::sys::signal::kill;
+use nix::unistd::Pid;
+
+use crate::error::{EngineError, Error};
+use crate::freshness::Observation;
+use crate::source::{ReaderOptions, Source};
+use crate::state::{EngineState, Reading};
+
+/// Least time between two pid checks of one writer, in ns.
+const PID_CHECK_INTERVAL_NS: u64 = 10_000_000;
+
+/// How long a retired mapping waits before the reader looks for its replacement again.
+const REOPEN_BACKOFF: Duration = Duration::from_millis(20);
+
+/// Every engine file in one directory, mapped read-only.
+///
+/// Discovery (a directory listing, `d_ino` compared per name, no `stat`) runs
+/// at most every [`ReaderOptions::rescan_interval`]; between listings a read
+/// touches only the mappings: a seqlock read and two loads per engine. A file
+/// that its writer retired (replaced by a restarted engine) is reopened at once.
+#[derive(Debug)]
+pub struct ShmDir {
+    dir: PathBuf,
+    options: ReaderOptions,
+    engines: Vec<Entry>,
+    bad: Vec<Bad>,
+    last_scan: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    id: Arc<str>,
+    file: ShmFile,
+    writer_alive: Option<bool>,
+    /// A heartbeat older than this (ns) makes the reader check the writer's pid.
+    late_after_ns: u64,
+    /// Monotonic ns before which the pid is not checked again.
+    next_pid_check_ns: u64,
+    next_reopen: Instant,
+}
+
+#[derive(Debug)]
+struct Bad {
+    inode: u64,
+    error: EngineError,
+}
+
+impl ShmDir {
+    /// Opens `dir` and maps every engine file in it.
+    pub fn open(dir: impl AsRef<Path>, options: ReaderOptions) -> Result<ShmDir, Error> {
+        let mut source = ShmDir {
+            dir: dir.as_ref().to_owned(),
+            options,
+            engines: Vec::new(),
+            bad: Vec::new(),
+            last_scan: None,
+        };
+        source.rescan()?;
+        Ok(source)
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Lists the directory now: maps new files, drops removed ones, remaps
+    /// replaced ones, and rechecks whether writers are alive.
+    pub fn rescan(&mut self) -> Result<(), Error> {
+        let listing = std::fs::read_dir(&self.dir).map_err(|io| Error::Directory {
+            dir: self.dir.clone(),
+            io,
+        })?;
+        let mut engines = Vec::with_capacity(self.engines.len());
+        let mut bad = Vec::new();
+        let mut old_engines = std::mem::take(&mut self.engines);
+        let mut old_bad = std::mem::take(&mut self.bad);
+        for entry in listing.flatten() {
+            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+                continue;
+            };
+            // Dot-files are writers' temporary files (and never engine ids).
+            if name.starts_with('.') {
+                continue;
+            }
+            let inode = entry.ino();
+            if let Some(i) = old_engines
+                .iter()
+                .position(|e| *e.id == *name && e.file.inode() == inode)
+            {
+                let mut kept = old_engines.swap_remove(i);
+                kept.writer_alive = writer_alive(kept.file.header());
+                engines.push(kept);
+                continue;
+            }
+            if let Some(i) = old_bad
+                .iter()
+                .position(|b| b.error.name == name && b.inode == inode)
+            {
+                bad.push(old_bad.swap_remove(i));
+                continue;
+            }
+            match ShmFile::open(entry.path()) {
+                Ok(file) => engines.push(Entry::new(file)),
+                Err(engine_state_shm_format::Error::Io { io, .. })
+                    if io.kind() == std::io::ErrorKind::NotFound => {} // removed meanwhile
+                Err(error) => bad.push(Bad {
+                    inode,
+                    error: EngineError {
+                        name,
+                        error: Arc::new(error),
+                    },
+                }),
+            }
+        }
+        engines.sort_unstable_by(|a, b| a.id.cmp(&b.id));
+        bad.sort_unstable_by(|a, b| a.error.name.cmp(&b.error.name));
+        self.engines = engines;
+        self.bad = bad;
+        self.last_scan = Some(Instant::now());
+        Ok(())
+    }
+
+    fn rescan_if_due(&mut self) -> Result<(), Error> {
+        match self.last_scan {
+            Some(at) if at.elapsed() < self.options.rescan_interval => Ok(()),
+            _ => self.rescan(),
+        }
+    }
+
+    /// Reads one engine by id (no directory listing unless one is due).
+    pub fn read_engine(&mut self, engine_id: &str) -> Option<EngineState> {
+        if self.rescan_if_due().is_err() {
+            return None;
+        }
+        let i = self
+            .engines
+            .binary_search_by(|e| (*e.id).cmp(engine_id))
+            .ok()?;
+        let now = monotonic_ns();
+        let options = self.options;
+        let dir = self.dir.clone();
+        Some(self.engines[i].read(&dir, now, &options))
+    }
+}
+
+impl Source for ShmDir {
+    fn read_into(&mut self, out: &mut Reading) -> Result<(), Error> {
+        out.clear();
+        self.rescan_if_due()?;
+        let now = monotonic_ns();
+        for entry in &mut self.engines {
+            out.engines.push(entry.read(&self.dir, now, &self.options));
+        }
+        out.errors.extend(self.bad.iter().map(|b| b.error.clone()));
+        Ok(())
+    }
+
+    fn uri(&self) -> String {
+        format!("file://{}", self.dir.display())
+    }
+}
+
+impl Entry {
+    fn new(file: ShmFile) -> Entry {
+        // Two missed heartbeats (at least 10 ms) before suspecting the writer.
+        let period_ns = u64::from(file.header().publish_period_us) * 1000;
+        Entry {
+            id: Arc::from(file.engine_id().as_str()),
+            writer_alive: writer_alive(file.header()),
+            late_after_ns: (2 * period_ns).max(PID_CHECK_INTERVAL_NS),
+            next_pid_check_ns: 0,
+            file,
+            next_reopen: Instant::now(),
+        }
+    }
+
+    #[inline]
+    fn read(&mut self, dir: &Path, now: u64, options: &ReaderOptions) -> EngineState {
+        if self.file.is_retired() {
+            self.reopen_if_replaced(dir);
+        }
+        let (snapshot, torn) = match self.file.read() {
+            Ok((snapshot, _seq)) => (snapshot, false),
+            Err(_) => (Snapshot::default(), true),
+        };
+        let heartbeat_ns = now.saturating_sub(self.file.heartbeat_mono_ns());
+        // A live writer stamps every period, so the pid (a system call) is only
+        // checked when the heartbeat is late, and then at most every 10 ms.
+        if heartbeat_ns > self.late_after_ns
+            && self.writer_alive == Some(true)
+            && now >= self.next_pid_check_ns
+        {
+            self.writer_alive = writer_alive(self.file.header());
+            self.next_pid_check_ns = now + PID_CHECK_INTERVAL_NS;
+        }
+        let heartbeat_age = Duration::from_nanos(heartbeat_ns);
+        let capture_age = Duration::from_nanos(now.saturating_sub(snapshot.captured_mono_ns));
+        let observation = Observation {
+            torn,
+            retired: self.file.is_retired(),
+            writer_alive: self.writer_alive,
+            heartbeat_age,
+            capture_age,
+            idle: snapshot.is_idle(),
+        };
+        EngineState {
+            engine_id: self.id.clone(),
+            status: options.freshness.classify(&observation),
+            snapshot,
+            heartbeat_age,
+            capture_age,
+            generation: self.file.generation(),
+        }
+    }
+
+    /// A retired file may have been replaced by a restarted writer: switch to
+    /// the new file as soon as it is there (never mixing the two: each read
+    /// comes from exactly one mapping).
+    fn reopen_if_replaced(&mut self, dir: &Path) {
+        let now = Instant::now();
+        if now < self.next_reopen {
+            return;
+        }
+        self.next_reopen = now + REOPEN_BACKOFF;
+        let path = dir.join(&*self.id);
+        match std::fs::metadata(&path) {
+            Ok(meta) if meta.ino() != self.file.inode() => {
+                if let Ok(file) = ShmFile::open(&path) {
+                    if file.engine_id().as_str() == &*self.id {
+                        *self = Entry::new(file);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Whether the writer process still exists, when that can be known: only in
+/// the writer's own pid namespace (engines and routers often run in separate
+/// containers that share `/dev/shm`; there the heartbeat alone decides).
+fn writer_alive(header: &Header) -> Option<bool> {
+    if header.writer_pid_ns == 0
+        || header.writer_pid_ns != pid_namespace()
+        || header.writer_pid == 0
+    {
+        return None;
+    }
+    match kill(Pid::from_raw(header.writer_pid as i32), None) {
+        Ok(()) | Err(Errno::EPERM) => Some(true),
+        Err(Errno::ESRCH) => Some(false),
+        Err(_) => None,
+    }
+}

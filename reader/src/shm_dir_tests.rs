@@ -1,0 +1,159 @@
+//! Tests of the shared-memory source with real files (cross-process tests
+//! live in the `tests` crate).
+
+use std::time::Duration;
+
+use engine_state_shm_format::{monotonic_ns, EngineId, ShmWriter, Snapshot, WriterOptions};
+
+use crate::*;
+
+fn writer(dir: &std::path::Path, id: &str, running: u64) -> ShmWriter {
+    let snap = Snapshot {
+        captured_mono_ns: monotonic_ns(),
+        num_running: running,
+        ..Snapshot::default()
+    };
+    ShmWriter::create(
+        dir,
+        &EngineId::new(id).unwrap(),
+        &WriterOptions::default(),
+        &snap,
+    )
+    .unwrap()
+}
+
+fn fast() -> ReaderOptions {
+    ReaderOptions {
+        rescan_interval: Duration::ZERO,
+        ..ReaderOptions::default()
+    }
+}
+
+#[test]
+fn reads_every_engine_sorted_with_ages() {
+    let dir = tempfile::tempdir().unwrap();
+    let _b = writer(dir.path(), "b", 2);
+    let _a = writer(dir.path(), "a", 1);
+    let mut source = ShmDir::open(dir.path(), fast()).unwrap();
+    let reading = source.read().unwrap();
+    let ids: Vec<&str> = reading.engines.iter().map(|e| &*e.engine_id).collect();
+    assert_eq!(ids, ["a", "b"]);
+    assert!(reading.errors.is_empty());
+    let a = reading.get("a").unwrap();
+    assert_eq!(a.snapshot.num_running, 1);
+    assert_eq!(a.status, Status::Fresh);
+    assert!(a.heartbeat_age < Duration::from_secs(1));
+    assert_eq!(source.read_engine("b").unwrap().snapshot.num_running, 2);
+    assert!(source.read_engine("zz").is_none());
+}
+
+#[test]
+fn notices_new_and_removed_engines() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut source = ShmDir::open(dir.path(), fast()).unwrap();
+    assert!(source.read().unwrap().engines.is_empty());
+    let a = writer(dir.path(), "a", 1);
+    assert_eq!(source.read().unwrap().engines.len(), 1);
+    drop(a); // retires and removes
+    let reading = source.read().unwrap();
+    assert!(reading.engines.is_empty(), "{reading:?}");
+}
+
+#[test]
+fn rescan_interval_bounds_directory_listings() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = ReaderOptions {
+        rescan_interval: Duration::from_secs(3600),
+        ..ReaderOptions::default()
+    };
+    let mut source = ShmDir::open(dir.path(), options).unwrap();
+    let _a = writer(dir.path(), "a", 1);
+    assert!(
+        source.read().unwrap().engines.is_empty(),
+        "no listing before the interval"
+    );
+    source.rescan().unwrap();
+    assert_eq!(source.read().unwrap().engines.len(), 1);
+}
+
+#[test]
+fn retired_file_reads_dead_and_a_replacement_is_picked_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = ReaderOptions {
+        rescan_interval: Duration::from_secs(3600),
+        ..ReaderOptions::default()
+    };
+    let mut old = writer(dir.path(), "e", 1);
+    let mut source = ShmDir::open(dir.path(), options).unwrap();
+    assert_eq!(source.read_engine("e").unwrap().generation, 1);
+    old.retire();
+    let state = source.read_engine("e").unwrap();
+    assert_eq!(state.status, Status::Dead);
+    assert_eq!(state.snapshot.num_running, 1);
+    let _new = writer(dir.path(), "e", 5);
+    std::thread::sleep(Duration::from_millis(25)); // past the reopen backoff
+    let state = source.read_engine("e").unwrap();
+    assert_eq!(
+        (state.status, state.generation, state.snapshot.num_running),
+        (Status::Fresh, 1, 5)
+    );
+}
+
+#[test]
+fn stale_thresholds_apply() {
+    let dir = tempfile::tempdir().unwrap();
+    let _a = writer(dir.path(), "a", 1);
+    let options = ReaderOptions {
+        freshness: Freshness {
+            stale_after: Duration::from_millis(30),
+            ..Freshness::default()
+        },
+        ..fast()
+    };
+    let mut source = ShmDir::open(dir.path(), options).unwrap();
+    assert_eq!(source.read().unwrap().engines[0].status, Status::Fresh);
+    std::thread::sleep(Duration::from_millis(60)); // no heartbeat thread here
+    let state = &source.read().unwrap().engines[0];
+    assert_eq!(state.status, Status::Stale);
+    assert!(state.heartbeat_age >= Duration::from_millis(60));
+}
+
+#[test]
+fn bad_files_are_per_engine_errors_and_healthy_engines_still_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let _good = writer(dir.path(), "good", 3);
+    std::fs::write(dir.path().join("junk"), b"not an engine").unwrap();
+    std::fs::write(dir.path().join("big"), vec![7u8; 5000]).unwrap();
+    std::fs::write(dir.path().join(".e.tmp.123"), b"in creation").unwrap();
+    std::fs::create_dir(dir.path().join("subdir")).unwrap();
+    let mut source = ShmDir::open(dir.path(), fast()).unwrap();
+    let reading = source.read().unwrap();
+    assert_eq!(reading.engines.len(), 1);
+    assert_eq!(reading.engines[0].snapshot.num_running, 3);
+    let names: Vec<&str> = reading.errors.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(names, ["big", "junk", "subdir"]);
+    for error in &reading.errors {
+        assert!(error.to_string().contains(&error.name), "{error}");
+    }
+}
+
+#[test]
+fn missing_directory_is_a_clear_error() {
+    let err = ShmDir::open("/nonexistent/engine-state", fast())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("/nonexistent/engine-state") && err.contains("--uri"),
+        "{err}"
+    );
+}
+
+#[test]
+fn open_dispatches_on_the_uri() {
+    let dir = tempfile::tempdir().unwrap();
+    let _a = writer(dir.path(), "a", 1);
+    let uri = StateUri::parse(&format!("file://{}", dir.path().display())).unwrap();
+    let mut source = open(&uri, fast()).unwrap();
+    assert_eq!(source.uri(), uri.to_string());
+    assert_eq!(source.read().unwrap().engines.len(), 1);
+}

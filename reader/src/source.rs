@@ -1,0 +1,58 @@
+//! One API over every backend.
+
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::freshness::Freshness;
+use crate::shm_dir::ShmDir;
+use crate::state::Reading;
+use crate::uri::StateUri;
+
+/// A place engines publish into, read through one API whatever the backend.
+pub trait Source: Send {
+    /// Reads every engine into `out` (cleared first). An error here concerns
+    /// the whole source; a single engine's trouble goes into `out.errors`.
+    fn read_into(&mut self, out: &mut Reading) -> Result<(), Error>;
+
+    /// Reads every engine.
+    fn read(&mut self) -> Result<Reading, Error> {
+        let mut out = Reading::default();
+        self.read_into(&mut out)?;
+        Ok(out)
+    }
+
+    /// The source's URI, passwords hidden.
+    fn uri(&self) -> String;
+}
+
+/// Settings shared by every source.
+#[derive(Clone, Copy, Debug)]
+pub struct ReaderOptions {
+    /// The staleness thresholds.
+    pub freshness: Freshness,
+    /// How often a source looks for new, removed and replaced engines
+    /// (shared memory: a directory listing; default 250 ms).
+    pub rescan_interval: Duration,
+}
+
+impl Default for ReaderOptions {
+    fn default() -> Self {
+        ReaderOptions {
+            freshness: Freshness::default(),
+            rescan_interval: Duration::from_millis(250),
+        }
+    }
+}
+
+/// Opens the source a URI names.
+pub fn open(uri: &StateUri, options: ReaderOptions) -> Result<Box<dyn Source>, Error> {
+    match uri {
+        StateUri::Shm { dir } => Ok(Box::new(ShmDir::open(dir, options)?)),
+        StateUri::Redis { .. } => Err(Error::Unsupported {
+            uri: uri.to_string(),
+            reason: "this build has no Redis backend yet; read the engines' shared-memory \
+                     directory (file:///dev/shm/...) on their host instead"
+                .to_owned(),
+        }),
+    }
+}

@@ -1,0 +1,151 @@
+//! What a reader returns per engine.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use engine_state_shm_format::Snapshot;
+use serde::ser::{Serialize, SerializeMap, Serializer};
+
+use crate::error::EngineError;
+use crate::freshness::Status;
+
+/// One engine's state as a reader saw it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineState {
+    /// The engine id (file name / key suffix).
+    pub engine_id: Arc<str>,
+    /// Whether the state may be used ([`Status::Fresh`]) or not.
+    pub status: Status,
+    /// The snapshot (all zero when [`Status::Torn`]).
+    pub snapshot: Snapshot,
+    /// Time since the writer's last heartbeat.
+    pub heartbeat_age: Duration,
+    /// Time since the snapshot was captured.
+    pub capture_age: Duration,
+    /// The generation of the writer's file or key (a restart makes a new one).
+    pub generation: u64,
+}
+
+impl EngineState {
+    /// `1 - free / total`, `None` when the engine reported no KV blocks.
+    pub fn gpu_kv_used_frac(&self) -> Option<f64> {
+        self.snapshot.gpu_kv_used_frac()
+    }
+
+    /// Only fresh state enters the `max(shadow, real)` merge.
+    pub fn is_fresh(&self) -> bool {
+        self.status == Status::Fresh
+    }
+}
+
+/// The keys of one engine's JSON object (`esdump --json`, the Python `Reader`):
+/// `engine_id`, the snapshot fields of DESIGN §3, `status`,
+/// `heartbeat_age_ms`, `capture_age_ms`, `gpu_kv_used_frac`.
+pub const JSON_KEYS: [&str; 18] = [
+    "engine_id",
+    "captured_mono_ns",
+    "captured_unix_ns",
+    "step",
+    "num_running",
+    "num_waiting",
+    "gpu_blocks_total",
+    "gpu_blocks_free",
+    "pending_prefill_tokens",
+    "ongoing_decode_tokens",
+    "num_prefilling",
+    "max_prefill_remaining",
+    "num_preempted",
+    "flags",
+    "status",
+    "heartbeat_age_ms",
+    "capture_age_ms",
+    "gpu_kv_used_frac",
+];
+
+/// A duration in milliseconds with microsecond resolution.
+pub fn millis(d: Duration) -> f64 {
+    (d.as_micros() as f64) / 1000.0
+}
+
+impl Serialize for EngineState {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(JSON_KEYS.len()))?;
+        map.serialize_entry("engine_id", &*self.engine_id)?;
+        let words = self.snapshot.to_words();
+        for (name, value) in Snapshot::FIELD_NAMES.iter().zip(words) {
+            map.serialize_entry(name, &value)?;
+        }
+        map.serialize_entry("status", &self.status)?;
+        map.serialize_entry("heartbeat_age_ms", &millis(self.heartbeat_age))?;
+        map.serialize_entry("capture_age_ms", &millis(self.capture_age))?;
+        map.serialize_entry("gpu_kv_used_frac", &self.gpu_kv_used_frac())?;
+        map.end()
+    }
+}
+
+/// Everything one read of a source produced: the engines (sorted by id) and
+/// the per-engine errors (bad files, foreign keys), which never stop the
+/// other engines from being read.
+#[derive(Clone, Debug, Default)]
+pub struct Reading {
+    /// Readable engines, sorted by id.
+    pub engines: Vec<EngineState>,
+    /// Engines (or foreign entries) that could not be read, with the reason.
+    pub errors: Vec<EngineError>,
+}
+
+impl Reading {
+    /// Empties both lists, keeping their allocations.
+    pub fn clear(&mut self) {
+        self.engines.clear();
+        self.errors.clear();
+    }
+
+    /// The engine with this id, if it was read.
+    pub fn get(&self, engine_id: &str) -> Option<&EngineState> {
+        self.engines
+            .binary_search_by(|e| (*e.engine_id).cmp(engine_id))
+            .ok()
+            .map(|i| &self.engines[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_has_exactly_the_contract_keys() {
+        let state = EngineState {
+            engine_id: "e0".into(),
+            status: Status::Fresh,
+            snapshot: Snapshot {
+                num_running: 4,
+                gpu_blocks_total: 10,
+                gpu_blocks_free: 4,
+                ..Default::default()
+            },
+            heartbeat_age: Duration::from_micros(1500),
+            capture_age: Duration::from_millis(20),
+            generation: 1,
+        };
+        let value = serde_json::to_value(&state).unwrap();
+        let object = value.as_object().unwrap();
+        let keys: Vec<&str> = object.keys().map(String::as_str).collect();
+        let mut expected = JSON_KEYS.to_vec();
+        expected.sort_unstable();
+        let mut got = keys.clone();
+        got.sort_unstable();
+        assert_eq!(got, expected);
+        assert_eq!(object["engine_id"], "e0");
+        assert_eq!(object["status"], "fresh");
+        assert_eq!(object["num_running"], 4);
+        assert_eq!(object["heartbeat_age_ms"], 1.5);
+        assert!((object["gpu_kv_used_frac"].as_f64().unwrap() - 0.6).abs() < 1e-12);
+        let empty = EngineState {
+            snapshot: Snapshot::default(),
+            ..state
+        };
+        assert!(serde_json::to_value(&empty).unwrap()["gpu_kv_used_frac"].is_null());
+    }
+}

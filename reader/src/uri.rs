@@ -1,0 +1,171 @@
+//! Where engine state lives: `file://` directories and `redis://` servers (DESIGN §4, §7, §9).
+
+use std::fmt;
+use std::path::PathBuf;
+
+use crate::error::Error;
+
+/// The default location: a directory in `/dev/shm`.
+pub const DEFAULT_URI: &str = "file:///dev/shm/agentic_engine_state";
+/// Environment variable naming the URI (DESIGN §9).
+pub const URI_ENV: &str = "AGENTIC_ENGINE_STATE_URI";
+
+/// A parsed engine-state URI.
+#[derive(Clone, PartialEq, Eq)]
+pub enum StateUri {
+    /// `file:///abs/dir` (or a bare absolute path): one file per engine.
+    Shm {
+        /// The directory.
+        dir: PathBuf,
+    },
+    /// `redis://[user:pass@]host:port/db` or `rediss://…` (TLS).
+    Redis {
+        /// The URI as given; [`StateUri`]'s `Display` hides the password.
+        url: String,
+    },
+}
+
+impl StateUri {
+    /// Parses `uri`; errors say which forms are accepted.
+    pub fn parse(uri: &str) -> Result<StateUri, Error> {
+        let uri = uri.trim();
+        let bad = |why: &str| Error::BadUri {
+            uri: redact(uri),
+            reason: why.to_owned(),
+        };
+        if let Some(rest) = uri.strip_prefix("file://") {
+            // file:///abs/path (empty authority) or file://localhost/abs/path
+            let path = rest.strip_prefix("localhost").unwrap_or(rest);
+            if !path.starts_with('/') {
+                return Err(bad(
+                    "a file URI needs an absolute path, as in file:///dev/shm/agentic_engine_state",
+                ));
+            }
+            return Ok(StateUri::Shm {
+                dir: PathBuf::from(path),
+            });
+        }
+        if uri.starts_with('/') {
+            return Ok(StateUri::Shm {
+                dir: PathBuf::from(uri),
+            });
+        }
+        if uri.starts_with("redis://") || uri.starts_with("rediss://") {
+            let rest = uri.split_once("://").map(|(_, r)| r).unwrap_or("");
+            let host_part = rest.rsplit_once('@').map(|(_, h)| h).unwrap_or(rest);
+            let host = host_part.split(['/', '?']).next().unwrap_or("");
+            if host.is_empty() {
+                return Err(bad(
+                    "a Redis URI needs a host, as in redis://127.0.0.1:6379/0",
+                ));
+            }
+            return Ok(StateUri::Redis {
+                url: uri.to_owned(),
+            });
+        }
+        if uri.is_empty() {
+            return Err(bad("it is empty"));
+        }
+        Err(bad(
+            "use file:///dir (shared memory) or redis://host:port/db (Redis)",
+        ))
+    }
+
+    /// The URI from `AGENTIC_ENGINE_STATE_URI`, or the default.
+    pub fn from_env() -> Result<StateUri, Error> {
+        match std::env::var(URI_ENV) {
+            Ok(value) if !value.trim().is_empty() => StateUri::parse(&value),
+            _ => StateUri::parse(DEFAULT_URI),
+        }
+    }
+
+    /// `uri` when given (a flag wins over the environment), else [`StateUri::from_env`].
+    pub fn from_flag_or_env(uri: Option<&str>) -> Result<StateUri, Error> {
+        match uri {
+            Some(uri) => StateUri::parse(uri),
+            None => StateUri::from_env(),
+        }
+    }
+}
+
+/// Hides the password of a `scheme://user:password@host` URI.
+pub fn redact(uri: &str) -> String {
+    let Some((scheme, rest)) = uri.split_once("://") else {
+        return uri.to_owned();
+    };
+    let Some((userinfo, host)) = rest.rsplit_once('@') else {
+        return uri.to_owned();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _password)) => format!("{scheme}://{user}:***@{host}"),
+        None if scheme.starts_with("redis") => format!("{scheme}://***@{host}"),
+        None => uri.to_owned(),
+    }
+}
+
+impl fmt::Display for StateUri {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StateUri::Shm { dir } => write!(f, "file://{}", dir.display()),
+            StateUri::Redis { url } => f.write_str(&redact(url)),
+        }
+    }
+}
+
+impl fmt::Debug for StateUri {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "StateUri({self})")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_file_uris_and_paths() {
+        let shm = |d: &str| StateUri::Shm {
+            dir: PathBuf::from(d),
+        };
+        assert_eq!(
+            StateUri::parse(DEFAULT_URI).unwrap(),
+            shm("/dev/shm/agentic_engine_state")
+        );
+        assert_eq!(
+            StateUri::parse("file://localhost/tmp/x").unwrap(),
+            shm("/tmp/x")
+        );
+        assert_eq!(StateUri::parse(" /tmp/y ").unwrap(), shm("/tmp/y"));
+        assert_eq!(
+            StateUri::parse("file:///tmp/x").unwrap().to_string(),
+            "file:///tmp/x"
+        );
+    }
+
+    #[test]
+    fn parses_redis_uris_and_hides_passwords() {
+        let uri = StateUri::parse("redis://user:s3cret@10.0.0.1:6379/2").unwrap();
+        assert!(matches!(uri, StateUri::Redis { .. }));
+        assert_eq!(uri.to_string(), "redis://user:***@10.0.0.1:6379/2");
+        assert!(!format!("{uri:?}").contains("s3cret"));
+        assert_eq!(redact("rediss://:pw@h:1"), "rediss://:***@h:1");
+        assert_eq!(redact("redis://pw@h:1"), "redis://***@h:1");
+        assert_eq!(redact("redis://h:1/0"), "redis://h:1/0");
+    }
+
+    #[test]
+    fn refuses_bad_uris_with_guidance() {
+        for (uri, hint) in [
+            ("", "empty"),
+            ("file://relative/dir", "absolute path"),
+            ("http://x", "file:///dir"),
+            ("relative/dir", "file:///dir"),
+            ("redis://", "needs a host"),
+            ("redis://user:pw@/0", "needs a host"),
+        ] {
+            let err = StateUri::parse(uri).unwrap_err().to_string();
+            assert!(err.contains(hint), "{uri:?}: {err}");
+            assert!(!err.contains("pw@"), "password leaked: {err}");
+        }
+    }
+}

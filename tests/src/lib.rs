@@ -1,0 +1,118 @@
+//! Helpers for the cross-process tests in `tests/`: where the binaries and the
+//! Python interpreter with `engine_state` installed are, and child processes
+//! that are killed when a test ends.
+//!
+//! `make test` builds the binaries (`cargo build --bins`) and the Python
+//! package (`maturin develop` into `.venv`) before running these tests.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The workspace root.
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ is inside the workspace")
+        .to_owned()
+}
+
+/// Path of a workspace binary built in the same profile as this test.
+pub fn bin(name: &str) -> PathBuf {
+    // target/<profile>/deps/<test-exe> → target/<profile>/<name>
+    let exe = std::env::current_exe().expect("current_exe");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>");
+    let path = profile_dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the binaries first (`cargo build --bins` in the same profile; `make test` does)",
+        path.display()
+    );
+    path
+}
+
+/// The Python interpreter that has `engine_state` installed:
+/// `$ENGINE_STATE_PYTHON`, else `<workspace>/.venv/bin/python`.
+pub fn python() -> PathBuf {
+    let path = std::env::var_os("ENGINE_STATE_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join(".venv/bin/python"));
+    assert!(
+        path.exists(),
+        "{} is missing: create the venv with the engine_state package (`make py`; `make test` does)",
+        path.display()
+    );
+    path
+}
+
+/// A child process killed (SIGKILL) and reaped when dropped.
+#[derive(Debug)]
+pub struct Proc(pub Child);
+
+impl Proc {
+    /// Spawns `command` with stdin piped (closing it tells the Python helpers to exit).
+    pub fn spawn(command: &mut Command) -> Proc {
+        Proc(
+            command
+                .stdin(Stdio::piped())
+                .spawn()
+                .expect("spawn child process"),
+        )
+    }
+
+    /// The child's pid.
+    pub fn pid(&self) -> nix::unistd::Pid {
+        nix::unistd::Pid::from_raw(self.0.id() as i32)
+    }
+
+    /// Sends SIGKILL and waits for the child to be gone.
+    pub fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A Python publisher in its own process: runs `body` after
+/// `from engine_state import Publisher` with `pub = Publisher(uri=…, engine_id=…)`
+/// created, then waits until its stdin closes.
+pub fn python_publisher(dir: &Path, engine_id: &str, body: &str) -> Proc {
+    let script = format!(
+        "import sys\nfrom engine_state import Publisher\n\
+         pub = Publisher(uri={uri:?}, engine_id={engine_id:?}, period_ms=20)\n{body}\n\
+         sys.stdout.write('ready\\n'); sys.stdout.flush()\nsys.stdin.read()\n",
+        uri = format!("file://{}", dir.display()),
+    );
+    let mut proc = Proc::spawn(
+        Command::new(python())
+            .arg("-c")
+            .arg(script)
+            .stdout(Stdio::piped()),
+    );
+    let mut line = String::new();
+    let stdout = proc.0.stdout.take().expect("piped stdout");
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)
+        .expect("read child stdout");
+    assert_eq!(
+        line, "ready\n",
+        "the Python publisher did not start (its stderr is above)"
+    );
+    proc
+}
+
+/// Polls `condition` every 5 ms for up to 10 s; panics naming `what` on timeout.
+pub fn wait_for(mut condition: impl FnMut() -> bool, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

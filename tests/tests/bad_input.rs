@@ -1,0 +1,200 @@
+//! Bad files, ids and directories: each gets a clear error, nothing panics,
+//! the healthy engines are still read.
+
+use std::process::{Command, Stdio};
+
+use engine_state_shm_format::{layout::ENGINE_ID_OFFSET, FILE_SIZE};
+use engine_state_tests::*;
+
+fn espublish(uri: &str, id: &str) -> Proc {
+    Proc::spawn(
+        Command::new(bin("espublish"))
+            .args([
+                "--engine-id",
+                id,
+                "--uri",
+                uri,
+                "--set",
+                "num_running=5",
+                "--duration",
+                "60",
+            ])
+            .stdout(Stdio::null()),
+    )
+}
+
+#[test]
+fn corrupt_and_foreign_files_do_not_stop_healthy_engines() {
+    let dir = tempfile::tempdir().unwrap();
+    let uri = format!("file://{}", dir.path().display());
+    let _a = espublish(&uri, "healthy-a");
+    let _b = espublish(&uri, "healthy-b");
+    wait_for(
+        || dir.path().join("healthy-a").exists() && dir.path().join("healthy-b").exists(),
+        "publishers",
+    );
+    let good = std::fs::read(dir.path().join("healthy-a")).unwrap();
+    let write = |name: &str, bytes: &[u8]| std::fs::write(dir.path().join(name), bytes).unwrap();
+    let mut wrong_magic = good.clone();
+    wrong_magic[0] = b'X';
+    let mut wrong_version = good.clone();
+    wrong_version[8] = 9;
+    let mut wrong_id = good.clone();
+    wrong_id[ENGINE_ID_OFFSET..ENGINE_ID_OFFSET + 9].copy_from_slice(b"../escape");
+    write("truncated", &good[..100]);
+    write("wrong-magic", &wrong_magic);
+    write("wrong-version", &wrong_version);
+    write("wrong-id", &wrong_id);
+    write("notes.txt", b"unrelated file\n");
+    write("empty", b"");
+    write("huge", &vec![0u8; FILE_SIZE * 3]);
+
+    let out = Command::new(bin("esdump"))
+        .args(["--json", "--uri", &uri])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let value: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ids: Vec<&str> = value
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["engine_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["healthy-a", "healthy-b"]);
+    assert!(value
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|e| e["num_running"] == 5));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    for (name, says) in [
+        (
+            "truncated",
+            "is 100 bytes, but an engine-state file is 4096 bytes",
+        ),
+        ("wrong-magic", "is not an engine-state file"),
+        (
+            "wrong-version",
+            "layout version 9, but this build reads version 1",
+        ),
+        ("wrong-id", "corrupt header"),
+        ("notes.txt", "not an engine-state file"),
+        ("empty", "is 0 bytes"),
+        ("huge", "not an engine-state file"),
+    ] {
+        let line = stderr
+            .lines()
+            .find(|l| l.contains(&format!("/{name} ")))
+            .unwrap_or_else(|| {
+                panic!("no error for {name} in:\n{stderr}");
+            });
+        assert!(line.contains(says), "{name}: {line}");
+    }
+    assert!(!stderr.contains("panicked"));
+
+    // The table shows the same, errors below the rows.
+    let out = Command::new(bin("esdump"))
+        .args(["--uri", &uri])
+        .output()
+        .unwrap();
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        table.lines().nth(1).unwrap().starts_with("healthy-a"),
+        "{table}"
+    );
+    assert_eq!(
+        table.lines().filter(|l| l.starts_with("! ")).count(),
+        7,
+        "{table}"
+    );
+}
+
+#[test]
+fn invalid_engine_ids_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let uri = format!("file://{}", dir.path().display());
+    let long = "x".repeat(64);
+    for (id, says) in [
+        ("../x", "characters outside"),
+        ("", "empty"),
+        (long.as_str(), "longer than 63"),
+    ] {
+        let out = Command::new(bin("espublish"))
+            .args(["--engine-id", id, "--uri", &uri, "--duration", "0"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert!(
+            stderr.contains("invalid engine id") && stderr.contains(says),
+            "{id:?}: {stderr}"
+        );
+        assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    }
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "nothing was created"
+    );
+}
+
+#[test]
+fn second_live_publisher_with_the_same_id_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let uri = format!("file://{}", dir.path().display());
+    let _first = espublish(&uri, "same");
+    wait_for(|| dir.path().join("same").exists(), "the first publisher");
+    let out = Command::new(bin("espublish"))
+        .args(["--engine-id", "same", "--uri", &uri, "--duration", "0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        stderr.contains("already published by a live process"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn unusable_directories_and_uris_are_one_line_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("plain");
+    std::fs::write(&file, b"").unwrap();
+    let file_uri = format!("file://{}", file.display());
+    let below_file_uri = format!("file://{}/sub", file.display());
+    let cases = [
+        (
+            vec!["esdump", "--uri", "file:///nonexistent/engine-state"],
+            "cannot read engine-state directory",
+        ),
+        (vec!["esdump", "--uri", "ftp://x"], "bad engine-state URI"),
+        (
+            vec!["esdump", "--uri", &file_uri],
+            "cannot read engine-state directory",
+        ),
+        (
+            vec![
+                "espublish",
+                "--engine-id",
+                "e",
+                "--duration",
+                "0",
+                "--uri",
+                &below_file_uri,
+            ],
+            "cannot create the engine-state directory",
+        ),
+    ];
+    for (argv, says) in cases {
+        let out = Command::new(bin(argv[0]))
+            .args(&argv[1..])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{argv:?}");
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert!(stderr.contains(says), "{argv:?}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{argv:?}: {stderr}");
+    }
+}

@@ -1,0 +1,187 @@
+//! Python publisher ↔ Rust reader and esdump, across processes.
+
+use std::process::Command;
+use std::time::Duration;
+
+use engine_state_reader::{ReaderOptions, ShmDir, Source, Status};
+use engine_state_tests::*;
+
+fn fast() -> ReaderOptions {
+    ReaderOptions {
+        rescan_interval: Duration::ZERO,
+        ..ReaderOptions::default()
+    }
+}
+
+const PUBLISH: &str = "pub.publish(step=41, num_running=3, num_waiting=2, gpu_blocks_total=1000, \
+     gpu_blocks_free=250, pending_prefill_tokens=9000, ongoing_decode_tokens=1234, num_prefilling=1, \
+     max_prefill_remaining=8000, num_preempted=1)";
+
+#[test]
+fn python_publisher_is_read_by_the_rust_reader() {
+    let dir = tempfile::tempdir().unwrap();
+    let _py = python_publisher(dir.path(), "py-0", PUBLISH);
+    let mut source = ShmDir::open(dir.path(), fast()).unwrap();
+    let reading = source.read().unwrap();
+    assert!(reading.errors.is_empty(), "{:?}", reading.errors);
+    let e = reading.get("py-0").unwrap();
+    let s = &e.snapshot;
+    assert_eq!(e.status, Status::Fresh);
+    assert_eq!(
+        (
+            s.step,
+            s.num_running,
+            s.num_waiting,
+            s.gpu_blocks_total,
+            s.gpu_blocks_free
+        ),
+        (41, 3, 2, 1000, 250)
+    );
+    assert_eq!(
+        (
+            s.pending_prefill_tokens,
+            s.ongoing_decode_tokens,
+            s.num_prefilling,
+            s.max_prefill_remaining,
+            s.num_preempted
+        ),
+        (9000, 1234, 1, 8000, 1)
+    );
+    assert!(!s.is_idle());
+    assert_eq!(e.gpu_kv_used_frac(), Some(0.75));
+}
+
+/// The heartbeat thread is native: it keeps stamping while the Python
+/// thread holds the GIL inside one long C call.
+#[test]
+fn heartbeat_needs_no_gil() {
+    let dir = tempfile::tempdir().unwrap();
+    // sum(range(...)) runs in C without releasing the GIL for ~1-2 s.
+    let _py = python_publisher(
+        dir.path(),
+        "gil",
+        "import threading\nthreading.Thread(target=lambda: sum(range(60_000_000))).start()",
+    );
+    let mut source = ShmDir::open(dir.path(), fast()).unwrap();
+    let mut max_age = Duration::ZERO;
+    for _ in 0..40 {
+        std::thread::sleep(Duration::from_millis(25));
+        let e = source.read_engine("gil").unwrap();
+        max_age = max_age.max(e.heartbeat_age);
+    }
+    // Period 20 ms; allow scheduling noise on a busy 2-core machine.
+    assert!(
+        max_age < Duration::from_millis(250),
+        "heartbeat stalled for {max_age:?}"
+    );
+}
+
+#[test]
+fn esdump_json_reads_a_python_publisher() {
+    let dir = tempfile::tempdir().unwrap();
+    let _py = python_publisher(dir.path(), "py-json", PUBLISH);
+    let out = Command::new(bin("esdump"))
+        .args([
+            "--json",
+            "--uri",
+            &format!("file://{}", dir.path().display()),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let value: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let engines = value.as_array().unwrap();
+    assert_eq!(engines.len(), 1);
+    let e = engines[0].as_object().unwrap();
+    let mut keys: Vec<&str> = e.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    let mut expected = engine_state_reader::JSON_KEYS.to_vec();
+    expected.sort_unstable();
+    assert_eq!(keys, expected);
+    assert_eq!(e["engine_id"], "py-json");
+    assert_eq!(e["status"], "fresh");
+    assert_eq!(e["pending_prefill_tokens"], 9000);
+    assert_eq!(e["gpu_kv_used_frac"], 0.75);
+}
+
+#[test]
+fn killed_publisher_shows_as_dead() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut py = python_publisher(dir.path(), "victim", PUBLISH);
+    let mut source = ShmDir::open(dir.path(), fast()).unwrap();
+    assert_eq!(source.read_engine("victim").unwrap().status, Status::Fresh);
+    py.kill();
+    let e = source.read_engine("victim").unwrap();
+    assert_eq!(e.status, Status::Dead, "{e:?}");
+    assert_eq!(
+        e.snapshot.num_running, 3,
+        "the last snapshot stays readable"
+    );
+}
+
+/// A restarted engine (same id) replaces the file with a new generation;
+/// a reader switches over and never mixes the two writers' data.
+#[test]
+fn engine_restart_switches_generation_without_mixing() {
+    let dir = tempfile::tempdir().unwrap();
+    let loop_body = |marker: u64| {
+        format!(
+            "import threading, time\n\
+             def run():\n    step = 0\n    while True:\n        step += 1\n        \
+             pub.publish(step=step, num_running={marker}, num_waiting={marker})\n        time.sleep(0.0005)\n\
+             threading.Thread(target=run, daemon=True).start()"
+        )
+    };
+    let mut first = python_publisher(dir.path(), "eng", &loop_body(1));
+    let options = ReaderOptions {
+        rescan_interval: Duration::from_secs(3600),
+        ..ReaderOptions::default()
+    };
+    let mut source = ShmDir::open(dir.path(), options).unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut check = |source: &mut ShmDir| {
+        let e = source.read_engine("eng").unwrap();
+        if e.status != Status::Torn {
+            let s = e.snapshot;
+            assert_eq!(s.num_running, s.num_waiting, "mixed snapshot {s:?}");
+            if s.num_running != 0 {
+                assert_eq!(
+                    s.num_running, e.generation,
+                    "generation {} shows writer {}",
+                    e.generation, s.num_running
+                );
+            }
+            seen.insert(e.generation);
+        }
+        e
+    };
+    for _ in 0..200 {
+        check(&mut source);
+    }
+    first.kill();
+    // Noticed from the mapping alone: a late heartbeat triggers a pid check.
+    wait_for(
+        || check(&mut source).status == Status::Dead,
+        "the killed writer to read as dead",
+    );
+    let _second = python_publisher(dir.path(), "eng", &loop_body(2));
+    // The old mapping is retired by the new writer; the reader reopens it
+    // without a directory listing (rescan interval is an hour here).
+    wait_for(
+        || check(&mut source).generation == 2,
+        "the reader to switch to generation 2",
+    );
+    for _ in 0..2000 {
+        check(&mut source);
+    }
+    let last = check(&mut source);
+    assert_eq!(
+        (last.status, last.generation, last.snapshot.num_running),
+        (Status::Fresh, 2, 2)
+    );
+    assert_eq!(seen.into_iter().collect::<Vec<_>>(), [1, 2]);
+}

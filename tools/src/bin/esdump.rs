@@ -1,0 +1,13 @@
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    let args = engine_state_tools::esdump::Args::parse();
+    let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr());
+    match engine_state_tools::esdump::run(&args, &mut out, &mut err) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("esdump: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! `esdump`: see every engine's live state.
+
+use std::io::Write;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use engine_state_reader::{open, Freshness, ReaderOptions, Reading, StateUri};
+
+use crate::table;
+
+/// Print the live state of every engine that publishes engine-state.
+///
+/// Reads the shared-memory directory (or Redis) named by --uri or
+/// AGENTIC_ENGINE_STATE_URI. Engines whose files cannot be read are listed
+/// with the reason (on stderr with --json); the others are still shown.
+#[derive(Debug, Parser)]
+#[command(name = "esdump", version)]
+pub struct Args {
+    /// Where the engines publish: file:///dir or redis://host:port/db.
+    /// [default: file:///dev/shm/agentic_engine_state]
+    #[arg(long, env = "AGENTIC_ENGINE_STATE_URI")]
+    pub uri: Option<String>,
+    /// Print one JSON array (one object per engine) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Refresh in place like `top` until interrupted (Ctrl-C).
+    #[arg(long)]
+    pub watch: bool,
+    /// Refresh interval of --watch, in milliseconds.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(10..))]
+    pub interval: u64,
+    /// A heartbeat older than this (ms) makes an engine stale.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub stale_after: u64,
+    /// With --watch: stop after this many refreshes (default: until interrupted).
+    #[arg(long, hide = true)]
+    pub count: Option<u64>,
+}
+
+/// Runs esdump, writing to `out` (table or JSON) and `err` (per-engine errors with --json).
+pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Result<()> {
+    let uri = StateUri::from_flag_or_env(args.uri.as_deref())?;
+    let options = ReaderOptions {
+        freshness: Freshness {
+            stale_after: Duration::from_millis(args.stale_after),
+            ..Freshness::default()
+        },
+        ..ReaderOptions::default()
+    };
+    let mut source = open(&uri, options)?;
+    let mut reading = Reading::default();
+    let mut refreshes = 0u64;
+    loop {
+        source.read_into(&mut reading)?;
+        if args.json {
+            let text = serde_json::to_string_pretty(&reading.engines).context("encoding JSON")?;
+            writeln!(out, "{text}")?;
+            for error in &reading.errors {
+                writeln!(err, "esdump: {error}")?;
+            }
+        } else if args.watch {
+            // Home + clear screen, then the table: a flicker-free refresh in place.
+            write!(
+                out,
+                "\x1b[H\x1b[2J{}  every {} ms  (Ctrl-C to quit)\n\n{}",
+                source.uri(),
+                args.interval,
+                table::render(&reading)
+            )?;
+        } else {
+            write!(out, "{}", table::render(&reading))?;
+        }
+        out.flush()?;
+        refreshes += 1;
+        if !args.watch || args.count.is_some_and(|n| refreshes >= n) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(args.interval));
+    }
+}

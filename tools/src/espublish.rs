@@ -1,0 +1,159 @@
+//! `espublish`: publish synthetic engine state, for testing readers and
+//! routers without vLLM.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use engine_state_publisher::{Publisher, PublisherConfig};
+use engine_state_reader::StateUri;
+use engine_state_shm_format::{
+    monotonic_ns, EngineId, ShmWriter, Snapshot, WriterOptions, SNAPSHOT_WORDS,
+};
+
+/// Publish synthetic engine state through the real publisher.
+///
+/// Publishes the given fields every period until --duration runs out (or
+/// forever). --stress instead writes a self-checking payload as fast as it
+/// can: every word i of snapshot v is v*(i+1), so a reader can tell a torn copy.
+#[derive(Debug, Parser)]
+#[command(name = "espublish", version)]
+pub struct Args {
+    /// Where to publish: file:///dir. [default: file:///dev/shm/agentic_engine_state]
+    #[arg(long, env = "AGENTIC_ENGINE_STATE_URI")]
+    pub uri: Option<String>,
+    /// The engine id. [default: AGENTIC_WORKER_ID, else <hostname>-<pid>]
+    #[arg(long)]
+    pub engine_id: Option<String>,
+    /// Publish (and heartbeat) period in milliseconds. [default: 50]
+    #[arg(long)]
+    pub period_ms: Option<u64>,
+    /// A snapshot field to publish, as name=value (repeatable), e.g. num_running=4.
+    #[arg(long = "set", value_name = "FIELD=VALUE")]
+    pub fields: Vec<String>,
+    /// Stop after this many seconds (fractions allowed). [default: run until killed]
+    #[arg(long)]
+    pub duration: Option<f64>,
+    /// Write the self-checking stress payload as fast as possible.
+    #[arg(long)]
+    pub stress: bool,
+}
+
+/// Runs espublish.
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    let snapshot = parse_fields(&args.fields)?;
+    let deadline = match args.duration {
+        Some(s) if s.is_finite() && s >= 0.0 => Some(Instant::now() + Duration::from_secs_f64(s)),
+        Some(s) => bail!("--duration {s} must be a non-negative number of seconds"),
+        None => None,
+    };
+    let config = PublisherConfig::resolve(
+        args.uri.as_deref(),
+        args.engine_id.as_deref(),
+        args.period_ms,
+        None,
+    )?;
+    if args.stress {
+        return stress(&config, deadline);
+    }
+    let mut publisher = Publisher::start(config)?;
+    println!(
+        "espublish: publishing {} to {}",
+        publisher.engine_id(),
+        publisher.config().uri
+    );
+    let period = publisher.config().period;
+    let mut step = snapshot.step;
+    while deadline.is_none_or(|d| Instant::now() < d) {
+        publisher.publish(Snapshot { step, ..snapshot })?;
+        step += 1;
+        std::thread::sleep(period);
+    }
+    publisher.close();
+    Ok(())
+}
+
+fn stress(config: &PublisherConfig, deadline: Option<Instant>) -> anyhow::Result<()> {
+    let StateUri::Shm { dir } = &config.uri else {
+        bail!("--stress needs a file:// URI")
+    };
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let id = EngineId::new(config.engine_id.as_str())?;
+    let mut writer = ShmWriter::create(dir, &id, &WriterOptions::default(), &stress_payload(1))?;
+    println!("espublish: stress-writing {id} to {}", config.uri);
+    let mut v = 1u64;
+    loop {
+        for _ in 0..1024 {
+            v += 1;
+            writer.publish(&stress_payload(v))?;
+        }
+        writer.stamp_heartbeat(monotonic_ns());
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(());
+        }
+    }
+}
+
+/// Snapshot `v` of the stress payload: word i is `v * (i + 1)`.
+pub fn stress_payload(v: u64) -> Snapshot {
+    Snapshot::from_words(core::array::from_fn(|i| v.wrapping_mul(i as u64 + 1)))
+}
+
+/// True when `snapshot` is a whole stress payload.
+pub fn is_whole_stress_payload(snapshot: &Snapshot) -> bool {
+    let words: [u64; SNAPSHOT_WORDS] = snapshot.to_words();
+    words
+        .iter()
+        .enumerate()
+        .all(|(i, w)| *w == words[0].wrapping_mul(i as u64 + 1))
+}
+
+fn parse_fields(fields: &[String]) -> anyhow::Result<Snapshot> {
+    let mut words = Snapshot::default().to_words();
+    for field in fields {
+        let Some((name, value)) = field.split_once('=') else {
+            bail!("--set {field:?}: expected FIELD=VALUE, e.g. --set num_running=4");
+        };
+        let Some(index) = Snapshot::FIELD_NAMES.iter().position(|n| *n == name.trim()) else {
+            bail!(
+                "--set {field:?}: unknown field; fields are {}",
+                Snapshot::FIELD_NAMES.join(", ")
+            );
+        };
+        if index < 2 {
+            bail!("--set {field:?}: captured_* are stamped by the publisher");
+        }
+        words[index] = value.trim().parse().with_context(|| {
+            format!("--set {field:?}: the value must be a non-negative integer")
+        })?;
+    }
+    Ok(Snapshot::from_words(words))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_parse_by_contract_name() {
+        let s = parse_fields(&["num_running=4".into(), " step = 9".into()]).unwrap();
+        assert_eq!((s.num_running, s.step), (4, 9));
+        for (bad, hint) in [
+            ("num_running", "FIELD=VALUE"),
+            ("bogus=1", "unknown field"),
+            ("num_running=-1", "non-negative"),
+            ("captured_mono_ns=5", "stamped"),
+        ] {
+            let err = parse_fields(&[bad.into()]).unwrap_err().to_string();
+            assert!(err.contains(hint), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn stress_payload_is_self_checking() {
+        assert!(is_whole_stress_payload(&stress_payload(12345)));
+        let mut torn = stress_payload(7).to_words();
+        torn[9] = stress_payload(8).to_words()[9];
+        assert!(!is_whole_stress_payload(&Snapshot::from_words(torn)));
+    }
+}
