@@ -1,0 +1,119 @@
+# engine-state: the two commands a new user needs are `make demo` and `make test`.
+# Everything else here is what they are made of.
+
+SHELL := /bin/bash
+CARGO ?= cargo
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(abspath $(VENV))/bin/python
+# vLLM (~10 GB with torch) lives outside the clone so that later runs reuse it.
+VLLM_VENV ?= $(HOME)/.cache/engine-state/vllm-venv
+VLLM_VERSION ?= 0.33.0
+DURATION ?= 15
+PROFILE := release
+BIN := target/$(PROFILE)
+
+export ENGINE_STATE_PYTHON := $(PY)
+
+.PHONY: help build bins py venv test test-rust test-loom test-py test-vllm vllm-venv \
+        lint fmt miri bench demo demo-smoke clean
+
+help:
+	@echo "make demo        four demo engines, live in esdump --watch for DURATION=$(DURATION) s"
+	@echo "make test        every test (Rust, loom, Python, vLLM contract, demo smoke)"
+	@echo "make bench       benchmarks against their baselines (see BENCHMARKS.md)"
+	@echo "make lint        cargo fmt --check and clippy -D warnings"
+	@echo "make miri        the seqlock module under Miri (needs nightly with miri)"
+
+# ---- build -------------------------------------------------------------------
+
+bins:
+	$(CARGO) build --release --bins
+
+$(VENV)/.ok:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "maturin>=1.5,<2" "pytest>=7"
+	touch $@
+
+venv: $(VENV)/.ok
+
+# The Python package (engine_state, with its compiled _native module) in .venv.
+py: venv
+	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release -q -m publisher-py/Cargo.toml
+
+build: bins py
+
+# ---- tests -------------------------------------------------------------------
+
+test: lint build test-rust test-loom test-py test-vllm demo-smoke
+
+test-rust: bins py
+	$(CARGO) test --release --workspace --exclude engine-state-py
+
+# The seqlock protocol, model-checked.
+test-loom:
+	RUSTFLAGS="--cfg loom" $(CARGO) test --release -p engine-state-shm-format --lib seqlock \
+	    --target-dir target/loom
+
+test-py: py bins
+	ENGINE_STATE_BIN=$(abspath $(BIN)) $(PY) -m pytest -q publisher-py/tests
+
+$(VLLM_VENV)/.ok:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q "vllm==$(VLLM_VERSION)" "maturin>=1.5,<2" "pytest>=7"
+	touch $@
+
+vllm-venv: $(VLLM_VENV)/.ok
+
+# The hook against the real vLLM scheduler (installs vLLM once, ~3 min).
+test-vllm: vllm-venv bins
+	VIRTUAL_ENV=$(VLLM_VENV) $(VLLM_VENV)/bin/maturin develop --release -q -m publisher-py/Cargo.toml
+	@if [ -d publisher-py/tests_vllm ]; then \
+	    ENGINE_STATE_BIN=$(abspath $(BIN)) $(VLLM_VENV)/bin/python -m pytest -q publisher-py/tests_vllm; \
+	else echo "no vLLM contract tests yet"; fi
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all
+
+miri:
+	@if $(CARGO) +nightly miri --version >/dev/null 2>&1; then \
+	    $(CARGO) +nightly miri test -p engine-state-shm-format --lib seqlock snapshot layout; \
+	else \
+	    echo "Miri is not installed for the nightly toolchain here (rustup component add miri --toolchain nightly);"; \
+	    echo "the seqlock model is still checked by loom: make test-loom"; \
+	fi
+
+# ---- demo --------------------------------------------------------------------
+
+DEMO_DIR ?= /dev/shm/engine_state_demo
+
+demo: build
+	@rm -rf $(DEMO_DIR); mkdir -p $(DEMO_DIR)
+	@$(PY) examples/demo_engines.py --uri file://$(DEMO_DIR) --engines 4 --duration $$(( $(DURATION) + 2 )) & \
+	demo=$$!; trap "kill $$demo 2>/dev/null; wait $$demo 2>/dev/null; rm -rf $(DEMO_DIR)" EXIT; \
+	sleep 1; \
+	$(BIN)/esdump --uri file://$(DEMO_DIR) --watch --interval 500 --count $$(( $(DURATION) * 2 ))
+
+# What CI runs to keep `make demo` true: the same, short, and checked.
+demo-smoke: build
+	DURATION=3 $(MAKE) --no-print-directory demo DEMO_DIR=/dev/shm/engine_state_demo_smoke > target/demo-smoke.txt
+	@grep -c " fresh " target/demo-smoke.txt >/dev/null
+	@for i in 0 1 2 3; do grep -q "demo-$$i .* fresh" target/demo-smoke.txt || { echo "demo-$$i not fresh in make demo"; exit 1; }; done
+	@echo "demo smoke: 4 engines fresh"
+
+# ---- benchmarks --------------------------------------------------------------
+
+bench: build
+	$(CARGO) bench -p engine-state-reader --bench read
+	$(PY) bench/publish_bench.py
+	$(PY) bench/read_bench.py
+
+clean:
+	$(CARGO) clean
+	rm -rf $(VENV)
