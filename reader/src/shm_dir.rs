@@ -33,7 +33,8 @@ pub struct ShmDir {
     options: ReaderOptions,
     engines: Vec<Entry>,
     bad: Vec<Bad>,
-    last_scan: Option<Instant>,
+    /// Monotonic ns of the last listing (0: never).
+    last_scan_ns: u64,
 }
 
 #[derive(Debug)]
@@ -62,7 +63,7 @@ impl ShmDir {
             options,
             engines: Vec::new(),
             bad: Vec::new(),
-            last_scan: None,
+            last_scan_ns: 0,
         };
         source.rescan()?;
         Ok(source)
@@ -126,38 +127,35 @@ impl ShmDir {
         bad.sort_unstable_by(|a, b| a.error.name.cmp(&b.error.name));
         self.engines = engines;
         self.bad = bad;
-        self.last_scan = Some(Instant::now());
+        self.last_scan_ns = monotonic_ns().max(1);
         Ok(())
     }
 
-    fn rescan_if_due(&mut self) -> Result<(), Error> {
-        match self.last_scan {
-            Some(at) if at.elapsed() < self.options.rescan_interval => Ok(()),
-            _ => self.rescan(),
+    /// Lists the directory when the last listing is older than the rescan interval.
+    #[inline]
+    fn rescan_if_due(&mut self, now: u64) -> Result<(), Error> {
+        let interval = self.options.rescan_interval.as_nanos() as u64;
+        if self.last_scan_ns == 0 || now.saturating_sub(self.last_scan_ns) >= interval {
+            self.rescan()?;
         }
+        Ok(())
     }
 
     /// Reads one engine by id (no directory listing unless one is due).
     pub fn read_engine(&mut self, engine_id: &str) -> Option<EngineState> {
-        if self.rescan_if_due().is_err() {
-            return None;
-        }
-        let i = self
-            .engines
-            .binary_search_by(|e| (*e.id).cmp(engine_id))
-            .ok()?;
         let now = monotonic_ns();
-        let options = self.options;
-        let dir = self.dir.clone();
-        Some(self.engines[i].read(&dir, now, &options))
+        self.rescan_if_due(now).ok()?;
+        let i = self.engines.binary_search_by(|e| (*e.id).cmp(engine_id)).ok()?;
+        Some(self.engines[i].read(&self.dir, now, &self.options))
     }
+
 }
 
 impl Source for ShmDir {
     fn read_into(&mut self, out: &mut Reading) -> Result<(), Error> {
         out.clear();
-        self.rescan_if_due()?;
         let now = monotonic_ns();
+        self.rescan_if_due(now)?;
         for entry in &mut self.engines {
             out.engines.push(entry.read(&self.dir, now, &self.options));
         }
@@ -186,8 +184,10 @@ impl Entry {
 
     #[inline]
     fn read(&mut self, dir: &Path, now: u64, options: &ReaderOptions) -> EngineState {
-        if self.file.is_retired() {
+        let mut retired = self.file.is_retired();
+        if retired {
             self.reopen_if_replaced(dir);
+            retired = self.file.is_retired();
         }
         let (snapshot, torn) = match self.file.read() {
             Ok((snapshot, _seq)) => (snapshot, false),
@@ -207,7 +207,7 @@ impl Entry {
         let capture_age = Duration::from_nanos(now.saturating_sub(snapshot.captured_mono_ns));
         let observation = Observation {
             torn,
-            retired: self.file.is_retired(),
+            retired,
             writer_alive: self.writer_alive,
             heartbeat_age,
             capture_age,

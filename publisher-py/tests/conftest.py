@@ -1,0 +1,25 @@
+import os
+import pathlib
+
+import pytest
+
+
+@pytest.fixture
+def state_dir(tmp_path: pathlib.Path) -> pathlib.Path:
+    d = tmp_path / "state"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
+def uri(state_dir: pathlib.Path) -> str:
+    return f"file://{state_dir}"
+
+
+@pytest.fixture
+def bin_dir() -> pathlib.Path:
+    """Directory of the Rust binaries (esdump, espublish); `make test-py` sets it."""
+    d = pathlib.Path(os.environ.get("ENGINE_STATE_BIN", pathlib.Path(__file__).parents[2] / "target/release"))
+    if not (d / "esdump").exists():
+        pytest.fail(f"{d}/esdump is missing: run `cargo build --release --bins` (make test-py does)")
+    return d

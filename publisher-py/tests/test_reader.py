@@ -1,0 +1,75 @@
+import json
+import subprocess
+import time
+
+import pytest
+
+from engine_state import EngineStateError, Publisher, Reader
+
+
+def test_rust_writer_is_read_by_the_python_reader(uri, bin_dir):
+    writer = subprocess.Popen(
+        [str(bin_dir / "espublish"), "--uri", uri, "--engine-id", "rust-0", "--period-ms", "20",
+         "--set", "num_running=6", "--set", "num_waiting=2", "--set", "gpu_blocks_total=800",
+         "--set", "gpu_blocks_free=200", "--set", "max_prefill_remaining=31000", "--duration", "30"],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert b"publishing rust-0" in writer.stdout.readline()
+        reader = Reader(uri=uri)
+        (s,) = reader.read()
+        assert (s.engine_id, s.status) == ("rust-0", "fresh")
+        assert (s.num_running, s.num_waiting, s.max_prefill_remaining) == (6, 2, 31000)
+        assert s.gpu_kv_used_frac == pytest.approx(0.75)
+        first_step = s.step
+        time.sleep(0.2)
+        (s,) = reader.read()
+        assert s.step > first_step, "the writer keeps publishing"
+        assert s.heartbeat_age_ms < 200
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+def test_reader_matches_esdump_json(uri, bin_dir):
+    with Publisher(uri=uri, engine_id="a") as a, Publisher(uri=uri, engine_id="b") as b:
+        a.publish(num_running=1, pending_prefill_tokens=10)
+        b.publish(num_running=2, pending_prefill_tokens=20)
+        dumped = json.loads(subprocess.check_output([str(bin_dir / "esdump"), "--json", "--uri", uri]))
+        read = [s.to_dict() for s in Reader(uri=uri).read()]
+    assert [d["engine_id"] for d in dumped] == [d["engine_id"] for d in read] == ["a", "b"]
+    for x, y in zip(dumped, read):
+        assert list(x) == list(y)
+        for key in x:
+            if key.endswith("_age_ms"):
+                continue
+            assert x[key] == y[key], key
+
+
+def test_bad_files_are_listed_and_others_still_read(uri, state_dir):
+    (state_dir / "junk").write_bytes(b"hello")
+    with Publisher(uri=uri, engine_id="ok") as pub:
+        pub.publish(num_running=4)
+        reader = Reader(uri=uri)
+        states = reader.read()
+        assert [s.engine_id for s in states] == ["ok"]
+        (error,) = reader.errors
+        assert "junk" in error and "4096 bytes" in error
+
+
+def test_stale_after_is_a_setting(uri):
+    with Publisher(uri=uri, engine_id="slow", period_ms=1000) as pub:
+        pub.publish(num_running=1)
+        reader = Reader(uri=uri, stale_after_ms=50)
+        assert reader.read()[0].status == "fresh"
+        time.sleep(0.15)
+        (s,) = reader.read()
+        assert s.status == "stale" and not s.fresh
+        assert s.heartbeat_age_ms >= 150
+
+
+def test_missing_directory_and_bad_uri(tmp_path):
+    with pytest.raises(EngineStateError, match="cannot read engine-state directory"):
+        Reader(uri=f"file://{tmp_path}/missing")
+    with pytest.raises(ValueError, match="bad engine-state URI"):
+        Reader(uri="gopher://x")

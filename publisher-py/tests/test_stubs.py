@@ -1,0 +1,48 @@
+"""The .pyi stubs describe the compiled module: same names, same signatures."""
+
+import ast
+import inspect
+import pathlib
+
+import engine_state
+from engine_state import _native
+
+STUBS = pathlib.Path(engine_state.__file__).with_name("_native.pyi")
+
+
+def stub_tree():
+    return ast.parse(STUBS.read_text())
+
+
+def test_stub_file_ships_with_py_typed():
+    assert STUBS.exists()
+    assert STUBS.with_name("py.typed").exists()
+
+
+def test_every_public_name_is_stubbed_and_exported():
+    tree = stub_tree()
+    stubbed = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+    stubbed |= {t.target.id for t in tree.body if isinstance(t, ast.AnnAssign)}
+    public = {n for n in dir(_native) if not n.startswith("_")} | {"__version__"}
+    assert public == stubbed
+    assert set(engine_state.__all__) == public
+
+
+def test_methods_and_parameters_match():
+    for cls in (n for n in stub_tree().body if isinstance(n, ast.ClassDef)):
+        runtime = getattr(_native, cls.name)
+        for item in cls.body:
+            if not isinstance(item, ast.FunctionDef):
+                continue
+            assert hasattr(runtime, item.name), f"{cls.name}.{item.name} is stubbed but missing"
+            if item.name.startswith("__") or any(
+                isinstance(d, ast.Name) and d.id == "property" for d in item.decorator_list
+            ):
+                continue
+            stub_params = [a.arg for a in item.args.args[1:]] + [a.arg for a in item.args.kwonlyargs]
+            sig = inspect.signature(getattr(runtime, item.name))
+            assert stub_params == [p for p in sig.parameters if p != "self"], f"{cls.name}.{item.name}"
+        init = next((i for i in cls.body if isinstance(i, ast.FunctionDef) and i.name == "__init__"), None)
+        if init is not None:
+            stub_params = [a.arg for a in init.args.args[1:]]
+            assert stub_params == list(inspect.signature(runtime).parameters), cls.name
