@@ -39,9 +39,14 @@ fn snapshot(i: u64) -> Snapshot {
 /// Child mode: publish into `<dir>/<id>` at `hz` (or as fast as possible) until killed.
 fn writer_main(spec: &str) {
     let mut parts = spec.splitn(3, ':');
-    let (dir, id, rate) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
+    let (dir, id, rate) = (
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+    );
     let id = EngineId::new(id).unwrap();
-    let mut writer = ShmWriter::create(Path::new(dir), &id, &WriterOptions::default(), &snapshot(0)).unwrap();
+    let mut writer =
+        ShmWriter::create(Path::new(dir), &id, &WriterOptions::default(), &snapshot(0)).unwrap();
     let period = match rate {
         "max" => None,
         hz => Some(Duration::from_secs_f64(1.0 / hz.parse::<f64>().unwrap())),
@@ -124,13 +129,23 @@ fn engines_dir(n: usize) -> (tempfile::TempDir, Vec<ShmWriter>, PathBuf) {
     let writers = (0..n)
         .map(|i| {
             let id = EngineId::new(&format!("engine-{i:04}")).unwrap();
-            ShmWriter::create(dir.path(), &id, &WriterOptions::default(), &snapshot(i as u64)).unwrap()
+            ShmWriter::create(
+                dir.path(),
+                &id,
+                &WriterOptions::default(),
+                &snapshot(i as u64),
+            )
+            .unwrap()
         })
         .collect();
     let json_dir = dir.path().join(".json"); // dot-dir: invisible to ShmDir
     std::fs::create_dir(&json_dir).unwrap();
     for i in 0..n {
-        std::fs::write(json_dir.join(format!("engine-{i:04}.json")), json_of(&snapshot(i as u64), "e")).unwrap();
+        std::fs::write(
+            json_dir.join(format!("engine-{i:04}.json")),
+            json_of(&snapshot(i as u64), "e"),
+        )
+        .unwrap();
     }
     (dir, writers, json_dir)
 }
@@ -144,7 +159,10 @@ fn shm_root() -> &'static Path {
 }
 
 fn no_rescan() -> ReaderOptions {
-    ReaderOptions { rescan_interval: Duration::from_secs(3600), ..ReaderOptions::default() }
+    ReaderOptions {
+        rescan_interval: Duration::from_secs(3600),
+        ..ReaderOptions::default()
+    }
 }
 
 fn bench_one_engine(c: &mut Criterion) {
@@ -157,14 +175,29 @@ fn bench_one_engine(c: &mut Criterion) {
 
     let mut group = c.benchmark_group("read_one_engine_writer_20hz");
     group.bench_function("shm_seqlock_read", |b| b.iter(|| black_box(file.read())));
-    group.bench_function("shm_dir_read_engine", |b| b.iter(|| black_box(source.read_engine("e0"))));
-    group.bench_function("json_file_read_parse", |b| b.iter(|| black_box(read_json(&json_path))));
+    group.bench_function("shm_dir_read_engine", |b| {
+        b.iter(|| black_box(source.read_engine("e0")))
+    });
+    group.bench_function("json_file_read_parse", |b| {
+        b.iter(|| black_box(read_json(&json_path)))
+    });
     if let Some(mut redis) = RedisServer::start() {
         let mut con = redis.connection();
         let payload = snapshot(1).to_le_bytes().to_vec();
-        let _: () = redis::cmd("SET").arg("es:e0").arg(&payload).query(&mut con).unwrap();
+        let _: () = redis::cmd("SET")
+            .arg("es:e0")
+            .arg(&payload)
+            .query(&mut con)
+            .unwrap();
         group.bench_function("redis_get_loopback", |b| {
-            b.iter(|| black_box(redis::cmd("GET").arg("es:e0").query::<Vec<u8>>(&mut con).unwrap()))
+            b.iter(|| {
+                black_box(
+                    redis::cmd("GET")
+                        .arg("es:e0")
+                        .query::<Vec<u8>>(&mut con)
+                        .unwrap(),
+                )
+            })
         });
         redis.stop();
     } else {
@@ -188,7 +221,9 @@ fn bench_scan(c: &mut Criterion) {
                 black_box(reading.engines.len())
             })
         });
-        let paths: Vec<PathBuf> = (0..n).map(|i| json_dir.join(format!("engine-{i:04}.json"))).collect();
+        let paths: Vec<PathBuf> = (0..n)
+            .map(|i| json_dir.join(format!("engine-{i:04}.json")))
+            .collect();
         group.bench_with_input(BenchmarkId::new("json_files", n), &n, |b, _| {
             b.iter(|| paths.iter().map(|p| read_json(p).num_running).sum::<u64>())
         });
@@ -196,10 +231,21 @@ fn bench_scan(c: &mut Criterion) {
             let mut con = redis.connection();
             let keys: Vec<String> = (0..n).map(|i| format!("es:engine-{i:04}")).collect();
             for key in &keys {
-                let _: () = redis::cmd("SET").arg(key).arg(snapshot(1).to_le_bytes().to_vec()).query(&mut con).unwrap();
+                let _: () = redis::cmd("SET")
+                    .arg(key)
+                    .arg(snapshot(1).to_le_bytes().to_vec())
+                    .query(&mut con)
+                    .unwrap();
             }
             group.bench_with_input(BenchmarkId::new("redis_mget", n), &n, |b, _| {
-                b.iter(|| black_box(redis::cmd("MGET").arg(&keys).query::<Vec<Vec<u8>>>(&mut con).unwrap()))
+                b.iter(|| {
+                    black_box(
+                        redis::cmd("MGET")
+                            .arg(&keys)
+                            .query::<Vec<Vec<u8>>>(&mut con)
+                            .unwrap(),
+                    )
+                })
             });
             redis.stop();
         }
@@ -211,8 +257,14 @@ fn bench_scan(c: &mut Criterion) {
 fn percentiles() {
     fn report(name: &str, mut samples: Vec<u64>, overhead: u64) {
         samples.sort_unstable();
-        let at = |q: f64| samples[((samples.len() as f64 - 1.0) * q) as usize].saturating_sub(overhead);
-        println!("{name:<44} p50 {:>7} ns   p99 {:>7} ns   p999 {:>8} ns", at(0.5), at(0.99), at(0.999));
+        let at =
+            |q: f64| samples[((samples.len() as f64 - 1.0) * q) as usize].saturating_sub(overhead);
+        println!(
+            "{name:<44} p50 {:>7} ns   p99 {:>7} ns   p999 {:>8} ns",
+            at(0.5),
+            at(0.99),
+            at(0.999)
+        );
     }
     fn sample(n: usize, mut f: impl FnMut()) -> Vec<u64> {
         (0..n)
@@ -240,17 +292,35 @@ fn percentiles() {
                 torn += 1;
             }
         });
-        let label = if rate == "max" { "writer publishing continuously" } else { "writer at 20 Hz" };
+        let label = if rate == "max" {
+            "writer publishing continuously"
+        } else {
+            "writer at 20 Hz"
+        };
         report(&format!("shm seqlock read, {label}"), samples, overhead);
         println!("{:<44} torn results: {torn} of {N}", "");
     }
     let json_path = dir.path().join(".e.json");
     std::fs::write(&json_path, json_of(&snapshot(1), "e")).unwrap();
-    report("json file read + parse", sample(N / 20, || drop(black_box(read_json(&json_path).num_running))), overhead);
+    report(
+        "json file read + parse",
+        sample(N / 20, || {
+            black_box(read_json(&json_path).num_running);
+        }),
+        overhead,
+    );
     if let Some(mut redis) = RedisServer::start() {
         let mut con = redis.connection();
-        let _: () = redis::cmd("SET").arg("k").arg(snapshot(1).to_le_bytes().to_vec()).query(&mut con).unwrap();
-        let samples = sample(N / 40, || drop(black_box(redis::cmd("GET").arg("k").query::<Vec<u8>>(&mut con))));
+        let _: () = redis::cmd("SET")
+            .arg("k")
+            .arg(snapshot(1).to_le_bytes().to_vec())
+            .query(&mut con)
+            .unwrap();
+        let samples = sample(N / 40, || {
+            drop(black_box(
+                redis::cmd("GET").arg("k").query::<Vec<u8>>(&mut con),
+            ))
+        });
         report("redis GET on loopback (TCP)", samples, overhead);
         redis.stop();
     }
@@ -264,9 +334,22 @@ struct RedisServer {
 
 impl RedisServer {
     fn start() -> Option<RedisServer> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .ok()?
+            .local_addr()
+            .ok()?
+            .port();
         let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .stdout(Stdio::null())
             .spawn()
             .ok()?;
@@ -281,7 +364,10 @@ impl RedisServer {
     }
 
     fn connection(&self) -> redis::Connection {
-        redis::Client::open(format!("redis://127.0.0.1:{}/", self.port)).unwrap().get_connection().unwrap()
+        redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))
+            .unwrap()
+            .get_connection()
+            .unwrap()
     }
 
     fn stop(&mut self) {

@@ -145,10 +145,12 @@ impl ShmDir {
     pub fn read_engine(&mut self, engine_id: &str) -> Option<EngineState> {
         let now = monotonic_ns();
         self.rescan_if_due(now).ok()?;
-        let i = self.engines.binary_search_by(|e| (*e.id).cmp(engine_id)).ok()?;
+        let i = self
+            .engines
+            .binary_search_by(|e| (*e.id).cmp(engine_id))
+            .ok()?;
         Some(self.engines[i].read(&self.dir, now, &self.options))
     }
-
 }
 
 impl Source for ShmDir {
