@@ -96,6 +96,7 @@ pub enum Error {
 }
 
 impl Error {
+    #[cfg_attr(loom, allow(dead_code))]
     pub(crate) fn io(action: &'static str, path: impl Into<PathBuf>, io: io::Error) -> Error {
         let hint = match io.kind() {
             io::ErrorKind::NotFound if action == "read directory" => {

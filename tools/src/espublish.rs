@@ -57,17 +57,19 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         return stress(&config, deadline);
     }
     let mut publisher = Publisher::start(config)?;
+    let period = publisher.config().period;
+    publisher.publish(snapshot)?;
+    // Printed after the first publish: a reader that saw this line sees the fields.
     println!(
         "espublish: publishing {} to {}",
         publisher.engine_id(),
         publisher.config().uri
     );
-    let period = publisher.config().period;
     let mut step = snapshot.step;
     while deadline.is_none_or(|d| Instant::now() < d) {
-        publisher.publish(Snapshot { step, ..snapshot })?;
-        step += 1;
         std::thread::sleep(period);
+        step += 1;
+        publisher.publish(Snapshot { step, ..snapshot })?;
     }
     publisher.close();
     Ok(())
