@@ -175,7 +175,9 @@ fn bench_one_engine(c: &mut Criterion) {
 
     let mut group = c.benchmark_group("read_one_engine_writer_20hz");
     // The floor under any age computation: one CLOCK_MONOTONIC read.
-    group.bench_function("clock_monotonic_ns", |b| b.iter(|| black_box(monotonic_ns())));
+    group.bench_function("clock_monotonic_ns", |b| {
+        b.iter(|| black_box(monotonic_ns()))
+    });
     group.bench_function("shm_seqlock_read", |b| b.iter(|| black_box(file.read())));
     group.bench_function("shm_dir_read_engine", |b| {
         b.iter(|| black_box(source.read_engine("e0")))

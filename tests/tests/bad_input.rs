@@ -197,3 +197,38 @@ fn unusable_directories_and_uris_are_one_line_errors() {
         assert_eq!(stderr.trim_end().lines().count(), 1, "{argv:?}: {stderr}");
     }
 }
+
+/// A directory the publisher may not write into. Root ignores permission
+/// bits, so as root the publisher runs as `nobody` (via setpriv).
+#[test]
+fn unwritable_directory_is_a_clear_error() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let locked = dir.path().join("locked");
+    std::fs::create_dir(&locked).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o555)).unwrap();
+    let uri = format!("file://{}", locked.display());
+    let args = ["--engine-id", "e", "--duration", "0", "--uri", uri.as_str()];
+    let mut command = if nix::unistd::geteuid().is_root() {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(bin("espublish"));
+        c
+    } else {
+        Command::new(bin("espublish"))
+    };
+    let out = command
+        .args(args)
+        .output()
+        .expect("setpriv (util-linux) runs the publisher as nobody");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        stderr.contains("Permission denied")
+            && stderr.contains("run as a user that may write there"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert_eq!(std::fs::read_dir(&locked).unwrap().count(), 0);
+}
