@@ -1,5 +1,6 @@
 //! The shared-memory source: one file per engine in a directory (DESIGN §4).
 
+use std::collections::HashMap;
 use std::os::unix::fs::{DirEntryExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -83,8 +84,15 @@ impl ShmDir {
         })?;
         let mut engines = Vec::with_capacity(self.engines.len());
         let mut bad = Vec::new();
-        let mut old_engines = std::mem::take(&mut self.engines);
-        let mut old_bad = std::mem::take(&mut self.bad);
+        // By name, so a listing of n engines costs O(n), not O(n²).
+        let mut old_engines: HashMap<Arc<str>, Entry> = std::mem::take(&mut self.engines)
+            .into_iter()
+            .map(|e| (e.id.clone(), e))
+            .collect();
+        let mut old_bad: HashMap<String, Bad> = std::mem::take(&mut self.bad)
+            .into_iter()
+            .map(|b| (b.error.name.clone(), b))
+            .collect();
         for entry in listing.flatten() {
             let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
                 continue;
@@ -94,21 +102,18 @@ impl ShmDir {
                 continue;
             }
             let inode = entry.ino();
-            if let Some(i) = old_engines
-                .iter()
-                .position(|e| *e.id == *name && e.file.inode() == inode)
-            {
-                let mut kept = old_engines.swap_remove(i);
-                kept.writer_alive = writer_alive(kept.file.header());
-                engines.push(kept);
-                continue;
+            if let Some(mut kept) = old_engines.remove(name.as_str()) {
+                if kept.file.inode() == inode {
+                    kept.writer_alive = writer_alive(kept.file.header());
+                    engines.push(kept);
+                    continue;
+                }
             }
-            if let Some(i) = old_bad
-                .iter()
-                .position(|b| b.error.name == name && b.inode == inode)
-            {
-                bad.push(old_bad.swap_remove(i));
-                continue;
+            if let Some(kept) = old_bad.remove(&name) {
+                if kept.inode == inode {
+                    bad.push(kept);
+                    continue;
+                }
             }
             match ShmFile::open(entry.path()) {
                 Ok(file) => engines.push(Entry::new(file)),
