@@ -476,3 +476,7 @@ const _: () = {
     send_sync::<Router>();
     send_sync::<Reservation>();
 };
+
+#[cfg(test)]
+#[path = "router_tests.rs"]
+mod tests;
