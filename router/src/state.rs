@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use xxhash_rust::xxh3::xxh3_64;
+use std::hash::{DefaultHasher, Hash, Hasher};
 
 use crate::effective::{EffectiveState, RealState};
 use crate::error::Error;
@@ -52,7 +52,10 @@ pub(crate) struct RouterState {
 /// Session ids are kept as 64-bit hashes: fixed-size keys, no per-binding
 /// allocation; a collision (odds ~n²/2⁶⁴) only misplaces one session.
 pub(crate) fn session_key(session_id: &str) -> u64 {
-    xxh3_64(session_id.as_bytes())
+    // `DefaultHasher::new()` has fixed keys: the same id always maps the same.
+    let mut hasher = DefaultHasher::new();
+    session_id.hash(&mut hasher);
+    hasher.finish()
 }
 
 impl RouterState {
