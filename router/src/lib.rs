@@ -21,7 +21,8 @@
 //! Layout: `settings` (policies, thresholds), `request` and `blocks` (prompt
 //! hashing), `lru` and `shadow` (per-instance accounting), `effective` (real
 //! state and the merge), `policy` and `migration` (pure decision functions),
-//! `state`, `router` and `reservation` (the locked state and its handles),
+//! `state`, `router`, `decide` and `reservation` (the locked state, one
+//! decision under the lock, and the handles),
 //! `decision_log`.
 //!
 //! ```
@@ -48,6 +49,7 @@
 //! ```
 
 mod blocks;
+mod decide;
 mod decision;
 mod decision_log;
 mod effective;

@@ -12,7 +12,9 @@ pub enum Prompt {
     Tokens(Vec<u32>),
     /// Precomputed chained block hashes (one per full 512-token block, each
     /// chaining its predecessor, as [`block_hashes`] makes them) and the
-    /// prompt length in tokens.
+    /// prompt length in tokens. Any chained hash works (vLLM's own block
+    /// hashes, say) as long as every request uses the same one: the cache-hit
+    /// estimate relies on a block's hash determining its whole prefix.
     BlockHashes {
         /// One chained hash per full block, leading block first.
         block_hashes: Vec<u64>,

@@ -9,6 +9,8 @@ use engine_state_shm_format::Snapshot;
 use super::*;
 use crate::blocks::BLOCK_TOKENS;
 use crate::effective::RealFields;
+use crate::settings::{Policy, RealStateUse};
+use crate::{Reason, Request};
 
 fn router(policy: Policy, ids: &[&str]) -> Router {
     let settings = RouterSettings {
