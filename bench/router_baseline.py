@@ -408,16 +408,17 @@ def scenario(policy, instances, prompt_tokens, hash_algo="builtin"):
 def time_decisions(policy, instances, prompt_tokens, hash_algo, min_seconds, min_iterations):
     router, held, prompt, session = scenario(policy, instances, prompt_tokens, hash_algo)
     samples = []
-    decision = None
+    first = None
     started = time.perf_counter()
     while len(samples) < min_iterations or time.perf_counter() - started < min_seconds:
         t0 = time.perf_counter_ns()
         decision, reservation = router.pick("bench", prompt, session)
         reservation.release()
         samples.append((time.perf_counter_ns() - t0) / 1e3)
+        first = first or decision
     samples.sort()
     p99 = samples[min(len(samples) - 1, int(len(samples) * 0.99))]
-    return statistics.median(samples), p99, len(samples), decision
+    return statistics.median(samples), p99, len(samples), first
 
 
 # ---------------------------------------------------------------- self-test
@@ -487,7 +488,7 @@ def main():
         print(
             f"python {args.policy} hash={args.hash_algo} instances={instances} tokens={prompt_tokens}: "
             f"median {median:.1f} us, p99 {p99:.1f} us per decision ({count} decisions; "
-            f"chose {decision['instance_id']} by {decision['reason']})"
+            f"first chose {decision['instance_id']} by {decision['reason']})"
         )
 
 

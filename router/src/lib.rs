@@ -75,3 +75,5 @@ pub use crate::reservation::Reservation;
 pub use crate::router::{InstanceView, Router, RouterStats};
 pub use crate::settings::{MigrationSettings, Policy, RealStateUse, RouterSettings};
 pub use crate::shadow::ShadowCounters;
+/// The engine snapshot real state carries (re-exported from `engine-state-shm-format`).
+pub use engine_state_shm_format::Snapshot;

@@ -118,23 +118,6 @@ impl RouterState {
         Ok(())
     }
 
-    /// The stored real state as of `now`: not fresh once older than `expiry`
-    /// since it was given, and aged by the time since.
-    pub(crate) fn real_state(
-        &self,
-        position: usize,
-        now: Instant,
-        expiry: Duration,
-    ) -> Option<RealState> {
-        let (real, given) = self.instances[position].real?;
-        let since = now.saturating_duration_since(given);
-        Some(RealState {
-            fresh: real.fresh && since <= expiry,
-            capture_age: real.capture_age + since,
-            ..real
-        })
-    }
-
     pub(crate) fn set_real_state(&mut self, id: &str, real: RealState, now: Instant) -> bool {
         match self.positions.get(id) {
             Some(&position) => {
@@ -152,13 +135,21 @@ impl RouterState {
         now: Instant,
         expiry: Duration,
     ) -> EffectiveState {
-        let shadow = self.instances[position].shadow.counters();
-        let real = if consult_real {
-            self.real_state(position, now, expiry)
-        } else {
-            None
-        };
-        EffectiveState::merge(&shadow, real.as_ref())
+        let instance = &self.instances[position];
+        let shadow = instance.shadow.counters();
+        // Stored state is fresh only within `expiry` of being given, and ages
+        // meanwhile; matched by reference, so no 128-byte snapshot is copied.
+        match &instance.real {
+            Some((real, given)) if consult_real && real.fresh => {
+                let since = now.saturating_duration_since(*given);
+                if since <= expiry {
+                    EffectiveState::merge_fresh(&shadow, &real.snapshot, real.capture_age + since)
+                } else {
+                    EffectiveState::shadow_only(&shadow)
+                }
+            }
+            _ => EffectiveState::shadow_only(&shadow),
+        }
     }
 
     /// Fill `candidates` for one decision. Cache hits are only estimated when
