@@ -358,11 +358,23 @@ fn migrate_reserves_on_the_target_and_moves_the_session() {
     r.update_real_state([("src", fresh(src)), ("b", fresh(big))]);
 
     let request = Request::from_tokens("2", history).with_session("s");
+    let out = Captured::default();
+    r.set_decision_log(Some(DecisionLog::new(out.clone())));
     let (moved, _on_c) = r.migrate(&request, "src").unwrap().expect("trigger fires");
     assert_eq!(
         (moved.instance_id.as_str(), moved.reason),
         ("c", Reason::Migration)
     );
+    // The record says why: the trigger's numbers and what each target avoided.
+    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    let record: serde_json::Value = serde_json::from_str(text.trim_end()).unwrap();
+    assert_eq!(record["reason"], "migration");
+    assert_eq!(record["migration"]["migrate"], true);
+    assert_eq!(record["migration"]["source_instance"], "src");
+    assert_eq!(record["candidates"][0]["avoided"], "source");
+    assert_eq!(record["candidates"][1]["avoided"], "big_prefill");
+    assert!(record["candidates"][2].get("avoided").is_none());
+    r.set_decision_log(None);
     on_src.fail(); // the caller releases the source
     assert_eq!(shadow(&r, "src").num_requests, 0);
     // The session now lives on c.

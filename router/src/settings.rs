@@ -37,7 +37,8 @@ pub enum RealStateUse {
     /// Only for placements: a session's first request, a request without a
     /// session, and every decision of the session-less policies (`load_only`,
     /// `lmetric`), whose every decision is a one-shot placement. Later
-    /// requests of a placed session use shadow alone.
+    /// requests of a placed session use shadow alone. Migrations (a request
+    /// placed anew) consult real state in this mode too.
     #[serde(rename = "placement")]
     Placement,
     /// Every decision. The default: fresh state is ground truth and the merge
