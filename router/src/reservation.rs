@@ -21,7 +21,6 @@ enum Phase {
 /// leak load onto an instance. Every method is idempotent and takes `&mut
 /// self` (not `self`), so bindings can hold it in an object and call it twice
 /// harmlessly.
-#[derive(Debug)]
 pub struct Reservation {
     shared: Arc<Shared>,
     instance_id: String,
@@ -112,6 +111,18 @@ impl Reservation {
             .end_reservation(self.uid, self.position_hint, ending, |shadow| {
                 shadow.release(load, decoding)
             });
+    }
+}
+
+/// Not derived: the shared state behind the handle is the whole router.
+impl std::fmt::Debug for Reservation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reservation")
+            .field("instance_id", &self.instance_id)
+            .field("input_len", &self.load.input_len)
+            .field("new_prefill_tokens", &self.load.new_prefill)
+            .field("phase", &self.phase)
+            .finish_non_exhaustive()
     }
 }
 

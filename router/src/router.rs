@@ -98,9 +98,19 @@ pub struct InstanceView {
 
 /// The embedded router. Cheap to clone (clones share state); `Send + Sync`,
 /// every method takes `&self`.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Router {
     pub(crate) shared: Arc<Shared>,
+}
+
+/// Not derived: that would print every instance's prefix cache.
+impl std::fmt::Debug for Router {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Router")
+            .field("policy", &self.shared.settings.policy)
+            .field("instances", &self.shared.lock().instances.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Router {
