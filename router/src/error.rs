@@ -1,0 +1,44 @@
+//! The one error type of this crate. Every message says what to do next.
+
+/// Errors from configuring the router and from asking it to route.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A setting is out of its range.
+    #[error("invalid router setting {name} = {value}: expected {expected}")]
+    InvalidSetting {
+        /// The setting's field name.
+        name: &'static str,
+        /// The refused value, as text.
+        value: String,
+        /// What would be accepted.
+        expected: &'static str,
+    },
+    /// A decision was asked of a router with no instances.
+    #[error("the router has no instances; add one with Router::add_instance before picking")]
+    NoInstances,
+    /// An instance id the router does not know.
+    #[error("unknown instance {0:?}; add it with Router::add_instance first")]
+    UnknownInstance(String),
+    /// An instance id that is already present.
+    #[error("instance {0:?} is already routed to; remove it first to replace it")]
+    DuplicateInstance(String),
+    /// A request that cannot be routed as given.
+    #[error("invalid request {request_id:?}: {reason}")]
+    InvalidRequest {
+        /// The request's id.
+        request_id: String,
+        /// What is wrong with it and how to fix it.
+        reason: String,
+    },
+    /// The decision log file could not be opened.
+    #[error(
+        "could not open decision log {path}: {source}; check the directory exists and is writable"
+    )]
+    DecisionLog {
+        /// The path given.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}

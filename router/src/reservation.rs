@@ -1,0 +1,133 @@
+//! The handle a pick returns: the request's share of an instance's shadow counters.
+
+use std::sync::Arc;
+
+use crate::router::Shared;
+use crate::shadow::Load;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Prefill,
+    Decode,
+    Released,
+}
+
+/// A request's reservation on its instance.
+///
+/// [`prefill_done`](Reservation::prefill_done) moves its tokens from pending
+/// prefill to decode; [`complete`](Reservation::complete) and
+/// [`fail`](Reservation::fail) release everything it reserved. Dropping it
+/// unreleased releases it too, so an error path or a cancelled task can never
+/// leak load onto an instance. Every method is idempotent and takes `&mut
+/// self` (not `self`), so bindings can hold it in an object and call it twice
+/// harmlessly.
+pub struct Reservation {
+    shared: Arc<Shared>,
+    instance_id: String,
+    uid: u64,
+    /// The instance's position at reservation; checked against `uid` before use.
+    position_hint: usize,
+    load: Load,
+    phase: Phase,
+}
+
+/// How a reservation ended, for [`crate::RouterStats`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ending {
+    Completed,
+    Failed,
+    Dropped,
+}
+
+impl Reservation {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        instance_id: String,
+        uid: u64,
+        position_hint: usize,
+        load: Load,
+    ) -> Reservation {
+        Reservation {
+            shared,
+            instance_id,
+            uid,
+            position_hint,
+            load,
+            phase: Phase::Prefill,
+        }
+    }
+
+    /// The instance the request is reserved on.
+    pub fn instance_id(&self) -> &str {
+        &self.instance_id
+    }
+
+    /// Prompt tokens reserved.
+    pub fn input_len(&self) -> u64 {
+        self.load.input_len
+    }
+
+    /// Prefill tokens reserved (`input_len` minus the estimated cache hit).
+    pub fn new_prefill_tokens(&self) -> u64 {
+        self.load.new_prefill
+    }
+
+    /// `complete`, `fail` or a drop has released it.
+    pub fn is_released(&self) -> bool {
+        self.phase == Phase::Released
+    }
+
+    /// The prefill is done (first token out): move the request's tokens from
+    /// pending prefill to decode. No-op after the first call or a release.
+    pub fn prefill_done(&mut self) {
+        if self.phase != Phase::Prefill {
+            return;
+        }
+        self.phase = Phase::Decode;
+        self.shared
+            .with_shadow(self.uid, self.position_hint, |shadow| {
+                shadow.prefill_done(self.load)
+            });
+    }
+
+    /// The request finished: release everything reserved. No-op if released.
+    pub fn complete(&mut self) {
+        self.release(Ending::Completed);
+    }
+
+    /// The request failed: release everything reserved. No-op if released.
+    pub fn fail(&mut self) {
+        self.release(Ending::Failed);
+    }
+
+    fn release(&mut self, ending: Ending) {
+        if self.phase == Phase::Released {
+            return;
+        }
+        let decoding = self.phase == Phase::Decode;
+        self.phase = Phase::Released;
+        let load = self.load;
+        self.shared
+            .end_reservation(self.uid, self.position_hint, ending, |shadow| {
+                shadow.release(load, decoding)
+            });
+    }
+}
+
+/// Not derived: the shared state behind the handle is the whole router.
+impl std::fmt::Debug for Reservation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reservation")
+            .field("instance_id", &self.instance_id)
+            .field("input_len", &self.load.input_len)
+            .field("new_prefill_tokens", &self.load.new_prefill)
+            .field("phase", &self.phase)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.release(Ending::Dropped);
+    }
+}

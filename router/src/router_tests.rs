@@ -1,0 +1,463 @@
+//! The router end to end: accounting through handles, real state, sessions,
+//! migration and the decision log.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use engine_state_shm_format::Snapshot;
+
+use super::*;
+use crate::blocks::BLOCK_TOKENS;
+use crate::effective::RealFields;
+use crate::settings::{Policy, RealStateUse};
+use crate::{Reason, Request};
+
+fn router(policy: Policy, ids: &[&str]) -> Router {
+    let settings = RouterSettings {
+        policy,
+        ..RouterSettings::default()
+    };
+    Router::with_instances(settings, ids.iter().copied()).unwrap()
+}
+
+fn shadow(router: &Router, id: &str) -> ShadowCounters {
+    router.instance(id).unwrap().shadow
+}
+
+fn tokens(seed: u32, len: usize) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| i.wrapping_mul(2_654_435_761) ^ seed)
+        .collect()
+}
+
+fn fresh(snapshot: Snapshot) -> RealState {
+    RealState::fresh(snapshot, Duration::from_millis(10))
+}
+
+#[test]
+fn a_reservation_moves_and_releases_exactly_what_it_reserved() {
+    let r = router(Policy::LoadOnly, &["a"]);
+    let (decision, mut held) = r.pick(&Request::from_tokens("1", tokens(1, 1500))).unwrap();
+    assert_eq!(
+        (
+            decision.input_len,
+            decision.cache_hit_tokens,
+            decision.new_prefill_tokens
+        ),
+        (1500, 0, 1500)
+    );
+    let c = shadow(&r, "a");
+    assert_eq!(
+        (c.num_requests, c.ongoing_tokens, c.pending_prefill_tokens),
+        (1, 1500, 1500)
+    );
+
+    held.prefill_done();
+    held.prefill_done(); // idempotent
+    let c = shadow(&r, "a");
+    assert_eq!(
+        (
+            c.pending_prefill_tokens,
+            c.ongoing_decode_tokens,
+            c.num_prefilling
+        ),
+        (0, 1500, 0)
+    );
+
+    held.complete();
+    held.fail(); // already released: no-op
+    assert!(held.is_released());
+    drop(held);
+    assert_eq!(shadow(&r, "a"), ShadowCounters::default());
+    let stats = r.stats();
+    assert_eq!(
+        (
+            stats.decisions,
+            stats.completed,
+            stats.failed,
+            stats.dropped
+        ),
+        (1, 1, 0, 0)
+    );
+}
+
+#[test]
+fn dropping_or_failing_a_reservation_releases_it() {
+    let r = router(Policy::LoadOnly, &["a"]);
+    let (_, held) = r.pick(&Request::from_tokens("1", tokens(1, 100))).unwrap();
+    let (_, mut failed) = r.pick(&Request::from_tokens("2", tokens(2, 100))).unwrap();
+    assert_eq!(shadow(&r, "a").num_requests, 2);
+    failed.fail();
+    drop(held); // e.g. an error path that returned early
+    assert_eq!(shadow(&r, "a"), ShadowCounters::default());
+    assert_eq!((r.stats().failed, r.stats().dropped), (1, 1));
+}
+
+#[test]
+fn a_chosen_instance_remembers_the_prefix_for_the_next_turn() {
+    let r = router(Policy::LMetric, &["a", "b"]);
+    let turn1 = tokens(7, 3 * BLOCK_TOKENS + 10);
+    let (first, held) = r.pick(&Request::from_tokens("1", turn1.clone())).unwrap();
+    drop(held);
+    let mut turn2 = turn1;
+    turn2.extend(tokens(8, 2 * BLOCK_TOKENS));
+    // Both idle: lmetric scores are (0 + new) × 0 = 0, a tie; round-robin
+    // would move on, so reserve explicitly on the first instance to check the hit.
+    let (second, _held) = r
+        .reserve_on(&Request::from_tokens("2", turn2), &first.instance_id)
+        .unwrap();
+    assert_eq!(second.cache_hit_tokens, 3 * BLOCK_TOKENS as u64);
+    assert_eq!(
+        second.new_prefill_tokens,
+        5 * BLOCK_TOKENS as u64 + 10 - 3 * BLOCK_TOKENS as u64
+    );
+    assert_eq!(second.reason, Reason::Forced);
+}
+
+#[test]
+fn unified_session_sticks_while_warm_and_leaves_when_overloaded() {
+    let r = router(Policy::Unified, &["a", "b"]);
+    let history = tokens(3, 8 * BLOCK_TOKENS);
+    let request = |id: &str, extra: u32| {
+        let mut prompt = history.clone();
+        prompt.extend(tokens(extra, 100));
+        Request::from_tokens(id, prompt).with_session("s")
+    };
+    let (first, _h1) = r.pick(&request("1", 1)).unwrap();
+    assert_eq!(
+        (first.instance_id.as_str(), first.reason),
+        ("a", Reason::Placement)
+    );
+
+    // Warm (8 of 8 blocks ≈ 0.98 hit) and 1 ≤ max(0.5, 1) × 2: affinity.
+    let (second, _h2) = r.pick(&request("2", 2)).unwrap();
+    assert_eq!(
+        (second.instance_id.as_str(), second.reason),
+        ("a", Reason::Affinity)
+    );
+    assert_eq!(second.cache_hit_tokens, 8 * BLOCK_TOKENS as u64);
+
+    // A session whose instance is overloaded by its real state (another
+    // router's load): with the tuned factor 1.3, 9 > max(4.5, 1) × 1.3 = 5.85.
+    let tuned = RouterSettings {
+        policy: Policy::Unified,
+        overload_factor: 1.3,
+        ..RouterSettings::default()
+    };
+    let busy_a = Snapshot {
+        num_running: 9,
+        ..Snapshot::default()
+    };
+    let r2 = Router::with_instances(tuned, ["a", "b"]).unwrap();
+    let (p, _k1) = r2.pick(&request("1", 1)).unwrap();
+    assert_eq!(p.instance_id, "a");
+    r2.update_real_state([("a", fresh(busy_a))]);
+    // Fallback: a = (4196 + 100) × 9, b = 4196 × 1: b, which becomes the session's.
+    let (moved, _k2) = r2.pick(&request("2", 2)).unwrap();
+    assert_eq!(
+        (moved.instance_id.as_str(), moved.reason),
+        ("b", Reason::FallbackOverloaded)
+    );
+    r2.clear_real_state();
+    // b was given the whole prompt, so the next turn is warm there.
+    let (next, _k3) = r2.pick(&request("3", 3)).unwrap();
+    assert_eq!(
+        (next.instance_id.as_str(), next.reason),
+        ("b", Reason::Affinity)
+    );
+}
+
+#[test]
+fn fresh_real_state_steers_and_state_that_is_not_fresh_does_not() {
+    let r = router(Policy::LoadOnly, &["a", "b"]);
+    let busy = Snapshot {
+        num_running: 5,
+        num_waiting: 2,
+        ..Snapshot::default()
+    };
+    assert_eq!(
+        r.update_real_state([("a", fresh(busy)), ("ghost", fresh(busy))]),
+        1
+    );
+    let (d, _h) = r.pick(&Request::from_tokens("1", vec![1; 10])).unwrap();
+    assert_eq!(d.instance_id, "b");
+    assert!(d.consulted_real_state);
+    let view = r.instance("a").unwrap();
+    assert_eq!(view.effective.num_requests, 7);
+    assert!(view
+        .effective
+        .real
+        .unwrap()
+        .fields
+        .contains(RealFields::NUM_REQUESTS));
+
+    // Stale: a has 0 shadow requests again, b has 1: a wins.
+    r.update_real_state([("a", RealState::not_fresh(busy, Duration::from_secs(9)))]);
+    let (d, _h2) = r.pick(&Request::from_tokens("2", vec![1; 10])).unwrap();
+    assert_eq!(d.instance_id, "a");
+}
+
+#[test]
+fn real_state_expires_when_no_update_follows() {
+    let settings = RouterSettings {
+        policy: Policy::LoadOnly,
+        real_state_expiry_s: 0.0,
+        ..RouterSettings::default()
+    };
+    let r = Router::with_instances(settings, ["a", "b"]).unwrap();
+    let busy = Snapshot {
+        num_running: 5,
+        ..Snapshot::default()
+    };
+    r.update_real_state([("a", fresh(busy))]);
+    std::thread::sleep(Duration::from_millis(2));
+    assert_eq!(
+        r.instance("a").unwrap().effective.num_requests,
+        0,
+        "expired: shadow alone"
+    );
+}
+
+#[test]
+fn placement_mode_consults_real_state_only_for_a_sessions_first_request() {
+    let settings = RouterSettings {
+        policy: Policy::Sticky,
+        real_state_use: RealStateUse::Placement,
+        ..RouterSettings::default()
+    };
+    let r = Router::with_instances(settings, ["a", "b"]).unwrap();
+    r.update_real_state([(
+        "a",
+        fresh(Snapshot {
+            num_running: 3,
+            ..Snapshot::default()
+        }),
+    )]);
+    let (first, _h1) = r
+        .pick(&Request::from_tokens("1", vec![1; 10]).with_session("s"))
+        .unwrap();
+    assert_eq!(
+        (first.instance_id.as_str(), first.consulted_real_state),
+        ("b", true)
+    );
+    let (later, _h2) = r
+        .pick(&Request::from_tokens("2", vec![1; 10]).with_session("s"))
+        .unwrap();
+    assert_eq!(
+        (later.reason, later.consulted_real_state),
+        (Reason::Affinity, false)
+    );
+
+    let never = RouterSettings {
+        real_state_use: RealStateUse::Never,
+        ..RouterSettings::default()
+    };
+    let r = Router::with_instances(never, ["a"]).unwrap();
+    let (d, _h) = r.pick(&Request::from_tokens("1", vec![1; 10])).unwrap();
+    assert!(!d.consulted_real_state);
+}
+
+#[test]
+fn a_removed_instance_takes_its_counters_and_sessions_with_it() {
+    let r = router(Policy::Sticky, &["a", "b"]);
+    let (d, held) = r
+        .pick(&Request::from_tokens("1", vec![1; 10]).with_session("s"))
+        .unwrap();
+    assert_eq!(d.instance_id, "a");
+    r.remove_instance("a").unwrap();
+    drop(held); // releases nothing, panics nothing
+    r.add_instance("a").unwrap(); // same id, new instance: starts at zero
+    assert_eq!(shadow(&r, "a"), ShadowCounters::default());
+    // The binding was to the removed instance, not to the name: placed anew.
+    let (again, _h) = r
+        .pick(&Request::from_tokens("2", vec![1; 10]).with_session("s"))
+        .unwrap();
+    assert_eq!(again.reason, Reason::Placement);
+}
+
+#[test]
+fn errors_say_what_to_do() {
+    let empty = Router::new(RouterSettings::default()).unwrap();
+    let err = empty.pick(&Request::from_tokens("1", vec![])).unwrap_err();
+    assert!(err.to_string().contains("add_instance"), "{err}");
+    let r = router(Policy::LoadOnly, &["a"]);
+    assert!(matches!(
+        r.add_instance("a"),
+        Err(Error::DuplicateInstance(_))
+    ));
+    assert!(matches!(
+        r.reserve_on(&Request::from_tokens("1", vec![]), "z"),
+        Err(Error::UnknownInstance(_))
+    ));
+    assert!(r
+        .migration_advice(&Request::from_tokens("1", vec![]), "z")
+        .is_err());
+}
+
+#[test]
+fn migration_prefers_real_load_over_a_stale_shadow() {
+    let settings = RouterSettings {
+        policy: Policy::LoadOnly,
+        ..RouterSettings::default()
+    };
+    let r = Router::with_instances(settings, ["src", "b", "c"]).unwrap();
+    // The router's shadow: c has 2 requests of its own, b none.
+    let (_, _c1) = r
+        .reserve_on(&Request::from_tokens("x", vec![1; 10]), "c")
+        .unwrap();
+    let (_, _c2) = r
+        .reserve_on(&Request::from_tokens("y", vec![1; 10]), "c")
+        .unwrap();
+    // Real state: src is drowning in prefill; b is really running 10 requests
+    // (another router's), which the shadow cannot know.
+    let src = Snapshot {
+        num_running: 4,
+        pending_prefill_tokens: 60_000,
+        ..Snapshot::default()
+    };
+    let b = Snapshot {
+        num_running: 10,
+        ..Snapshot::default()
+    };
+    r.update_real_state([("src", fresh(src)), ("b", fresh(b))]);
+
+    let request = Request::from_tokens("m", tokens(5, 4096));
+    let advice = r.migration_advice(&request, "src").unwrap();
+    assert!(advice.slo_exceeded && advice.above_fleet && advice.migrate);
+    assert_eq!(advice.target_instance.as_deref(), Some("c"));
+
+    // The same real state, stale: shadow alone ranks b first — but src's own
+    // pending prefill is then unknown too, so the trigger does not fire.
+    let stale = |s| RealState::not_fresh(s, Duration::from_secs(10));
+    r.update_real_state([("src", stale(src)), ("b", stale(b))]);
+    let advice = r.migration_advice(&request, "src").unwrap();
+    assert_eq!(advice.target_instance.as_deref(), Some("b"));
+    assert!(
+        !advice.migrate,
+        "without real state the shadow sees no backlog on src"
+    );
+}
+
+#[test]
+fn migrate_reserves_on_the_target_and_moves_the_session() {
+    let r = router(Policy::Unified, &["src", "b", "c"]);
+    let history = tokens(9, 16 * BLOCK_TOKENS);
+    let (first, mut on_src) = r
+        .pick(&Request::from_tokens("1", history.clone()).with_session("s"))
+        .unwrap();
+    assert_eq!(first.instance_id, "src");
+    let big = Snapshot {
+        max_prefill_remaining: 30_000,
+        ..Snapshot::default()
+    };
+    let src = Snapshot {
+        num_running: 3,
+        pending_prefill_tokens: 90_000,
+        ..Snapshot::default()
+    };
+    r.update_real_state([("src", fresh(src)), ("b", fresh(big))]);
+
+    let request = Request::from_tokens("2", history).with_session("s");
+    let out = Captured::default();
+    r.set_decision_log(Some(DecisionLog::new(out.clone())));
+    let (moved, _on_c) = r.migrate(&request, "src").unwrap().expect("trigger fires");
+    assert_eq!(
+        (moved.instance_id.as_str(), moved.reason),
+        ("c", Reason::Migration)
+    );
+    // The record says why: the trigger's numbers and what each target avoided.
+    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    let record: serde_json::Value = serde_json::from_str(text.trim_end()).unwrap();
+    assert_eq!(record["reason"], "migration");
+    assert_eq!(record["migration"]["migrate"], true);
+    assert_eq!(record["migration"]["source_instance"], "src");
+    assert_eq!(record["candidates"][0]["avoided"], "source");
+    assert_eq!(record["candidates"][1]["avoided"], "big_prefill");
+    assert!(record["candidates"][2].get("avoided").is_none());
+    r.set_decision_log(None);
+    on_src.fail(); // the caller releases the source
+    assert_eq!(shadow(&r, "src").num_requests, 0);
+    // The session now lives on c.
+    r.clear_real_state();
+    let (next, _h) = r.pick(&request).unwrap();
+    assert_eq!(
+        (next.instance_id.as_str(), next.reason),
+        ("c", Reason::Affinity)
+    );
+
+    // No backlog anywhere: no migration, nothing reserved.
+    let calm = router(Policy::Unified, &["x", "y"]);
+    assert!(calm
+        .migrate(&Request::from_tokens("3", vec![1; 10]), "x")
+        .unwrap()
+        .is_none());
+    assert_eq!(calm.stats().decisions, 0);
+}
+
+/// A `Write` the test can read back.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn the_decision_log_records_scores_state_and_real_provenance() {
+    let r = router(Policy::Unified, &["a", "b"]);
+    let out = Captured::default();
+    r.set_decision_log(Some(DecisionLog::new(out.clone())));
+    let busy = Snapshot {
+        num_running: 2,
+        pending_prefill_tokens: 700,
+        ..Snapshot::default()
+    };
+    r.update_real_state([("a", fresh(busy))]);
+    let (_, _h1) = r
+        .pick(&Request::from_tokens("r1", tokens(1, 1024)).with_session("s1"))
+        .unwrap();
+    r.set_decision_log(None);
+    let (_, _h2) = r.pick(&Request::from_tokens("r2", vec![1; 10])).unwrap();
+
+    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 1, "one record per logged decision: {text}");
+    let record: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+    assert_eq!(record["request_id"], "r1");
+    assert_eq!(record["session_id"], "s1");
+    assert_eq!(record["instance"], "b");
+    assert_eq!(record["reason"], "placement");
+    assert_eq!(record["policy"], "unified");
+    assert!(record["time_unix_ns"].as_u64().unwrap() > 0);
+    let a = &record["candidates"][0];
+    assert_eq!(a["instance"], "a");
+    // (700 + 1024) × max(2, 1) = 3448
+    assert_eq!(a["score"], 3448.0);
+    assert_eq!(a["effective"]["num_requests"], 2);
+    assert_eq!(a["effective"]["real"]["fields"][0], "num_requests");
+    assert!(a["effective"]["real"]["age_ms"].as_f64().unwrap() >= 10.0);
+    assert!(record["candidates"][1]["effective"]["real"].is_null());
+}
+
+#[test]
+fn a_failing_log_writer_never_fails_a_decision() {
+    struct Broken;
+    impl Write for Broken {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(std::io::Error::other("disk full"))
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let r = router(Policy::LoadOnly, &["a"]);
+    r.set_decision_log(Some(DecisionLog::new(Broken)));
+    assert!(r.pick(&Request::from_tokens("1", vec![1])).is_ok());
+    assert_eq!(r.stats().decision_log_errors, 1);
+}

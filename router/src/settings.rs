@@ -1,0 +1,310 @@
+//! Router settings: the policy, where real state is consulted, and every
+//! threshold of DESIGN §8 with its documented default.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+
+/// A routing policy (DESIGN §8). Ties are broken round-robin.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Policy {
+    /// Least effective `num_requests`.
+    #[serde(rename = "load_only")]
+    LoadOnly,
+    /// Least `(pending_prefill + new_prefill) × num_requests`.
+    #[serde(rename = "lmetric")]
+    LMetric,
+    /// A session's first request goes to the least-loaded instance, later ones
+    /// follow it whatever the load.
+    #[serde(rename = "sticky")]
+    Sticky,
+    /// Session affinity while the cache is warm and the instance not
+    /// overloaded, otherwise the decode-aware LMetric score.
+    #[default]
+    #[serde(rename = "unified")]
+    Unified,
+}
+
+/// Where fresh real state enters the merge (DESIGN §8).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum RealStateUse {
+    /// Shadow counters alone, always.
+    #[serde(rename = "never")]
+    Never,
+    /// Only for placements: a session's first request, a request without a
+    /// session, and every decision of the session-less policies (`load_only`,
+    /// `lmetric`), whose every decision is a one-shot placement. Later
+    /// requests of a placed session use shadow alone. Migrations (a request
+    /// placed anew) consult real state in this mode too.
+    #[serde(rename = "placement")]
+    Placement,
+    /// Every decision. The default: fresh state is ground truth and the merge
+    /// can only raise the load the router sees, never hide its own reservations.
+    #[default]
+    #[serde(rename = "always")]
+    Always,
+}
+
+macro_rules! names {
+    ($ty:ty, $what:literal, $($variant:path => $name:literal),+) => {
+        impl $ty {
+            /// The setting's name as used in JSON, logs and Python.
+            pub fn name(self) -> &'static str {
+                match self { $($variant => $name),+ }
+            }
+        }
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+        impl FromStr for $ty {
+            type Err = Error;
+            fn from_str(text: &str) -> Result<Self, Error> {
+                match text {
+                    $($name => Ok($variant),)+
+                    _ => Err(Error::InvalidSetting {
+                        name: $what,
+                        value: text.to_owned(),
+                        expected: concat!("one of" $(, " ", $name)+),
+                    }),
+                }
+            }
+        }
+    };
+}
+
+names!(Policy, "policy",
+    Policy::LoadOnly => "load_only", Policy::LMetric => "lmetric",
+    Policy::Sticky => "sticky", Policy::Unified => "unified");
+names!(RealStateUse, "real_state_use",
+    RealStateUse::Never => "never", RealStateUse::Placement => "placement",
+    RealStateUse::Always => "always");
+
+/// Everything that shapes a decision. `Default` gives the documented defaults.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RouterSettings {
+    /// The routing policy (default `unified`).
+    pub policy: Policy,
+    /// Where real state is consulted (default `always`).
+    pub real_state_use: RealStateUse,
+    /// `unified`: the session's instance is overloaded above
+    /// `max(mean num_requests, 1) × overload_factor`. Default 2.0 (DESIGN §8;
+    /// 1.3 is the tuned value).
+    pub overload_factor: f64,
+    /// `unified`: weight of `ongoing_decode_tokens` in the fallback score.
+    /// Default 0.0 (DESIGN §8; 0.01 is the tuned value).
+    pub decode_weight: f64,
+    /// `unified`: stick only when the session instance's cache hit ratio is
+    /// strictly above this. Default 0.5 (DESIGN §8).
+    pub affinity_min_hit_ratio: f64,
+    /// Prefix blocks (512 tokens each) remembered per instance. Default 1024
+    /// blocks = 524,288 tokens: about the KV capacity of one 80 GB GPU serving
+    /// an 8B model, so the shadow cache forgets roughly when the engine would.
+    pub prefix_cache_blocks: usize,
+    /// Session bindings remembered; the least recently used is forgotten
+    /// beyond this (its next request is placed anew). Default 65,536: far more
+    /// live sessions than a fleet serves at once, a few MB at most.
+    pub max_sessions: usize,
+    /// Stored real state counts as fresh for at most this long after the
+    /// `update_real_state` call that brought it, in seconds. Default 2.0, the
+    /// reader's `stale_after` (DESIGN §6): a router whose feed stopped must not
+    /// keep trusting the last snapshot it got.
+    pub real_state_expiry_s: f64,
+    /// Migration target scoring and trigger thresholds.
+    pub migration: MigrationSettings,
+}
+
+impl Default for RouterSettings {
+    fn default() -> Self {
+        RouterSettings {
+            policy: Policy::default(),
+            real_state_use: RealStateUse::default(),
+            overload_factor: 2.0,
+            decode_weight: 0.0,
+            affinity_min_hit_ratio: 0.5,
+            prefix_cache_blocks: 1024,
+            max_sessions: 65_536,
+            real_state_expiry_s: 2.0,
+            migration: MigrationSettings::default(),
+        }
+    }
+}
+
+/// Thresholds of the migration target scorer and trigger (DESIGN §8).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MigrationSettings {
+    /// Trigger: projected prefill time on the source above this. Default 2.5 s (DESIGN §8).
+    pub ttft_slo_s: f64,
+    /// Trigger: source pending prefill above `rel_hi ×` the fleet median. Default 1.5 (DESIGN §8).
+    pub rel_hi: f64,
+    /// Prefill throughput used to project prefill time. Default 10,000
+    /// tokens/s: a mid-size model on one current GPU; set it from measurement.
+    pub prefill_tokens_per_s: f64,
+    /// Targets whose `max_prefill_remaining` is at least this are avoided.
+    /// Default 16,384 tokens: ~1.6 s of engine time at the default throughput,
+    /// well over half the default TTFT SLO, so a migrated request would queue
+    /// behind it and miss the SLO anyway.
+    pub big_prefill_threshold: u64,
+    /// Targets whose KV used fraction is at least this are avoided. Default
+    /// 0.9: above it a new long request makes vLLM preempt running ones.
+    pub kv_wall_frac: f64,
+}
+
+impl Default for MigrationSettings {
+    fn default() -> Self {
+        MigrationSettings {
+            ttft_slo_s: 2.5,
+            rel_hi: 1.5,
+            prefill_tokens_per_s: 10_000.0,
+            big_prefill_threshold: 16_384,
+            kv_wall_frac: 0.9,
+        }
+    }
+}
+
+fn check(name: &'static str, value: f64, ok: bool, expected: &'static str) -> Result<(), Error> {
+    if ok && value.is_finite() {
+        Ok(())
+    } else {
+        Err(Error::InvalidSetting {
+            name,
+            value: value.to_string(),
+            expected,
+        })
+    }
+}
+
+impl RouterSettings {
+    /// Refuse values no decision can be made with (negative, NaN, zero capacities).
+    pub fn validate(&self) -> Result<(), Error> {
+        let m = &self.migration;
+        check(
+            "overload_factor",
+            self.overload_factor,
+            self.overload_factor > 0.0,
+            "a number > 0",
+        )?;
+        check(
+            "decode_weight",
+            self.decode_weight,
+            self.decode_weight >= 0.0,
+            "a number >= 0",
+        )?;
+        let ratio = self.affinity_min_hit_ratio;
+        check(
+            "affinity_min_hit_ratio",
+            ratio,
+            (0.0..=1.0).contains(&ratio),
+            "a number in [0, 1]",
+        )?;
+        let expiry = self.real_state_expiry_s;
+        check("real_state_expiry_s", expiry, expiry >= 0.0, "seconds >= 0")?;
+        check(
+            "migration.ttft_slo_s",
+            m.ttft_slo_s,
+            m.ttft_slo_s >= 0.0,
+            "seconds >= 0",
+        )?;
+        check(
+            "migration.rel_hi",
+            m.rel_hi,
+            m.rel_hi >= 0.0,
+            "a number >= 0",
+        )?;
+        let rate = m.prefill_tokens_per_s;
+        check(
+            "migration.prefill_tokens_per_s",
+            rate,
+            rate > 0.0,
+            "tokens/s > 0",
+        )?;
+        let wall = m.kv_wall_frac;
+        check(
+            "migration.kv_wall_frac",
+            wall,
+            (0.0..=1.0).contains(&wall),
+            "a fraction in [0, 1]",
+        )?;
+        for (name, value) in [
+            ("prefix_cache_blocks", self.prefix_cache_blocks),
+            ("max_sessions", self.max_sessions),
+        ] {
+            if value == 0 || value >= u32::MAX as usize {
+                return Err(Error::InvalidSetting {
+                    name,
+                    value: value.to_string(),
+                    expected: "a count between 1 and 4294967294",
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_documented_ones_and_valid() {
+        let s = RouterSettings::default();
+        assert_eq!((s.overload_factor, s.decode_weight), (2.0, 0.0));
+        assert_eq!((s.migration.ttft_slo_s, s.migration.rel_hi), (2.5, 1.5));
+        s.validate().unwrap();
+    }
+
+    #[test]
+    fn names_round_trip_and_bad_names_say_what_is_accepted() {
+        for policy in [
+            Policy::LoadOnly,
+            Policy::LMetric,
+            Policy::Sticky,
+            Policy::Unified,
+        ] {
+            assert_eq!(policy.name().parse::<Policy>().unwrap(), policy);
+        }
+        let err = "lmetrics".parse::<Policy>().unwrap_err().to_string();
+        assert!(
+            err.contains("one of load_only lmetric sticky unified"),
+            "{err}"
+        );
+        assert_eq!(
+            "placement".parse::<RealStateUse>().unwrap(),
+            RealStateUse::Placement
+        );
+    }
+
+    #[test]
+    fn json_uses_the_same_names_and_fills_defaults() {
+        let s: RouterSettings =
+            serde_json::from_str(r#"{"policy": "lmetric", "migration": {"rel_hi": 2.0}}"#).unwrap();
+        assert_eq!(s.policy, Policy::LMetric);
+        assert_eq!(s.migration.rel_hi, 2.0);
+        assert_eq!(s.migration.ttft_slo_s, 2.5);
+        assert!(serde_json::from_str::<RouterSettings>(r#"{"polcy": "x"}"#).is_err());
+    }
+
+    #[test]
+    fn out_of_range_values_are_refused() {
+        let bad = RouterSettings {
+            overload_factor: f64::NAN,
+            ..RouterSettings::default()
+        };
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("overload_factor"));
+        let bad = RouterSettings {
+            prefix_cache_blocks: 0,
+            ..RouterSettings::default()
+        };
+        assert!(bad.validate().is_err());
+    }
+}

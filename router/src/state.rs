@@ -1,0 +1,195 @@
+//! The router's shared state, only ever touched under its one mutex.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+use crate::effective::{EffectiveState, RealState};
+use crate::error::Error;
+use crate::lru::Lru;
+use crate::policy::{Candidate, RoundRobin};
+use crate::settings::RouterSettings;
+use crate::shadow::{InstanceShadow, Load};
+
+/// One routed-to instance.
+#[derive(Debug)]
+pub(crate) struct Instance {
+    pub id: String,
+    /// Never reused: a reservation or session binding made before an instance
+    /// was removed (and maybe re-added under the same id) must not touch the
+    /// new one's counters.
+    pub uid: u64,
+    pub shadow: InstanceShadow,
+    /// The last real state given and when it was given.
+    pub real: Option<(RealState, Instant)>,
+}
+
+/// Counts for [`crate::RouterStats`].
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Counts {
+    pub decisions: u64,
+    pub completed: u64,
+    pub failed: u64,
+    pub dropped: u64,
+}
+
+#[derive(Debug)]
+pub(crate) struct RouterState {
+    pub instances: Vec<Instance>,
+    positions: HashMap<String, usize>,
+    /// Session id hash → instance uid.
+    sessions: Lru<u64>,
+    pub rr: RoundRobin,
+    next_uid: u64,
+    /// Effective state of every instance for the decision in progress; kept
+    /// to reuse its allocation.
+    pub candidates: Vec<Candidate>,
+    pub logging: bool,
+    pub counts: Counts,
+}
+
+/// Session ids are kept as 64-bit hashes: fixed-size keys, no per-binding
+/// allocation; a collision (odds ~n²/2⁶⁴) only misplaces one session.
+pub(crate) fn session_key(session_id: &str) -> u64 {
+    // `DefaultHasher::new()` has fixed keys: the same id always maps the same.
+    let mut hasher = DefaultHasher::new();
+    session_id.hash(&mut hasher);
+    hasher.finish()
+}
+
+impl RouterState {
+    pub(crate) fn new(settings: &RouterSettings) -> RouterState {
+        RouterState {
+            instances: Vec::new(),
+            positions: HashMap::new(),
+            sessions: Lru::new(settings.max_sessions),
+            rr: RoundRobin::default(),
+            next_uid: 0,
+            candidates: Vec::new(),
+            logging: false,
+            counts: Counts::default(),
+        }
+    }
+
+    pub(crate) fn position(&self, id: &str) -> Result<usize, Error> {
+        self.positions
+            .get(id)
+            .copied()
+            .ok_or_else(|| Error::UnknownInstance(id.to_owned()))
+    }
+
+    /// Position of the instance with `uid`, trying `hint` (its position when
+    /// last seen) first: positions only shift when an instance is removed.
+    pub(crate) fn position_of_uid(&self, uid: u64, hint: usize) -> Option<usize> {
+        match self.instances.get(hint) {
+            Some(instance) if instance.uid == uid => Some(hint),
+            _ => self
+                .instances
+                .iter()
+                .position(|instance| instance.uid == uid),
+        }
+    }
+
+    pub(crate) fn add_instance(&mut self, id: &str, cache_blocks: usize) -> Result<(), Error> {
+        if self.positions.contains_key(id) {
+            return Err(Error::DuplicateInstance(id.to_owned()));
+        }
+        self.positions.insert(id.to_owned(), self.instances.len());
+        self.instances.push(Instance {
+            id: id.to_owned(),
+            uid: self.next_uid,
+            shadow: InstanceShadow::new(cache_blocks),
+            real: None,
+        });
+        self.next_uid += 1;
+        Ok(())
+    }
+
+    /// Outstanding reservations on it become no-ops; its sessions are placed
+    /// anew on their next request.
+    pub(crate) fn remove_instance(&mut self, id: &str) -> Result<(), Error> {
+        let position = self.position(id)?;
+        self.instances.remove(position);
+        self.positions.clear();
+        for (position, instance) in self.instances.iter().enumerate() {
+            self.positions.insert(instance.id.clone(), position);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn set_real_state(&mut self, id: &str, real: RealState, now: Instant) -> bool {
+        match self.positions.get(id) {
+            Some(&position) => {
+                self.instances[position].real = Some((real, now));
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub(crate) fn effective(
+        &self,
+        position: usize,
+        consult_real: bool,
+        now: Instant,
+        expiry: Duration,
+    ) -> EffectiveState {
+        let instance = &self.instances[position];
+        let shadow = instance.shadow.counters();
+        // Stored state is fresh only within `expiry` of being given, and ages
+        // meanwhile; matched by reference, so no 128-byte snapshot is copied.
+        match &instance.real {
+            Some((real, given)) if consult_real && real.fresh => {
+                let since = now.saturating_duration_since(*given);
+                if since <= expiry {
+                    EffectiveState::merge_fresh(&shadow, &real.snapshot, real.capture_age + since)
+                } else {
+                    EffectiveState::shadow_only(&shadow)
+                }
+            }
+            _ => EffectiveState::shadow_only(&shadow),
+        }
+    }
+
+    /// Fill `candidates` for one decision. Cache hits are only estimated when
+    /// `blocks` is given: `load_only` and `sticky` never read them, and on a
+    /// long prompt the estimate costs more than the rest of the decision.
+    pub(crate) fn fill_candidates(
+        &mut self,
+        consult_real: bool,
+        blocks: Option<&[u64]>,
+        now: Instant,
+        expiry: Duration,
+    ) {
+        let mut candidates = std::mem::take(&mut self.candidates);
+        candidates.clear();
+        candidates.extend((0..self.instances.len()).map(|position| Candidate {
+            state: self.effective(position, consult_real, now, expiry),
+            cache_hit_tokens: blocks.map_or(0, |blocks| {
+                self.instances[position].shadow.cache_hit_tokens(blocks)
+            }),
+        }));
+        self.candidates = candidates;
+    }
+
+    /// The position of the session's instance, if it is bound to one still routed to.
+    pub(crate) fn bound(&self, session: u64) -> Option<usize> {
+        let uid = *self.sessions.peek(session)?;
+        self.position_of_uid(uid, 0)
+    }
+
+    pub(crate) fn bind(&mut self, session: u64, position: usize) {
+        self.sessions.insert(session, self.instances[position].uid);
+    }
+
+    pub(crate) fn end_session(&mut self, session: u64) -> bool {
+        self.sessions.remove(session)
+    }
+
+    pub(crate) fn reserve(&mut self, position: usize, load: Load, blocks: &[u64]) {
+        let shadow = &mut self.instances[position].shadow;
+        shadow.reserve(load);
+        shadow.remember_prefix(blocks);
+    }
+}
