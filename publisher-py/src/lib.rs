@@ -6,12 +6,17 @@ use pyo3::prelude::*;
 mod errors;
 mod publisher;
 mod reader;
+mod router;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<publisher::Publisher>()?;
     m.add_class::<reader::Reader>()?;
     m.add_class::<reader::EngineState>()?;
+    m.add_class::<router::Router>()?;
+    m.add_class::<router::Decision>()?;
+    m.add_class::<router::Reservation>()?;
+    m.add_function(wrap_pyfunction!(router::block_hashes, m)?)?;
     m.add(
         "EngineStateError",
         m.py().get_type::<errors::EngineStateError>(),

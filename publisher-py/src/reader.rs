@@ -102,6 +102,37 @@ pub(crate) struct EngineState {
     generation: u64,
 }
 
+impl EngineState {
+    /// The snapshot and freshness, as the router takes them.
+    pub(crate) fn real_state(&self) -> engine_state_router::RealState {
+        let snapshot = engine_state_shm_format::Snapshot {
+            captured_mono_ns: self.captured_mono_ns,
+            captured_unix_ns: self.captured_unix_ns,
+            step: self.step,
+            num_running: self.num_running,
+            num_waiting: self.num_waiting,
+            gpu_blocks_total: self.gpu_blocks_total,
+            gpu_blocks_free: self.gpu_blocks_free,
+            pending_prefill_tokens: self.pending_prefill_tokens,
+            ongoing_decode_tokens: self.ongoing_decode_tokens,
+            num_prefilling: self.num_prefilling,
+            max_prefill_remaining: self.max_prefill_remaining,
+            num_preempted: self.num_preempted,
+            flags: self.flags,
+            reserved: [0; 3],
+        };
+        engine_state_router::RealState {
+            snapshot,
+            fresh: self.status == "fresh",
+            capture_age: Duration::from_secs_f64(self.capture_age_ms.max(0.0) / 1000.0),
+        }
+    }
+
+    pub(crate) fn id(&self) -> &str {
+        &self.engine_id
+    }
+}
+
 impl From<&engine_state_reader::EngineState> for EngineState {
     fn from(state: &engine_state_reader::EngineState) -> EngineState {
         let s = &state.snapshot;

@@ -23,6 +23,7 @@ def test_every_public_name_is_stubbed_and_exported():
     tree = stub_tree()
     stubbed = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
     stubbed |= {t.target.id for t in tree.body if isinstance(t, ast.AnnAssign)}
+    stubbed |= {f.name for f in tree.body if isinstance(f, ast.FunctionDef)}
     public = {n for n in dir(_native) if not n.startswith("_")} | {"__version__"}
     assert public == stubbed
     assert set(engine_state.__all__) == public
@@ -44,5 +45,12 @@ def test_methods_and_parameters_match():
             assert stub_params == [p for p in sig.parameters if p != "self"], f"{cls.name}.{item.name}"
         init = next((i for i in cls.body if isinstance(i, ast.FunctionDef) and i.name == "__init__"), None)
         if init is not None:
-            stub_params = [a.arg for a in init.args.args[1:]]
+            stub_params = [a.arg for a in init.args.args[1:]] + [a.arg for a in init.args.kwonlyargs]
             assert stub_params == list(inspect.signature(runtime).parameters), cls.name
+
+
+def test_module_functions_match():
+    for fn in (n for n in stub_tree().body if isinstance(n, ast.FunctionDef)):
+        runtime = getattr(_native, fn.name)
+        stub_params = [a.arg for a in fn.args.args] + [a.arg for a in fn.args.kwonlyargs]
+        assert stub_params == list(inspect.signature(runtime).parameters), fn.name

@@ -54,6 +54,7 @@ mod decision;
 mod decision_log;
 mod effective;
 mod error;
+mod feed;
 mod lru;
 mod migration;
 mod policy;

@@ -42,7 +42,7 @@ impl RoundRobin {
         let mut best: Option<K> = None;
         for index in 0..len {
             if let Some(k) = key(index) {
-                if best.as_ref().map_or(true, |b| k < *b) {
+                if best.as_ref().is_none_or(|b| k < *b) {
                     best = Some(k);
                 }
             }

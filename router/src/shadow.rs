@@ -238,7 +238,7 @@ mod tests {
                 let tokens: Vec<u32> = (0..len as u32)
                     .flat_map(|block| {
                         let choice = block * 4 + next(4) as u32;
-                        std::iter::repeat(choice).take(BLOCK_TOKENS)
+                        std::iter::repeat_n(choice, BLOCK_TOKENS)
                     })
                     .collect();
                 let blocks = block_hashes(&tokens);

@@ -1,7 +1,8 @@
 """engine-state: real-time engine-state telemetry for LLM routers.
 
 Publish a vLLM engine's scheduler state with :class:`Publisher`, read every
-engine's state lock-free with :class:`Reader`. Both default to the settings in
+engine's state lock-free with :class:`Reader`, and route requests with
+:class:`Router` (shadow counters merged with fresh engine state). Both default to the settings in
 ``AGENTIC_ENGINE_STATE_URI`` (default ``file:///dev/shm/agentic_engine_state``),
 ``AGENTIC_WORKER_ID`` and ``AGENTIC_ENGINE_STATE_PERIOD_MS`` (default 50).
 """
@@ -10,20 +11,28 @@ from engine_state._native import (
     FIELD_NAMES,
     JSON_KEYS,
     LAYOUT_VERSION,
+    Decision,
     EngineState,
     EngineStateError,
     Publisher,
     Reader,
+    Reservation,
+    Router,
     __version__,
+    block_hashes,
 )
 
 __all__ = [
     "FIELD_NAMES",
     "JSON_KEYS",
     "LAYOUT_VERSION",
+    "Decision",
     "EngineState",
     "EngineStateError",
     "Publisher",
     "Reader",
+    "Reservation",
+    "Router",
     "__version__",
+    "block_hashes",
 ]

@@ -1,7 +1,7 @@
 """Type stubs of the compiled module (checked against it by tests/test_stubs.py)."""
 
 from types import TracebackType
-from typing import Optional, Type
+from typing import Any, Optional, Sequence, Type
 
 FIELD_NAMES: list[str]
 JSON_KEYS: list[str]
@@ -88,3 +88,67 @@ class Reader:
     def errors(self) -> list[str]: ...
     @property
     def uri(self) -> str: ...
+
+def block_hashes(tokens: Sequence[int]) -> list[int]: ...
+
+class Decision:
+    request_id: str
+    session_id: Optional[str]
+    instance_id: str
+    reason: str
+    input_len: int
+    cache_hit_tokens: int
+    new_prefill_tokens: int
+    consulted_real_state: bool
+
+class Reservation:
+    def prefill_done(self) -> None: ...
+    def complete(self) -> None: ...
+    def fail(self) -> None: ...
+    @property
+    def instance_id(self) -> str: ...
+    @property
+    def released(self) -> bool: ...
+    def __enter__(self) -> "Reservation": ...
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]] = None,
+        _exc_value: Optional[BaseException] = None,
+        _traceback: Optional[TracebackType] = None,
+    ) -> bool: ...
+
+class Router:
+    def __init__(
+        self,
+        instances: Sequence[str],
+        *,
+        policy: Optional[str] = None,
+        settings: Optional[dict[str, Any]] = None,
+        decision_log: Optional[str] = None,
+    ) -> None: ...
+    def pick(
+        self,
+        request_id: str,
+        *,
+        tokens: Optional[Sequence[int]] = None,
+        block_hashes: Optional[Sequence[int]] = None,
+        input_len: Optional[int] = None,
+        session_id: Optional[str] = None,
+    ) -> tuple[Decision, Reservation]: ...
+    def update_real_state(self, states: Sequence[EngineState]) -> int: ...
+    def migration_advice(
+        self,
+        source: str,
+        request_id: str,
+        *,
+        tokens: Optional[Sequence[int]] = None,
+        block_hashes: Optional[Sequence[int]] = None,
+        input_len: Optional[int] = None,
+        session_id: Optional[str] = None,
+    ) -> dict[str, Any]: ...
+    def add_instance(self, instance_id: str) -> None: ...
+    def remove_instance(self, instance_id: str) -> None: ...
+    def end_session(self, session_id: str) -> bool: ...
+    def instances(self) -> list[dict[str, Any]]: ...
+    def stats(self) -> dict[str, int]: ...
+    def settings(self) -> dict[str, Any]: ...

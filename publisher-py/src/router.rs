@@ -1,0 +1,271 @@
+//! `engine_state.Router`, `Decision`, `Reservation` and `block_hashes`.
+
+use engine_state_router::{DecisionLog, Policy, Request, RouterSettings};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyAny, PyDict, PyType};
+
+use crate::reader::EngineState;
+
+fn router_error(error: engine_state_router::Error) -> PyErr {
+    use engine_state_router::Error as E;
+    match error {
+        E::InvalidSetting { .. }
+        | E::InvalidRequest { .. }
+        | E::UnknownInstance(_)
+        | E::DuplicateInstance(_) => PyValueError::new_err(error.to_string()),
+        _ => PyRuntimeError::new_err(error.to_string()),
+    }
+}
+
+/// A serde value as a Python object (dicts, lists, numbers, strings).
+fn to_python<'py>(py: Python<'py>, value: &impl serde::Serialize) -> PyResult<Bound<'py, PyAny>> {
+    let text = serde_json::to_string(value).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+    py.import("json")?.call_method1("loads", (text,))
+}
+
+/// The embedded router: shadow counters per instance, `max(shadow, real)` with
+/// fresh engine state, and the routing policies. Thread-safe.
+#[pyclass(module = "engine_state._native", name = "Router", frozen)]
+pub(crate) struct Router {
+    inner: engine_state_router::Router,
+}
+
+#[pymethods]
+impl Router {
+    /// `instances`: instance (engine) ids. `policy`: load_only, lmetric, sticky
+    /// or unified. `settings`: a dict of router settings (e.g.
+    /// `{"decode_weight": 0.01, "migration": {"rel_hi": 2.0}}`).
+    /// `decision_log`: a path to append JSON Lines decision records to.
+    #[new]
+    #[pyo3(signature = (instances, *, policy=None, settings=None, decision_log=None))]
+    fn new(
+        py: Python<'_>,
+        instances: Vec<String>,
+        policy: Option<&str>,
+        settings: Option<&Bound<'_, PyDict>>,
+        decision_log: Option<&str>,
+    ) -> PyResult<Router> {
+        let mut parsed = match settings {
+            Some(dict) => {
+                let text: String = py
+                    .import("json")?
+                    .call_method1("dumps", (dict,))?
+                    .extract()?;
+                serde_json::from_str::<RouterSettings>(&text)
+                    .map_err(|e| PyValueError::new_err(format!("invalid router settings: {e}")))?
+            }
+            None => RouterSettings::default(),
+        };
+        if let Some(name) = policy {
+            parsed.policy = name.parse::<Policy>().map_err(router_error)?;
+        }
+        let inner = engine_state_router::Router::with_instances(parsed, &instances)
+            .map_err(router_error)?;
+        if let Some(path) = decision_log {
+            inner.set_decision_log(Some(DecisionLog::append_to(path).map_err(router_error)?));
+        }
+        Ok(Router { inner })
+    }
+
+    /// Chooses an instance for a request and reserves it there, in one step.
+    /// Give the prompt as `tokens` (token ids) or as chained 512-token
+    /// `block_hashes` plus `input_len`. Returns `(Decision, Reservation)`.
+    #[pyo3(signature = (request_id, *, tokens=None, block_hashes=None, input_len=None, session_id=None))]
+    fn pick(
+        &self,
+        request_id: String,
+        tokens: Option<Vec<u32>>,
+        block_hashes: Option<Vec<u64>>,
+        input_len: Option<u64>,
+        session_id: Option<String>,
+    ) -> PyResult<(Decision, Reservation)> {
+        let request = request(request_id, tokens, block_hashes, input_len, session_id)?;
+        let (decision, reservation) = self.inner.pick(&request).map_err(router_error)?;
+        Ok((Decision::from(decision), Reservation { inner: reservation }))
+    }
+
+    /// Stores the real state of engines, e.g. `router.update_real_state(reader.read())`.
+    /// Only fresh state is ever merged. Returns how many instances were updated.
+    fn update_real_state(&self, states: Vec<PyRef<'_, EngineState>>) -> usize {
+        self.inner
+            .update_real_state(states.iter().map(|s| (s.id().to_owned(), s.real_state())))
+    }
+
+    /// The migration trigger and target for a request on `source`, as a dict.
+    #[pyo3(signature = (source, request_id, *, tokens=None, block_hashes=None, input_len=None, session_id=None))]
+    fn migration_advice<'py>(
+        &self,
+        py: Python<'py>,
+        source: &str,
+        request_id: String,
+        tokens: Option<Vec<u32>>,
+        block_hashes: Option<Vec<u64>>,
+        input_len: Option<u64>,
+        session_id: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let request = request(request_id, tokens, block_hashes, input_len, session_id)?;
+        to_python(
+            py,
+            &self
+                .inner
+                .migration_advice(&request, source)
+                .map_err(router_error)?,
+        )
+    }
+
+    /// Adds an instance.
+    fn add_instance(&self, instance_id: &str) -> PyResult<()> {
+        self.inner.add_instance(instance_id).map_err(router_error)
+    }
+
+    /// Removes an instance (its counters and sessions go with it).
+    fn remove_instance(&self, instance_id: &str) -> PyResult<()> {
+        self.inner
+            .remove_instance(instance_id)
+            .map_err(router_error)
+    }
+
+    /// Forgets a session's instance; returns whether it was known.
+    fn end_session(&self, session_id: &str) -> bool {
+        self.inner.end_session(session_id)
+    }
+
+    /// Every instance's shadow counters and effective state, as dicts.
+    fn instances<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        to_python(py, &self.inner.instances())
+    }
+
+    /// Decisions made and reservations completed, failed and dropped.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        to_python(py, &self.inner.stats())
+    }
+
+    /// The settings in force, as a dict.
+    fn settings<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        to_python(py, self.inner.settings())
+    }
+}
+
+fn request(
+    request_id: String,
+    tokens: Option<Vec<u32>>,
+    block_hashes: Option<Vec<u64>>,
+    input_len: Option<u64>,
+    session_id: Option<String>,
+) -> PyResult<Request> {
+    let request =
+        match (tokens, block_hashes, input_len) {
+            (Some(tokens), None, None) => Request::from_tokens(request_id, tokens),
+            (None, Some(hashes), Some(len)) => Request::from_block_hashes(request_id, hashes, len),
+            _ => return Err(PyValueError::new_err(
+                "give the prompt either as tokens=[...] or as block_hashes=[...] with input_len=N",
+            )),
+        };
+    Ok(match session_id {
+        Some(session) => request.with_session(session),
+        None => request,
+    })
+}
+
+/// One routing decision.
+#[pyclass(module = "engine_state._native", name = "Decision", frozen, get_all)]
+pub(crate) struct Decision {
+    request_id: String,
+    session_id: Option<String>,
+    instance_id: String,
+    reason: &'static str,
+    input_len: u64,
+    cache_hit_tokens: u64,
+    new_prefill_tokens: u64,
+    consulted_real_state: bool,
+}
+
+impl From<engine_state_router::Decision> for Decision {
+    fn from(d: engine_state_router::Decision) -> Decision {
+        Decision {
+            request_id: d.request_id,
+            session_id: d.session_id,
+            instance_id: d.instance_id,
+            reason: d.reason.name(),
+            input_len: d.input_len,
+            cache_hit_tokens: d.cache_hit_tokens,
+            new_prefill_tokens: d.new_prefill_tokens,
+            consulted_real_state: d.consulted_real_state,
+        }
+    }
+}
+
+#[pymethods]
+impl Decision {
+    fn __repr__(&self) -> String {
+        format!(
+            "Decision(request_id={:?}, instance_id={:?}, reason={:?}, new_prefill_tokens={})",
+            self.request_id, self.instance_id, self.reason, self.new_prefill_tokens
+        )
+    }
+}
+
+/// The load a pick reserved on an instance. `prefill_done()` when the first
+/// token streams, then `complete()` or `fail()`; as a context manager it
+/// completes on success and fails on an exception; dropping it unreleased
+/// releases it too.
+#[pyclass(module = "engine_state._native", name = "Reservation")]
+pub(crate) struct Reservation {
+    inner: engine_state_router::Reservation,
+}
+
+#[pymethods]
+impl Reservation {
+    /// Moves the request's prefill tokens to decode.
+    fn prefill_done(&mut self) {
+        self.inner.prefill_done();
+    }
+
+    /// Releases everything the request reserved (success).
+    fn complete(&mut self) {
+        self.inner.complete();
+    }
+
+    /// Releases everything the request reserved (failure).
+    fn fail(&mut self) {
+        self.inner.fail();
+    }
+
+    /// The instance the load is reserved on.
+    #[getter]
+    fn instance_id(&self) -> String {
+        self.inner.instance_id().to_owned()
+    }
+
+    /// True once completed, failed or released.
+    #[getter]
+    fn released(&self) -> bool {
+        self.inner.is_released()
+    }
+
+    fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    #[pyo3(signature = (exc_type=None, _exc_value=None, _traceback=None))]
+    fn __exit__(
+        &mut self,
+        exc_type: Option<&Bound<'_, PyType>>,
+        _exc_value: Option<&Bound<'_, PyAny>>,
+        _traceback: Option<&Bound<'_, PyAny>>,
+    ) -> bool {
+        if exc_type.is_some() {
+            self.inner.fail();
+        } else {
+            self.inner.complete();
+        }
+        false
+    }
+}
+
+/// Chained 512-token block hashes of a prompt (the router's prefix keys).
+#[pyfunction]
+pub(crate) fn block_hashes(tokens: Vec<u32>) -> Vec<u64> {
+    engine_state_router::block_hashes(&tokens)
+}

@@ -1,0 +1,122 @@
+import json
+
+import pytest
+
+from engine_state import Publisher, Reader, Router, block_hashes
+
+PROMPT = list(range(2048))  # four 512-token blocks
+
+
+def test_load_only_spreads_and_reservations_release():
+    router = Router(["a", "b"], policy="load_only")
+    d1, r1 = router.pick("r1", tokens=PROMPT)
+    d2, r2 = router.pick("r2", tokens=PROMPT)
+    assert {d1.instance_id, d2.instance_id} == {"a", "b"}
+    assert d1.reason == "least_loaded"
+    loads = {i["instance_id"]: i["shadow"]["num_requests"] for i in router.instances()}
+    assert loads == {"a": 1, "b": 1}
+    r1.prefill_done()
+    r1.complete()
+    r2.fail()
+    assert r1.released and r2.released
+    assert all(i["shadow"]["num_requests"] == 0 for i in router.instances())
+    stats = router.stats()
+    assert (stats["decisions"], stats["completed"], stats["failed"]) == (2, 1, 1)
+
+
+def test_dropped_reservation_releases_its_load():
+    router = Router(["a"])
+    _, r = router.pick("r", tokens=PROMPT)
+    del r
+    assert router.instances()[0]["shadow"]["num_requests"] == 0
+    assert router.stats()["dropped"] == 1
+
+
+def test_reservation_context_manager_fails_on_exception():
+    router = Router(["a"])
+    _, r = router.pick("r", tokens=PROMPT)
+    with pytest.raises(RuntimeError):
+        with r:
+            raise RuntimeError("upstream error")
+    assert router.stats()["failed"] == 1
+    _, r = router.pick("r2", tokens=PROMPT)
+    with r:
+        pass
+    assert router.stats()["completed"] == 1
+
+
+def test_fresh_engine_state_steers_the_pick(tmp_path):
+    uri = f"file://{tmp_path}"
+    with Publisher(uri=uri, engine_id="busy") as busy, Publisher(uri=uri, engine_id="idle") as idle:
+        busy.publish(num_running=12, pending_prefill_tokens=50_000)
+        idle.publish(num_running=0)
+        router = Router(["busy", "idle"], policy="lmetric")
+        assert router.update_real_state(Reader(uri=uri).read()) == 2
+        decision, _ = router.pick("r", tokens=PROMPT)
+        assert decision.instance_id == "idle"
+        assert decision.consulted_real_state
+        eff = {i["instance_id"]: i["effective"] for i in router.instances()}
+        assert eff["busy"]["num_requests"] == 12
+        assert eff["busy"]["pending_prefill_tokens"] == 50_000
+
+
+def test_stale_engine_state_is_ignored(tmp_path):
+    uri = f"file://{tmp_path}"
+    with Publisher(uri=uri, engine_id="a", period_ms=60_000) as a:
+        a.publish(num_running=30)
+        import time
+        time.sleep(0.05)
+        states = Reader(uri=uri, stale_after_ms=1).read()
+        assert states[0].status == "stale"
+        router = Router(["a"])
+        router.update_real_state(states)
+        assert router.instances()[0]["effective"]["num_requests"] == 0
+
+
+def test_sessions_stick_with_unified():
+    router = Router(["a", "b"], policy="unified")
+    d1, r1 = router.pick("t1", tokens=PROMPT, session_id="chat")
+    r1.complete()
+    d2, _ = router.pick("t2", tokens=PROMPT + list(range(512)), session_id="chat")
+    assert d2.instance_id == d1.instance_id
+    assert d2.reason == "affinity"
+    assert d2.cache_hit_tokens == 2048
+
+
+def test_block_hashes_and_precomputed_requests():
+    hashes = block_hashes(PROMPT)
+    assert len(hashes) == 4
+    assert block_hashes(PROMPT[:1024]) == hashes[:2], "chained: a prefix has the same leading hashes"
+    router = Router(["a"])
+    d, _ = router.pick("r", block_hashes=hashes, input_len=2048)
+    assert d.input_len == 2048
+
+
+def test_settings_and_bad_input_are_clear_errors(tmp_path):
+    router = Router(["a"], settings={"decode_weight": 0.01, "migration": {"rel_hi": 2.0}})
+    assert router.settings()["decode_weight"] == 0.01
+    assert router.settings()["migration"]["rel_hi"] == 2.0
+    with pytest.raises(ValueError, match="invalid router settings"):
+        Router(["a"], settings={"decode_wieght": 1})
+    with pytest.raises(ValueError):
+        Router(["a"], policy="random")
+    with pytest.raises(ValueError, match="overload_factor"):
+        Router(["a"], settings={"overload_factor": -1})
+    with pytest.raises(ValueError, match="tokens"):
+        router.pick("r")
+    with pytest.raises(ValueError, match="unknown instance"):
+        router.migration_advice("nope", "r", tokens=PROMPT)
+    with pytest.raises(RuntimeError, match="no instances"):
+        Router([]).pick("r", tokens=PROMPT)
+
+
+def test_decision_log_writes_json_lines(tmp_path):
+    log = tmp_path / "decisions.jsonl"
+    router = Router(["a", "b"], decision_log=str(log))
+    for i in range(3):
+        router.pick(f"r{i}", tokens=PROMPT, session_id="s")
+    del router
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["request_id"] for r in records] == ["r0", "r1", "r2"]
+    assert {"time_unix_ns", "reason", "instance", "session_id", "candidates"} <= set(records[0])
+    assert {c["instance"] for c in records[0]["candidates"]} == {"a", "b"}
