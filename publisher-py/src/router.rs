@@ -94,6 +94,7 @@ impl Router {
 
     /// The migration trigger and target for a request on `source`, as a dict.
     #[pyo3(signature = (source, request_id, *, tokens=None, block_hashes=None, input_len=None, session_id=None))]
+    #[allow(clippy::too_many_arguments)] // mirrors pick(): the prompt's forms are keywords
     fn migration_advice<'py>(
         &self,
         py: Python<'py>,
