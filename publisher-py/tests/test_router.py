@@ -120,3 +120,14 @@ def test_decision_log_writes_json_lines(tmp_path):
     assert [r["request_id"] for r in records] == ["r0", "r1", "r2"]
     assert {"time_unix_ns", "reason", "instance", "session_id", "candidates"} <= set(records[0])
     assert {c["instance"] for c in records[0]["candidates"]} == {"a", "b"}
+
+
+def test_migration_advice_is_a_dict():
+    router = Router(["a", "b"], settings={"migration": {"prefill_tokens_per_s": 1000.0}})
+    _, big = router.pick("big", tokens=list(range(40_000)))
+    advice = router.migration_advice(big.instance_id, "new", tokens=PROMPT)
+    assert advice["source_instance"] == big.instance_id
+    assert advice["target_instance"] not in (None, big.instance_id)
+    # PROMPT is the first four blocks of the big prompt: cached on the source, no new prefill.
+    assert advice["projected_prefill_s"] == pytest.approx(40_000 / 1000.0)
+    assert advice["slo_exceeded"] is True
