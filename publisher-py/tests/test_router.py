@@ -131,3 +131,16 @@ def test_migration_advice_is_a_dict():
     # PROMPT is the first four blocks of the big prompt: cached on the source, no new prefill.
     assert advice["projected_prefill_s"] == pytest.approx(40_000 / 1000.0)
     assert advice["slo_exceeded"] is True
+
+
+def test_readme_python_example_runs(tmp_path, monkeypatch):
+    import pathlib
+    import runpy
+
+    monkeypatch.setenv("AGENTIC_ENGINE_STATE_URI", f"file://{tmp_path}")
+    with Publisher(engine_id="e0") as a, Publisher(engine_id="e1") as b:
+        a.publish(num_running=1)
+        b.publish(num_running=1)
+        example = pathlib.Path(__file__).parents[2] / "examples" / "python_router.py"
+        module = runpy.run_path(str(example))
+        assert module["main"]() == 0
