@@ -116,10 +116,7 @@ impl ShmDir {
                     if io.kind() == std::io::ErrorKind::NotFound => {} // removed meanwhile
                 Err(error) => bad.push(Bad {
                     inode,
-                    error: EngineError {
-                        name,
-                        error: Arc::new(error),
-                    },
+                    error: EngineError::new(name, error),
                 }),
             }
         }
