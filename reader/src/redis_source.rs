@@ -59,6 +59,8 @@ struct Tracked {
     seen: Option<Seen>,
     missing_since: Option<Instant>,
     fault: Option<EngineError>,
+    /// The registry member is not a valid engine id (its fault is permanent).
+    invalid_id: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -277,6 +279,7 @@ impl RedisSource {
                 id: Arc::from(id),
                 seen: None,
                 missing_since: None,
+                invalid_id: fault.is_some(),
                 fault,
             });
         }
@@ -310,6 +313,9 @@ impl RedisSource {
 
 impl Tracked {
     fn apply(&mut self, value: Value, pttl: i64, now: Instant) {
+        if self.invalid_id {
+            return;
+        }
         match value {
             Value::BulkString(bytes) => match RedisRecord::decode(&self.key, &bytes) {
                 Ok(record) => {

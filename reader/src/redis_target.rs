@@ -128,16 +128,21 @@ impl RedisTarget {
         self.ttl
     }
 
-    /// Connects (and authenticates) with [`NETWORK_TIMEOUT`] on every step.
+    /// Connects (and authenticates) with [`NETWORK_TIMEOUT`] on every step,
+    /// then sends `PING`: a server that wants a password nobody gave only
+    /// says so at the first command, and that should fail here, clearly.
     pub fn connect(&self) -> Result<redis::Connection, Error> {
         let client = redis::Client::open(self.connect_url.as_str())
             .map_err(|e| self.error("cannot use the URI", &e))?;
-        let con = client
+        let mut con = client
             .get_connection_with_timeout(NETWORK_TIMEOUT)
             .map_err(|e| self.error("cannot connect", &e))?;
         con.set_read_timeout(Some(NETWORK_TIMEOUT))
             .and_then(|()| con.set_write_timeout(Some(NETWORK_TIMEOUT)))
             .map_err(|e| self.error("cannot set timeouts", &e))?;
+        redis::cmd("PING")
+            .query::<()>(&mut con)
+            .map_err(|e| self.error("cannot talk to the server", &e))?;
         Ok(con)
     }
 

@@ -50,8 +50,13 @@ impl RedisServer {
 
     /// Starts a server with `requirepass` (when given).
     pub fn start_with(password: Option<&str>) -> RedisServer {
+        RedisServer::start_on(free_port(), password)
+    }
+
+    /// Starts a server on `port` (e.g. one a client already tries to reach).
+    pub fn start_on(port: u16, password: Option<&str>) -> RedisServer {
         let mut server = RedisServer {
-            port: free_port(),
+            port,
             password: password.map(str::to_owned),
             dir: tempfile::tempdir().expect("temporary directory"),
             proc: None,
