@@ -98,6 +98,13 @@ impl RedisTarget {
         let password = password_of(&base);
         // redis-rs parses the rest (host, port, db, user, password, TLS);
         // its messages never contain the password, and we scrub them anyway.
+        if cfg!(not(feature = "tls")) && base.starts_with("rediss://") {
+            return Err(bad(
+                "this build has no TLS support: rebuild engine-state-reader with its `tls` \
+                 feature (on by default), or use redis://"
+                    .to_owned(),
+            ));
+        }
         let info = redis::IntoConnectionInfo::into_connection_info(base.as_str()).map_err(|e| {
             bad(format!(
                 "{}; the form is redis://[user:password@]host[:port][/db][?prefix=P] (rediss:// for TLS)",
@@ -132,6 +139,13 @@ impl RedisTarget {
     /// then sends `PING`: a server that wants a password nobody gave only
     /// says so at the first command, and that should fail here, clearly.
     pub fn connect(&self) -> Result<redis::Connection, Error> {
+        #[cfg(feature = "tls")]
+        {
+            // rustls needs one process-wide crypto provider; ring is the one
+            // this crate builds. Already installed (by us or the host
+            // program) is fine.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
         let client = redis::Client::open(self.connect_url.as_str())
             .map_err(|e| self.error("cannot use the URI", &e))?;
         let mut con = client

@@ -12,6 +12,8 @@ use crate::Proc;
 pub struct RedisServer {
     port: u16,
     password: Option<String>,
+    /// Serve TLS only (self-signed certificate made with `openssl`).
+    tls: bool,
     dir: tempfile::TempDir,
     proc: Option<Proc>,
 }
@@ -55,8 +57,19 @@ impl RedisServer {
 
     /// Starts a server on `port` (e.g. one a client already tries to reach).
     pub fn start_on(port: u16, password: Option<&str>) -> RedisServer {
+        RedisServer::launch(port, password, false)
+    }
+
+    /// Starts a TLS-only server with a fresh self-signed certificate; its
+    /// [`RedisServer::uri`] is `rediss://…#insecure` (no CA to check against).
+    pub fn start_tls() -> RedisServer {
+        RedisServer::launch(free_port(), None, true)
+    }
+
+    fn launch(port: u16, password: Option<&str>, tls: bool) -> RedisServer {
         let mut server = RedisServer {
             port,
+            tls,
             password: password.map(str::to_owned),
             dir: tempfile::tempdir().expect("temporary directory"),
             proc: None,
@@ -67,9 +80,14 @@ impl RedisServer {
 
     /// `redis://[:password@]127.0.0.1:<port>/0` plus `suffix` (e.g. `?prefix=x:`).
     pub fn uri(&self, suffix: &str) -> String {
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        let fragment = if self.tls { "#insecure" } else { "" };
         match &self.password {
-            Some(pw) => format!("redis://:{pw}@127.0.0.1:{}/0{suffix}", self.port),
-            None => format!("redis://127.0.0.1:{}/0{suffix}", self.port),
+            Some(pw) => format!(
+                "{scheme}://:{pw}@127.0.0.1:{}/0{suffix}{fragment}",
+                self.port
+            ),
+            None => format!("{scheme}://127.0.0.1:{}/0{suffix}{fragment}", self.port),
         }
     }
 
@@ -96,8 +114,38 @@ impl RedisServer {
     pub fn restart(&mut self) {
         self.kill();
         let mut command = Command::new(redis_server_path());
+        if self.tls {
+            let (cert, key) = (
+                self.dir.path().join("cert.pem"),
+                self.dir.path().join("key.pem"),
+            );
+            if !cert.exists() {
+                let made = Command::new("openssl")
+                    .args([
+                        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    ])
+                    .args(["-subj", "/CN=127.0.0.1", "-keyout"])
+                    .arg(&key)
+                    .arg("-out")
+                    .arg(&cert)
+                    .stderr(Stdio::null())
+                    .status()
+                    .expect("openssl (needed to make a test certificate) is not installed");
+                assert!(made.success(), "openssl could not make a test certificate");
+            }
+            command
+                .args(["--port", "0", "--tls-port", &self.port.to_string()])
+                .arg("--tls-cert-file")
+                .arg(&cert)
+                .arg("--tls-key-file")
+                .arg(&key)
+                .arg("--tls-ca-cert-file")
+                .arg(&cert)
+                .args(["--tls-auth-clients", "no"]);
+        } else {
+            command.args(["--port", &self.port.to_string()]);
+        }
         command
-            .args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(self.dir.path())

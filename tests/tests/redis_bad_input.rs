@@ -202,3 +202,44 @@ fn fleets_with_different_prefixes_do_not_see_each_other() {
     assert_eq!(ids("fleet-b:"), ["b0", "b1"]);
     assert!(ids(DEFAULT_PREFIX).is_empty());
 }
+
+#[test]
+fn rediss_tls_round_trip() {
+    let redis = RedisServer::start_tls();
+    let uri = redis.uri("?prefix=tls:");
+    assert!(uri.starts_with("rediss://"));
+    let mut publisher = Publisher::start(
+        PublisherConfig::resolve(Some(&uri), Some("secure"), Some(20), None).unwrap(),
+    )
+    .unwrap();
+    publisher
+        .publish(Snapshot {
+            num_running: 11,
+            ..Snapshot::default()
+        })
+        .unwrap();
+    let options = ReaderOptions {
+        rescan_interval: Duration::ZERO,
+        ..ReaderOptions::default()
+    };
+    let mut source = open(&StateUri::parse(&uri).unwrap(), options).unwrap();
+    wait_for(
+        || {
+            source
+                .read()
+                .unwrap()
+                .get("secure")
+                .is_some_and(|s| s.snapshot.num_running == 11)
+        },
+        "the engine over TLS",
+    );
+    // Plain redis:// against the TLS port is refused, clearly.
+    let plain = uri
+        .replace("rediss://", "redis://")
+        .replace("#insecure", "");
+    let error = open(&StateUri::parse(&plain).unwrap(), ReaderOptions::default())
+        .err()
+        .expect("plain TCP to a TLS port must fail")
+        .to_string();
+    assert!(error.contains("Redis at"), "{error}");
+}
