@@ -113,6 +113,7 @@ bench: build
 	$(CARGO) bench -p engine-state-reader --bench read
 	$(PY) bench/publish_bench.py
 	$(PY) bench/read_bench.py
+	$(BIN)/redis_bench --seconds 10
 
 clean:
 	$(CARGO) clean

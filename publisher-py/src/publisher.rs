@@ -7,7 +7,8 @@ use pyo3::types::PyType;
 
 use crate::errors::publisher_error;
 
-/// Publishes one engine's snapshots into shared memory.
+/// Publishes one engine's snapshots into shared memory, or to Redis with a
+/// `redis://` URI (a sink thread writes; `publish` never waits on the network).
 ///
 /// Settings default to `AGENTIC_ENGINE_STATE_URI`, `AGENTIC_WORKER_ID` and
 /// `AGENTIC_ENGINE_STATE_PERIOD_MS`. A native heartbeat thread (no GIL) keeps
@@ -99,7 +100,7 @@ impl Publisher {
         self.inner.config().uri.to_string()
     }
 
-    /// The file being published, or None once closed.
+    /// The file being published, or None once closed (and for Redis).
     #[getter]
     fn path(&self) -> Option<String> {
         self.inner.path().map(|p| p.display().to_string())

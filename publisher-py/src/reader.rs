@@ -9,7 +9,8 @@ use pyo3::types::PyDict;
 
 use crate::errors::reader_error;
 
-/// Reads every engine of a source (shared-memory directory) lock-free.
+/// Reads every engine of a source: a shared-memory directory (lock-free) or a
+/// Redis server (`redis://…`, one round trip per read).
 #[pyclass(module = "engine_state._native", name = "Reader")]
 pub(crate) struct Reader {
     // pyo3 needs Sync; one Python thread at a time reads through the lock.

@@ -13,6 +13,9 @@ pub enum Error {
     /// The URI is invalid or names a backend this build lacks.
     #[error(transparent)]
     Uri(#[from] engine_state_reader::Error),
+    /// Redis refused the connection for good (wrong password, no permission).
+    #[error(transparent)]
+    Redis(engine_state_reader::Error),
     /// Creating or writing the shared-memory file failed.
     #[error(transparent)]
     Shm(#[from] engine_state_shm_format::Error),

@@ -5,6 +5,10 @@
 //!   `AGENTIC_ENGINE_STATE_PERIOD_MS` (DESIGN §9).
 //! - [`Publisher`]: the file's single writer plus a heartbeat thread. The
 //!   Python `engine_state.Publisher` and the vLLM hook are thin layers over it.
+//!   With a `redis://` URI it hands records to a [`RedisSink`] instead.
+//! - [`RedisSink`]: the thread that owns a Redis connection and writes the
+//!   latest record of each engine, pipelined, with reconnection backoff; the
+//!   node agent relays through it too.
 //!
 //! ```
 //! use engine_state_publisher::{Publisher, PublisherConfig};
@@ -24,12 +28,14 @@
 mod config;
 mod error;
 mod publisher;
+mod redis_sink;
 
 pub use crate::config::{
     default_engine_id, PublisherConfig, DEFAULT_PERIOD, ENGINE_ID_ENV, FILE_MODE_ENV, PERIOD_ENV,
 };
 pub use crate::error::Error;
 pub use crate::publisher::Publisher;
+pub use crate::redis_sink::{RedisSink, SinkHandle, SinkOp, SinkStats, WrittenObserver};
 
 #[cfg(test)]
 mod tests;

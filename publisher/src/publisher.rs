@@ -1,18 +1,21 @@
 //! The publisher: one engine's writer plus its heartbeat thread.
 
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use engine_state_reader::StateUri;
+use engine_state_reader::{RedisRecord, RedisTarget, StateUri, STATE_ACTIVE};
 use engine_state_shm_format::{
-    fork_generation, monotonic_ns, unix_ns, Heartbeat, ShmWriter, Snapshot, WriterOptions,
-    FLAG_IDLE,
+    fork_generation, monotonic_ns, unix_ns, ShmWriter, Snapshot, WriterOptions, FLAG_IDLE,
 };
 
 use crate::config::PublisherConfig;
 use crate::error::Error;
+use crate::redis_sink::{RedisSink, SinkHandle, SinkOp};
+
+/// How long `close()` waits for the Redis sink to delete the engine's key.
+const CLOSE_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Publishes one engine's snapshots.
 ///
@@ -23,13 +26,32 @@ use crate::error::Error;
 /// idle engine, or one inside a long forward pass, still shows as alive; it
 /// never touches Python. Fork-safe: in a child process `publish` returns
 /// [`Error::WrongProcess`] and dropping does nothing to the parent's file.
+///
+/// With a `redis://` URI the same calls fill a one-slot mailbox instead, and
+/// a sink thread writes the record to Redis (DESIGN §7): `publish` never
+/// waits on the network, and an outage only means older records are replaced
+/// by newer ones before they are sent.
 #[derive(Debug)]
 pub struct Publisher {
     config: PublisherConfig,
-    writer: Option<ShmWriter>,
+    backend: Option<Backend>,
     heartbeat: Option<HeartbeatThread>,
     fork_generation: u64,
     owner_pid: u32,
+}
+
+#[derive(Debug)]
+enum Backend {
+    Shm(ShmWriter),
+    Redis(RedisBackend),
+}
+
+#[derive(Debug)]
+struct RedisBackend {
+    sink: RedisSink,
+    engine_id: Arc<str>,
+    /// The latest record; the heartbeat thread re-sends it with a new heartbeat.
+    record: Arc<Mutex<RedisRecord>>,
 }
 
 #[derive(Debug)]
@@ -39,33 +61,78 @@ struct HeartbeatThread {
 }
 
 impl Publisher {
-    /// Creates the engine's file (and its directory when missing) and starts
-    /// the heartbeat thread.
+    /// Creates the engine's file (and its directory when missing), or for a
+    /// `redis://` URI connects and starts the sink thread; then starts the
+    /// heartbeat thread.
+    ///
+    /// Redis: a wrong password or missing permission is an error here; an
+    /// unreachable server is not (the engine must not fail to start because
+    /// telemetry is down): the sink keeps reconnecting with backoff.
     pub fn start(config: PublisherConfig) -> Result<Publisher, Error> {
-        let dir = match &config.uri {
-            StateUri::Shm { dir } => dir.clone(),
-            StateUri::Redis { .. } => {
-                return Err(Error::Config {
-                    what: format!(
-                        "{}: this build has no Redis sink yet; publish to shared memory \
-                         (file:///dev/shm/agentic_engine_state) instead",
-                        config.uri
-                    ),
-                })
+        let (backend, heartbeat) = match &config.uri {
+            StateUri::Shm { dir } => {
+                create_dir(dir)?;
+                let options = WriterOptions {
+                    mode: config.file_mode,
+                    publish_period: config.period,
+                };
+                let first = stamp(Snapshot::default());
+                let writer = ShmWriter::create(dir, &config.engine_id, &options, &first)?;
+                let beat = writer.heartbeat();
+                let heartbeat =
+                    HeartbeatThread::spawn(move || beat.beat(), config.period, &config.engine_id)?;
+                (Backend::Shm(writer), heartbeat)
+            }
+            StateUri::Redis { url } => {
+                let target = RedisTarget::parse(url)?;
+                let connection = match target.connect() {
+                    Ok(con) => Some(con),
+                    Err(e) if RedisTarget::is_auth_error(&e) => return Err(Error::Redis(e)),
+                    Err(_) => None,
+                };
+                let engine_id: Arc<str> = Arc::from(config.engine_id.as_str());
+                let first = stamp(Snapshot::default());
+                let record = Arc::new(Mutex::new(RedisRecord {
+                    writer_pid: std::process::id(),
+                    publish_period_us: config.period.as_micros().min(u32::MAX as u128) as u32,
+                    state: STATE_ACTIVE,
+                    // Differs between runs; only ever compared for equality.
+                    generation: unix_ns(),
+                    heartbeat_seq: 1,
+                    heartbeat_mono_ns: first.captured_mono_ns,
+                    snapshot: first,
+                    ..RedisRecord::default()
+                }));
+                let sink = RedisSink::start(
+                    target,
+                    connection,
+                    None,
+                    &format!("es-redis-{}", config.engine_id),
+                )?;
+                sink.send(&engine_id, SinkOp::Set(*lock(&record)));
+                let (handle, beat_record, beat_id) =
+                    (sink.handle(), record.clone(), engine_id.clone());
+                let heartbeat = HeartbeatThread::spawn(
+                    move || {
+                        heartbeat_redis(&handle, &beat_id, &beat_record);
+                        true
+                    },
+                    config.period,
+                    &config.engine_id,
+                )?;
+                (
+                    Backend::Redis(RedisBackend {
+                        sink,
+                        engine_id,
+                        record,
+                    }),
+                    heartbeat,
+                )
             }
         };
-        create_dir(&dir)?;
-        let options = WriterOptions {
-            mode: config.file_mode,
-            publish_period: config.period,
-        };
-        let first = stamp(Snapshot::default());
-        let writer = ShmWriter::create(&dir, &config.engine_id, &options, &first)?;
-        let heartbeat =
-            HeartbeatThread::spawn(writer.heartbeat(), config.period, &config.engine_id)?;
         Ok(Publisher {
             config,
-            writer: Some(writer),
+            backend: Some(backend),
             heartbeat: Some(heartbeat),
             fork_generation: fork_generation(),
             owner_pid: std::process::id(),
@@ -76,21 +143,39 @@ impl Publisher {
     /// flag are set here (whatever the caller passed); the rest as given.
     #[inline]
     pub fn publish(&mut self, snapshot: Snapshot) -> Result<(), Error> {
-        let Some(writer) = self.writer.as_mut() else {
-            return Err(Error::Closed {
-                engine_id: self.config.engine_id.to_string(),
-            });
+        let wrong_process = || Error::WrongProcess {
+            engine_id: self.config.engine_id.to_string(),
+            owner_pid: self.owner_pid,
         };
-        let snapshot = stamp(snapshot);
-        if writer.publish(&snapshot).is_err() {
-            return Err(Error::WrongProcess {
+        match self.backend.as_mut() {
+            None => Err(Error::Closed {
                 engine_id: self.config.engine_id.to_string(),
-                owner_pid: self.owner_pid,
-            });
+            }),
+            Some(Backend::Shm(writer)) => {
+                let snapshot = stamp(snapshot);
+                if writer.publish(&snapshot).is_err() {
+                    return Err(wrong_process());
+                }
+                // A publish is a sign of life too.
+                writer.stamp_heartbeat(snapshot.captured_mono_ns);
+                Ok(())
+            }
+            Some(Backend::Redis(redis)) => {
+                if fork_generation() != self.fork_generation {
+                    return Err(wrong_process());
+                }
+                let snapshot = stamp(snapshot);
+                let record = {
+                    let mut record = lock(&redis.record);
+                    record.snapshot = snapshot;
+                    record.heartbeat_seq += 1;
+                    record.heartbeat_mono_ns = snapshot.captured_mono_ns;
+                    *record
+                };
+                redis.sink.send(&redis.engine_id, SinkOp::Set(record));
+                Ok(())
+            }
         }
-        // A publish is a sign of life too.
-        writer.stamp_heartbeat(snapshot.captured_mono_ns);
-        Ok(())
     }
 
     /// Stops the heartbeat, retires the file and removes it. Idempotent; in a
@@ -102,22 +187,39 @@ impl Publisher {
             if let Some(heartbeat) = self.heartbeat.take() {
                 std::mem::forget(heartbeat);
             }
-            if let Some(writer) = self.writer.take() {
-                std::mem::forget(writer);
+            match self.backend.take() {
+                Some(Backend::Shm(writer)) => std::mem::forget(writer),
+                Some(Backend::Redis(redis)) => redis.sink.forget(),
+                None => {}
             }
             return;
         }
         if let Some(heartbeat) = self.heartbeat.take() {
             heartbeat.stop();
         }
-        if let Some(mut writer) = self.writer.take() {
-            writer.retire();
+        match self.backend.take() {
+            Some(Backend::Shm(mut writer)) => writer.retire(),
+            Some(Backend::Redis(mut redis)) => {
+                // Like removing the file: the engine leaves the registry at once.
+                redis.sink.send(&redis.engine_id, SinkOp::Delete);
+                redis.sink.flush(CLOSE_FLUSH_TIMEOUT);
+                redis.sink.stop();
+            }
+            None => {}
         }
     }
 
     /// False once closed.
     pub fn is_open(&self) -> bool {
-        self.writer.is_some()
+        self.backend.is_some()
+    }
+
+    /// Counters of the Redis sink (None for shared memory or once closed).
+    pub fn redis_stats(&self) -> Option<&crate::redis_sink::SinkStats> {
+        match &self.backend {
+            Some(Backend::Redis(redis)) => Some(redis.sink.stats()),
+            _ => None,
+        }
     }
 
     /// The engine id.
@@ -130,9 +232,12 @@ impl Publisher {
         &self.config
     }
 
-    /// The file being published (None once closed).
+    /// The file being published (None once closed, and for Redis).
     pub fn path(&self) -> Option<&Path> {
-        self.writer.as_ref().map(|w| w.path())
+        match &self.backend {
+            Some(Backend::Shm(writer)) => Some(writer.path()),
+            _ => None,
+        }
     }
 }
 
@@ -168,9 +273,25 @@ fn create_dir(dir: &PathBuf) -> Result<(), Error> {
     })
 }
 
+/// One Redis heartbeat: the latest record again, with the next heartbeat.
+fn heartbeat_redis(sink: &SinkHandle, engine_id: &Arc<str>, record: &Mutex<RedisRecord>) {
+    let record = {
+        let mut record = lock(record);
+        record.heartbeat_seq += 1;
+        record.heartbeat_mono_ns = monotonic_ns();
+        *record
+    };
+    sink.send(engine_id, SinkOp::Set(record));
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl HeartbeatThread {
+    /// Calls `beat` every period until it returns false or the thread is stopped.
     fn spawn(
-        heartbeat: Heartbeat,
+        mut beat: impl FnMut() -> bool + Send + 'static,
         period: Duration,
         engine_id: &impl std::fmt::Display,
     ) -> Result<Self, Error> {
@@ -185,7 +306,7 @@ impl HeartbeatThread {
             .spawn(move || loop {
                 match stopped.recv_timeout(period) {
                     Err(mpsc::RecvTimeoutError::Timeout) => {
-                        if !heartbeat.beat() {
+                        if !beat() {
                             return; // retired, or the writer is gone
                         }
                     }

@@ -39,6 +39,45 @@ pub enum Error {
     /// A backend failed as a whole (e.g. Redis unreachable).
     #[error("{0}")]
     Backend(String),
+    /// Talking to Redis failed (unreachable, refused, wrong password, ...).
+    #[error("Redis at {uri}: {error}; {hint}")]
+    Redis {
+        /// The URI, password hidden.
+        uri: String,
+        /// What Redis or the network said (never contains the password).
+        error: String,
+        /// What to do about it.
+        hint: &'static str,
+    },
+    /// One engine's shared-memory file is unusable (an [`EngineError`]'s cause).
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    /// A key in the engine-state namespace of Redis holds something that is
+    /// not an engine-state record (an [`EngineError`]'s cause).
+    #[error(
+        "Redis key {key:?} does not hold an engine-state record ({what}); delete it, or give \
+         this fleet its own key prefix (?prefix=... in the URI)"
+    )]
+    ForeignValue {
+        /// The key.
+        key: String,
+        /// What is wrong with the value.
+        what: String,
+    },
+    /// A Redis record has a layout version this build does not know (an
+    /// [`EngineError`]'s cause).
+    #[error(
+        "Redis key {key:?} has layout version {found}, but this build reads version {supported}; \
+         upgrade engine-state on this side (or downgrade the writer) so both use the same layout"
+    )]
+    UnknownVersion {
+        /// The key.
+        key: String,
+        /// The version in the record.
+        found: u32,
+        /// The version this build supports.
+        supported: u32,
+    },
 }
 
 /// One engine's state could not be read; the other engines are unaffected.
@@ -47,6 +86,19 @@ pub enum Error {
 pub struct EngineError {
     /// The engine id, file name or key it concerns.
     pub name: String,
-    /// What went wrong, with what to do next (the message names the file or key).
-    pub error: std::sync::Arc<FormatError>,
+    /// What went wrong, with what to do next (the message names the file or
+    /// key): [`Error::Format`] for a file, [`Error::ForeignValue`] or
+    /// [`Error::UnknownVersion`] for a Redis key, [`Error::Redis`] when a
+    /// source lost its server (then `name` is the source's URI).
+    pub error: std::sync::Arc<Error>,
+}
+
+impl EngineError {
+    /// An error about `name`.
+    pub fn new(name: impl Into<String>, error: impl Into<Error>) -> EngineError {
+        EngineError {
+            name: name.into(),
+            error: std::sync::Arc::new(error.into()),
+        }
+    }
 }

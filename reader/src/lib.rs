@@ -2,7 +2,9 @@
 //! snapshot, how old it is, and whether it may be used.
 //!
 //! - [`Source`]: one API over every backend; [`open`] picks the backend a
-//!   [`StateUri`] names. [`ShmDir`] reads a shared-memory directory.
+//!   [`StateUri`] names. [`ShmDir`] reads a shared-memory directory,
+//!   [`RedisSource`] a Redis server ([`RedisTarget`]: server, database, key
+//!   prefix; [`RedisRecord`]: the key schema every Redis writer and reader uses).
 //! - [`EngineState`]: per engine, the [`Snapshot`], `heartbeat_age`,
 //!   `capture_age`, `gpu_kv_used_frac()` and a [`Status`]
 //!   (`fresh | stale | dead | torn`).
@@ -28,6 +30,9 @@
 
 mod error;
 mod freshness;
+mod redis_schema;
+mod redis_source;
+mod redis_target;
 mod shm_dir;
 mod source;
 mod state;
@@ -37,6 +42,12 @@ pub use crate::error::{EngineError, Error, FormatError};
 pub use crate::freshness::{
     Freshness, Observation, Status, DEFAULT_MAX_CAPTURE_AGE, DEFAULT_STALE_AFTER,
 };
+pub use crate::redis_schema::{
+    engine_key, registry_key, RedisRecord, RECORD_HEADER_SIZE, RECORD_MAGIC, RECORD_SIZE,
+    STATE_ACTIVE, STATE_RETIRED,
+};
+pub use crate::redis_source::{RedisSource, PRUNE_AFTER, RECONNECT_CAP, RECONNECT_FIRST};
+pub use crate::redis_target::{RedisTarget, DEFAULT_PREFIX, DEFAULT_TTL, NETWORK_TIMEOUT};
 pub use crate::shm_dir::ShmDir;
 pub use crate::source::{open, ReaderOptions, Source};
 pub use crate::state::{millis, EngineState, Reading, JSON_KEYS};

@@ -121,10 +121,7 @@ impl ShmDir {
                     if io.kind() == std::io::ErrorKind::NotFound => {} // removed meanwhile
                 Err(error) => bad.push(Bad {
                     inode,
-                    error: EngineError {
-                        name,
-                        error: Arc::new(error),
-                    },
+                    error: EngineError::new(name, error),
                 }),
             }
         }
@@ -158,16 +155,35 @@ impl ShmDir {
     }
 }
 
-impl Source for ShmDir {
-    fn read_into(&mut self, out: &mut Reading) -> Result<(), Error> {
+impl ShmDir {
+    /// [`Source::read_into`] with ages measured from `now_mono_ns`
+    /// (`CLOCK_MONOTONIC`), so a caller can recover each writer's own stamps:
+    /// `heartbeat_mono_ns = now_mono_ns - heartbeat_age` (the node agent
+    /// relays them to Redis).
+    pub fn read_at(&mut self, out: &mut Reading, now_mono_ns: u64) -> Result<(), Error> {
         out.clear();
-        let now = monotonic_ns();
-        self.rescan_if_due(now)?;
+        self.rescan_if_due(now_mono_ns)?;
         for entry in &mut self.engines {
-            out.engines.push(entry.read(&self.dir, now, &self.options));
+            out.engines
+                .push(entry.read(&self.dir, now_mono_ns, &self.options));
         }
         out.errors.extend(self.bad.iter().map(|b| b.error.clone()));
         Ok(())
+    }
+
+    /// The header of an engine's file as it was at open (writer pid, period).
+    pub fn header(&self, engine_id: &str) -> Option<&Header> {
+        let i = self
+            .engines
+            .binary_search_by(|e| (*e.id).cmp(engine_id))
+            .ok()?;
+        Some(self.engines[i].file.header())
+    }
+}
+
+impl Source for ShmDir {
+    fn read_into(&mut self, out: &mut Reading) -> Result<(), Error> {
+        self.read_at(out, monotonic_ns())
     }
 
     fn uri(&self) -> String {

@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::freshness::Freshness;
+use crate::redis_source::RedisSource;
+use crate::redis_target::RedisTarget;
 use crate::shm_dir::ShmDir;
 use crate::state::Reading;
 use crate::uri::StateUri;
@@ -31,7 +33,8 @@ pub struct ReaderOptions {
     /// The staleness thresholds.
     pub freshness: Freshness,
     /// How often a source looks for new, removed and replaced engines
-    /// (shared memory: a directory listing; default 250 ms).
+    /// (shared memory: a directory listing; Redis: `SMEMBERS` of the
+    /// registry; default 250 ms).
     pub rescan_interval: Duration,
 }
 
@@ -48,11 +51,9 @@ impl Default for ReaderOptions {
 pub fn open(uri: &StateUri, options: ReaderOptions) -> Result<Box<dyn Source>, Error> {
     match uri {
         StateUri::Shm { dir } => Ok(Box::new(ShmDir::open(dir, options)?)),
-        StateUri::Redis { .. } => Err(Error::Unsupported {
-            uri: uri.to_string(),
-            reason: "this build has no Redis backend yet; read the engines' shared-memory \
-                     directory (file:///dev/shm/...) on their host instead"
-                .to_owned(),
-        }),
+        StateUri::Redis { url } => Ok(Box::new(RedisSource::open(
+            RedisTarget::parse(url)?,
+            options,
+        )?)),
     }
 }

@@ -18,7 +18,8 @@ pub enum StateUri {
         /// The directory.
         dir: PathBuf,
     },
-    /// `redis://[user:pass@]host:port/db` or `rediss://…` (TLS).
+    /// `redis://[user:pass@]host:port/db[?prefix=P&ttl_ms=N]` or `rediss://…`
+    /// (TLS); see [`crate::RedisTarget`].
     Redis {
         /// The URI as given; [`StateUri`]'s `Display` hides the password.
         url: String,
@@ -59,6 +60,8 @@ impl StateUri {
                     "a Redis URI needs a host, as in redis://127.0.0.1:6379/0",
                 ));
             }
+            // Port, database, prefix and TTL are checked now, not at first use.
+            crate::redis_target::RedisTarget::parse(uri)?;
             return Ok(StateUri::Redis {
                 url: uri.to_owned(),
             });

@@ -1,6 +1,6 @@
 //! Helpers for the cross-process tests in `tests/`: where the binaries and the
-//! Python interpreter with `engine_state` installed are, and child processes
-//! that are killed when a test ends.
+//! Python interpreter with `engine_state` installed are, child processes
+//! that are killed when a test ends, and a real [`RedisServer`] on a free port.
 //!
 //! `make test` builds the binaries (`cargo build --bins`) and the Python
 //! package (`maturin develop` into `.venv`) before running these tests.
@@ -8,6 +8,10 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+mod redis_server;
+
+pub use crate::redis_server::{free_port, redis_server_path, RedisServer};
 
 /// The workspace root.
 pub fn workspace() -> PathBuf {
@@ -85,11 +89,15 @@ impl Drop for Proc {
 /// `from engine_state import Publisher` with `pub = Publisher(uri=…, engine_id=…)`
 /// created, then waits until its stdin closes.
 pub fn python_publisher(dir: &Path, engine_id: &str, body: &str) -> Proc {
+    python_publisher_at(&format!("file://{}", dir.display()), engine_id, body)
+}
+
+/// [`python_publisher`] for any URI (e.g. `redis://…`).
+pub fn python_publisher_at(uri: &str, engine_id: &str, body: &str) -> Proc {
     let script = format!(
         "import sys\nfrom engine_state import Publisher\n\
          pub = Publisher(uri={uri:?}, engine_id={engine_id:?}, period_ms=20)\n{body}\n\
          sys.stdout.write('ready\\n'); sys.stdout.flush()\nsys.stdin.read()\n",
-        uri = format!("file://{}", dir.display()),
     );
     let mut proc = Proc::spawn(
         Command::new(python())

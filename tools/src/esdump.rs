@@ -19,7 +19,7 @@ use crate::table;
 pub struct Args {
     /// Where the engines publish: file:///dir or redis://host:port/db.
     /// [default: file:///dev/shm/agentic_engine_state]
-    #[arg(long, env = "AGENTIC_ENGINE_STATE_URI")]
+    #[arg(long, env = "AGENTIC_ENGINE_STATE_URI", hide_env_values = true)]
     pub uri: Option<String>,
     /// Print one JSON array (one object per engine) instead of a table.
     #[arg(long)]

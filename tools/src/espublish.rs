@@ -19,8 +19,9 @@ use engine_state_shm_format::{
 #[derive(Debug, Parser)]
 #[command(name = "espublish", version)]
 pub struct Args {
-    /// Where to publish: file:///dir. [default: file:///dev/shm/agentic_engine_state]
-    #[arg(long, env = "AGENTIC_ENGINE_STATE_URI")]
+    /// Where to publish: file:///dir or redis://[user:password@]host:port/db.
+    /// [default: file:///dev/shm/agentic_engine_state]
+    #[arg(long, env = "AGENTIC_ENGINE_STATE_URI", hide_env_values = true)]
     pub uri: Option<String>,
     /// The engine id. [default: AGENTIC_WORKER_ID, else <hostname>-<pid>]
     #[arg(long)]

@@ -1,0 +1,44 @@
+use clap::Parser;
+use engine_state_agent::{Agent, Args, CancellationToken};
+use tokio::signal::unix::{signal, SignalKind};
+
+fn main() -> std::process::ExitCode {
+    match main_inner() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("esagent: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn main_inner() -> anyhow::Result<()> {
+    let config = Args::parse().into_config()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let shutdown = CancellationToken::new();
+        let mut terminate = signal(SignalKind::terminate())?;
+        let mut interrupt = signal(SignalKind::interrupt())?;
+        let agent = Agent::bind(config.clone()).await?;
+        println!(
+            "esagent: relaying {} to {} every {:?}; metrics on http://{}/metrics",
+            config.shm_dir.display(),
+            config.redis,
+            config.period,
+            agent.local_addr()
+        );
+        let cancel = shutdown.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = terminate.recv() => {}
+                _ = interrupt.recv() => {}
+            }
+            cancel.cancel();
+        });
+        agent.run(shutdown).await?;
+        eprintln!("esagent: stopped");
+        Ok(())
+    })
+}

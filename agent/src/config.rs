@@ -1,0 +1,155 @@
+//! esagent's settings: flags win over the environment (DESIGN §9).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use engine_state_reader::{RedisTarget, StateUri};
+
+use crate::error::Error;
+
+/// Default address of `/metrics` and `/healthz`.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
+
+/// Relay every engine that publishes into this host's shared-memory directory
+/// to Redis, so engines need no network client of their own; serve Prometheus
+/// metrics about them.
+///
+/// Every period the agent reads the directory (lock-free, like any reader)
+/// and writes each engine whose heartbeat or snapshot changed to Redis in one
+/// pipeline. Engines whose heartbeat stops are no longer written, so their
+/// keys expire and Redis readers see them dead. HTTP: GET /metrics
+/// (Prometheus text format), GET /healthz. Stops cleanly on SIGTERM or SIGINT.
+#[derive(Debug, Parser)]
+#[command(name = "esagent", version)]
+pub struct Args {
+    /// The shared-memory directory the engines of this host publish into
+    /// (file:///dir). [default: file:///dev/shm/agentic_engine_state]
+    #[arg(long, env = "AGENTIC_ENGINE_STATE_URI", hide_env_values = true)]
+    pub uri: Option<String>,
+    /// Where to relay: redis://[user:password@]host:port/db[?prefix=P&ttl_ms=N]
+    /// or rediss://… for TLS. The key prefix separates fleets sharing one
+    /// server (default engine_state:); ttl_ms is how long a key outlives its
+    /// engine's last heartbeat (default 2000).
+    #[arg(long, env = "AGENTIC_ENGINE_STATE_REDIS_URI", hide_env_values = true)]
+    pub redis: String,
+    /// How often the directory is read and changes are relayed, in ms; use the
+    /// engines' publish period.
+    #[arg(long, env = "AGENTIC_ENGINE_STATE_PERIOD_MS", default_value_t = 50,
+          value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub period_ms: u64,
+    /// Address of the HTTP endpoints /metrics and /healthz (port 0: any free
+    /// port; the chosen address is printed on stdout).
+    #[arg(long, env = "AGENTIC_ENGINE_STATE_AGENT_LISTEN", default_value = DEFAULT_LISTEN)]
+    pub listen: SocketAddr,
+    /// Remove the file of an engine whose writer process is gone after this
+    /// many seconds (0: never, the default). Off by default because the file
+    /// is the last word of a crashed engine (readers show it dead, with its
+    /// last snapshot), a restarted engine replaces it anyway, and the agent
+    /// can only tell a dead writer when it shares the engines' pid namespace.
+    #[arg(
+        long,
+        env = "AGENTIC_ENGINE_STATE_CLEANUP_GRACE_S",
+        default_value_t = 0
+    )]
+    pub cleanup_grace_s: u64,
+    /// A heartbeat older than this (ms) makes an engine stale in the metrics.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub stale_after_ms: u64,
+}
+
+/// Everything [`crate::run`] needs.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    /// The shared-memory directory to watch.
+    pub shm_dir: PathBuf,
+    /// The Redis server, database and key prefix to relay to.
+    pub redis: RedisTarget,
+    /// Relay period.
+    pub period: Duration,
+    /// Address of `/metrics` and `/healthz`.
+    pub listen: SocketAddr,
+    /// Remove files of dead writers after this long (None: never).
+    pub cleanup_grace: Option<Duration>,
+    /// Staleness threshold for the status gauge.
+    pub stale_after: Duration,
+}
+
+impl Args {
+    /// Checks the flags and turns them into a configuration.
+    pub fn into_config(self) -> Result<AgentConfig, Error> {
+        let shm_dir = match StateUri::from_flag_or_env(self.uri.as_deref())? {
+            StateUri::Shm { dir } => dir,
+            StateUri::Redis { .. } => {
+                return Err(Error::Config {
+                    what: "--uri names the engines' shared-memory directory (file:///dir); \
+                           give the Redis server with --redis"
+                        .to_owned(),
+                })
+            }
+        };
+        let redis = match StateUri::parse(&self.redis)? {
+            StateUri::Redis { url } => RedisTarget::parse(&url)?,
+            StateUri::Shm { .. } => {
+                return Err(Error::Config {
+                    what: "--redis needs a redis:// or rediss:// URI".to_owned(),
+                })
+            }
+        };
+        Ok(AgentConfig {
+            shm_dir,
+            redis,
+            period: Duration::from_millis(self.period_ms),
+            listen: self.listen,
+            cleanup_grace: (self.cleanup_grace_s > 0)
+                .then(|| Duration::from_secs(self.cleanup_grace_s)),
+            stale_after: Duration::from_millis(self.stale_after_ms),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<AgentConfig, Error> {
+        Args::try_parse_from([&["esagent"], args].concat())
+            .map_err(|e| Error::Config {
+                what: e.to_string(),
+            })?
+            .into_config()
+    }
+
+    #[test]
+    fn flags_become_a_config() {
+        let config = parse(&[
+            "--uri",
+            "file:///tmp/engines",
+            "--redis",
+            "redis://:pw@127.0.0.1:6379/2?prefix=a:",
+            "--period-ms",
+            "20",
+            "--cleanup-grace-s",
+            "30",
+        ])
+        .unwrap();
+        assert_eq!(config.shm_dir, PathBuf::from("/tmp/engines"));
+        assert_eq!(config.redis.prefix(), "a:");
+        assert_eq!(config.period, Duration::from_millis(20));
+        assert_eq!(config.cleanup_grace, Some(Duration::from_secs(30)));
+        assert!(!format!("{config:?}").contains("pw@"));
+        let off = parse(&["--uri", "/tmp/e", "--redis", "redis://h"]).unwrap();
+        assert_eq!(off.cleanup_grace, None, "cleanup is off by default");
+    }
+
+    #[test]
+    fn wrong_uris_are_refused_with_guidance() {
+        let err = parse(&["--uri", "redis://h", "--redis", "redis://h"]).unwrap_err();
+        assert!(err.to_string().contains("--redis"), "{err}");
+        let err = parse(&["--uri", "/tmp/e", "--redis", "file:///x"]).unwrap_err();
+        assert!(err.to_string().contains("redis://"), "{err}");
+        let err = parse(&["--uri", "/tmp/e", "--redis", "redis://:pw@h/x"]).unwrap_err();
+        assert!(!err.to_string().contains("pw@"), "{err}");
+    }
+}

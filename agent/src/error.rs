@@ -1,0 +1,30 @@
+//! The one error type of the agent crate.
+
+/// Why the agent could not start or had to stop.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A setting is invalid.
+    #[error("esagent: {what}")]
+    Config {
+        /// What is wrong and what would be right.
+        what: String,
+    },
+    /// The shared-memory directory or the Redis URI is unusable.
+    #[error(transparent)]
+    Reader(#[from] engine_state_reader::Error),
+    /// The Redis sink could not start.
+    #[error(transparent)]
+    Publisher(#[from] engine_state_publisher::Error),
+    /// The metrics/health listener could not be bound.
+    #[error(
+        "esagent: cannot listen on {addr}: {io}; choose another address with --listen \
+         (or AGENTIC_ENGINE_STATE_AGENT_LISTEN)"
+    )]
+    Listen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The OS error.
+        io: std::io::Error,
+    },
+}

@@ -1,0 +1,58 @@
+//! What `/healthz` reports.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use engine_state_shm_format::monotonic_ns;
+
+/// Shared between the relay loop (writes) and the HTTP responder (reads).
+#[derive(Debug)]
+pub struct Health {
+    /// `CLOCK_MONOTONIC` of the last relay period (0: none yet).
+    last_tick_ns: AtomicU64,
+    /// A relay period later than this is unhealthy.
+    max_silence: Duration,
+    summary: Mutex<String>,
+}
+
+impl Health {
+    /// Health of a relay that ticks every `period`.
+    pub fn new(period: Duration) -> Health {
+        Health {
+            last_tick_ns: AtomicU64::new(0),
+            max_silence: (period * 10).max(Duration::from_secs(2)),
+            summary: Mutex::new(String::new()),
+        }
+    }
+
+    /// Records a relay period and its one-line summary.
+    pub fn tick(&self, summary: String) {
+        // Relaxed: a monotonic timestamp, read on its own.
+        self.last_tick_ns.store(monotonic_ns(), Ordering::Relaxed);
+        *self.summary.lock().unwrap_or_else(|p| p.into_inner()) = summary;
+    }
+
+    /// (healthy, text). Healthy while the relay loop runs; a Redis outage
+    /// is reported in the text but is not unhealthy (restarting the agent
+    /// would not help; the sink reconnects on its own).
+    pub fn report(&self) -> (bool, String) {
+        let last = self.last_tick_ns.load(Ordering::Relaxed);
+        let summary = self
+            .summary
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if last == 0 {
+            return (false, "starting\n".to_owned());
+        }
+        let silence = Duration::from_nanos(monotonic_ns().saturating_sub(last));
+        if silence > self.max_silence {
+            return (
+                false,
+                format!("relay loop stalled for {silence:?}\n{summary}"),
+            );
+        }
+        (true, format!("ok\n{summary}"))
+    }
+}

@@ -1,0 +1,57 @@
+//! The engine-state node agent (`esagent`): relays every engine that
+//! publishes into a host's shared-memory directory to Redis, so engines need
+//! no network client of their own, and serves Prometheus metrics about them.
+//!
+//! - [`Args`] → [`AgentConfig`]: flags and environment (DESIGN §9).
+//! - [`Agent`] / [`run`]: binds `/metrics` and `/healthz`, then every period
+//!   reads the directory with the reader crate's `ShmDir` and hands each
+//!   engine whose heartbeat or snapshot changed to the publisher crate's
+//!   `RedisSink` (one pipeline per batch; reconnects with capped backoff).
+//!   Stops when its [`CancellationToken`] is cancelled.
+//! - [`Relay`]: one relay period, usable on its own.
+//! - [`Cleanup`]: optional removal of files whose writer is gone.
+//!
+//! Module layout: `config` (flags), `relay` (change detection → sink),
+//! `telemetry` (metric names, recorder), `http` (the tiny responder),
+//! `health` (what `/healthz` says), `cleanup`, `run` (the loop).
+//!
+//! ```no_run
+//! use engine_state_agent::{run, Args};
+//! use clap::Parser;
+//! use tokio_util::sync::CancellationToken;
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let args = Args::parse_from(["esagent", "--uri", "file:///dev/shm/agentic_engine_state",
+//!                              "--redis", "redis://127.0.0.1:6379/0"]);
+//! let shutdown = CancellationToken::new();
+//! run(args.into_config()?, shutdown.clone()).await?; // until shutdown.cancel()
+//! # Ok(()) }
+//! ```
+//!
+//! ```
+//! // Flags become a configuration; cleanup of dead writers' files is off by default.
+//! use engine_state_agent::Args;
+//! use clap::Parser;
+//! let config = Args::parse_from(["esagent", "--uri", "/tmp/engines", "--redis", "redis://h/0"])
+//!     .into_config()?;
+//! assert_eq!(config.cleanup_grace, None);
+//! assert_eq!(config.period, std::time::Duration::from_millis(50));
+//! # Ok::<(), engine_state_agent::Error>(())
+//! ```
+
+mod cleanup;
+mod config;
+mod error;
+mod health;
+mod http;
+mod relay;
+mod run;
+mod telemetry;
+
+pub use crate::cleanup::Cleanup;
+pub use crate::config::{AgentConfig, Args, DEFAULT_LISTEN};
+pub use crate::error::Error;
+pub use crate::relay::{Relay, TickReport};
+pub use crate::run::{run, Agent};
+pub use crate::telemetry::{READ_ERRORS, RELAYED, RELAY_ERRORS, RELAY_LAG, SNAPSHOT_AGE};
+pub use tokio_util::sync::CancellationToken;

@@ -1,0 +1,194 @@
+//! The relay: every period, read the shared-memory directory and queue each
+//! engine whose heartbeat or snapshot changed for the Redis sink.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use engine_state_publisher::{RedisSink, SinkOp, SinkStats};
+use engine_state_reader::{
+    Freshness, ReaderOptions, Reading, RedisRecord, ShmDir, Snapshot, Status, STATE_ACTIVE,
+};
+use engine_state_shm_format::monotonic_ns;
+
+use crate::config::AgentConfig;
+use crate::error::Error;
+use crate::telemetry;
+
+/// What one relay period did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TickReport {
+    /// Engines read from the directory.
+    pub engines: usize,
+    /// Records queued for Redis (changed heartbeat or snapshot).
+    pub queued: usize,
+    /// Engines that left the directory (their keys are deleted).
+    pub removed: usize,
+    /// Unreadable files, or 1 when the directory itself could not be read.
+    pub read_errors: usize,
+}
+
+/// The relay's state: the directory reader, the sink and what was sent last.
+#[derive(Debug)]
+pub struct Relay {
+    shm: ShmDir,
+    sink: RedisSink,
+    reading: Reading,
+    relayed: HashMap<Arc<str>, Relayed>,
+    known_errors: HashSet<String>,
+    next_seq: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Relayed {
+    generation: u64,
+    heartbeat_mono_ns: u64,
+    snapshot: Snapshot,
+}
+
+impl Relay {
+    /// Opens the directory (creating it when missing) and starts the sink.
+    /// A wrong Redis password is an error here; an unreachable server is not
+    /// (the sink reconnects with backoff).
+    pub fn new(config: &AgentConfig) -> Result<Relay, Error> {
+        if !config.shm_dir.exists() {
+            std::fs::create_dir_all(&config.shm_dir).map_err(|e| Error::Config {
+                what: format!(
+                    "cannot create the engine-state directory {}: {e}; create it or point --uri \
+                     at the directory the engines publish into",
+                    config.shm_dir.display()
+                ),
+            })?;
+        }
+        let options = ReaderOptions {
+            freshness: Freshness {
+                stale_after: config.stale_after,
+                ..Freshness::default()
+            },
+            ..ReaderOptions::default()
+        };
+        let shm = ShmDir::open(&config.shm_dir, options)?;
+        let connection = match config.redis.connect() {
+            Ok(con) => Some(con),
+            Err(e) if engine_state_reader::RedisTarget::is_auth_error(&e) => return Err(e.into()),
+            Err(_) => None,
+        };
+        let lag = metrics::histogram!(telemetry::RELAY_LAG);
+        let sink = RedisSink::start(
+            config.redis.clone(),
+            connection,
+            Some(Box::new(move |d: Duration| lag.record(d.as_secs_f64()))),
+            "es-agent-sink",
+        )?;
+        Ok(Relay {
+            shm,
+            sink,
+            reading: Reading::default(),
+            relayed: HashMap::new(),
+            known_errors: HashSet::new(),
+            // Strictly above anything an earlier run of the agent on this host sent.
+            next_seq: monotonic_ns(),
+        })
+    }
+
+    /// One period: read every engine and queue what changed.
+    pub fn tick(&mut self) -> TickReport {
+        let now = monotonic_ns();
+        let mut report = TickReport::default();
+        if let Err(error) = self.shm.read_at(&mut self.reading, now) {
+            metrics::counter!(telemetry::READ_ERRORS).increment(1);
+            report.read_errors = 1;
+            self.note_error(&error.to_string());
+            return report;
+        }
+        report.engines = self.reading.engines.len();
+        report.read_errors = self.reading.errors.len();
+        let new_errors = self
+            .reading
+            .errors
+            .iter()
+            .filter(|e| !self.known_errors.contains(&e.name))
+            .count();
+        if new_errors > 0 {
+            metrics::counter!(telemetry::READ_ERRORS).increment(new_errors as u64);
+        }
+        self.known_errors = self.reading.errors.iter().map(|e| e.name.clone()).collect();
+        let snapshot_age = metrics::histogram!(telemetry::SNAPSHOT_AGE);
+        for engine in &self.reading.engines {
+            // A dead or torn engine is not refreshed: its key expires, and
+            // Redis readers see it dead, as a reader of the file would.
+            if matches!(engine.status, Status::Dead | Status::Torn) {
+                continue;
+            }
+            let heartbeat_mono_ns = now.saturating_sub(engine.heartbeat_age.as_nanos() as u64);
+            let current = Relayed {
+                generation: engine.generation,
+                heartbeat_mono_ns,
+                snapshot: engine.snapshot,
+            };
+            if let Some(last) = self.relayed.get(&engine.engine_id) {
+                if last.generation == current.generation
+                    && last.heartbeat_mono_ns == current.heartbeat_mono_ns
+                    && last.snapshot == current.snapshot
+                {
+                    continue; // nothing new: a stopped heartbeat lets the key expire
+                }
+            }
+            let header = self.shm.header(&engine.engine_id);
+            self.next_seq += 1;
+            let record = RedisRecord {
+                writer_pid: header.map_or(0, |h| h.writer_pid),
+                publish_period_us: header.map_or(0, |h| h.publish_period_us),
+                state: STATE_ACTIVE,
+                generation: engine.generation,
+                heartbeat_seq: self.next_seq,
+                heartbeat_mono_ns,
+                snapshot: engine.snapshot,
+                ..RedisRecord::default()
+            };
+            self.sink.send(&engine.engine_id, SinkOp::Set(record));
+            snapshot_age.record(engine.capture_age.as_secs_f64());
+            self.relayed.insert(engine.engine_id.clone(), current);
+            report.queued += 1;
+        }
+        let reading = &self.reading;
+        let sink = &self.sink;
+        self.relayed.retain(|id, _| {
+            let present = reading.get(id).is_some();
+            if !present {
+                // The writer closed (its file is gone): so does its key.
+                sink.send(id, SinkOp::Delete);
+                report.removed += 1;
+            }
+            present
+        });
+        report
+    }
+
+    fn note_error(&mut self, text: &str) {
+        if self.known_errors.insert(text.to_owned()) {
+            eprintln!("esagent: {text}");
+        }
+    }
+
+    /// The last reading of the directory.
+    pub fn reading(&self) -> &Reading {
+        &self.reading
+    }
+
+    /// The directory being relayed.
+    pub fn shm_dir(&self) -> &std::path::Path {
+        self.shm.dir()
+    }
+
+    /// The sink's counters.
+    pub fn sink_stats(&self) -> &SinkStats {
+        self.sink.stats()
+    }
+
+    /// Writes what is pending (at most `timeout`) and stops the sink.
+    pub fn shutdown(&mut self, timeout: Duration) {
+        self.sink.flush(timeout);
+        self.sink.stop();
+    }
+}

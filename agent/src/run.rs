@@ -1,0 +1,142 @@
+//! The agent's main loop: relay every period, metrics, health, clean shutdown.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::cleanup::Cleanup;
+use crate::config::AgentConfig;
+use crate::error::Error;
+use crate::health::Health;
+use crate::relay::Relay;
+use crate::telemetry;
+
+/// How often the per-engine gauges are refreshed (they cost a registry
+/// lookup each; the relay itself runs every period).
+const GAUGE_INTERVAL: Duration = Duration::from_millis(500);
+/// How often the exporter drains histogram samples and drops idle gauges.
+const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+/// How long shutdown waits for pending writes.
+const SHUTDOWN_FLUSH: Duration = Duration::from_secs(1);
+
+/// A configured agent with its listener bound (so the address is known
+/// before it runs, e.g. with port 0).
+#[derive(Debug)]
+pub struct Agent {
+    config: AgentConfig,
+    listener: TcpListener,
+    relay: Relay,
+    metrics: PrometheusHandle,
+}
+
+impl Agent {
+    /// Installs the metrics recorder, binds the listener, opens the
+    /// directory and starts the Redis sink.
+    pub async fn bind(config: AgentConfig) -> Result<Agent, Error> {
+        let metrics = telemetry::install();
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .map_err(|io| Error::Listen {
+                addr: config.listen,
+                io,
+            })?;
+        let relay = Relay::new(&config)?;
+        Ok(Agent {
+            config,
+            listener,
+            relay,
+            metrics,
+        })
+    }
+
+    /// The address `/metrics` and `/healthz` are served on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    /// Relays until `shutdown` is cancelled, then writes what is pending and returns.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
+        let Agent {
+            config,
+            listener,
+            mut relay,
+            metrics,
+        } = self;
+        let health = Arc::new(Health::new(config.period));
+        let server = tokio::spawn(crate::http::serve(
+            listener,
+            metrics.clone(),
+            health.clone(),
+            shutdown.clone(),
+        ));
+        let mut cleanup = config.cleanup_grace.map(Cleanup::new);
+        let mut ticks = tokio::time::interval(config.period);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let (mut gauges_at, mut upkeep_at) = (Instant::now(), Instant::now());
+        let mut connected = true;
+        let mut relay_errors = 0;
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = ticks.tick() => {}
+            }
+            let report = relay.tick();
+            let now = Instant::now();
+            let stats = relay.sink_stats();
+            let errors = stats.errors.load(Ordering::Relaxed);
+            if errors > relay_errors {
+                metrics::counter!(telemetry::RELAY_ERRORS).increment(errors - relay_errors);
+                relay_errors = errors;
+            }
+            let now_connected = stats.connected.load(Ordering::Relaxed);
+            if now_connected != connected {
+                connected = now_connected;
+                match stats.last_error() {
+                    Some(error) if !connected => {
+                        eprintln!("esagent: {error}; retrying with backoff (50 ms to 5 s)")
+                    }
+                    _ => eprintln!("esagent: connected to Redis at {}", config.redis),
+                }
+            }
+            if now >= gauges_at {
+                gauges_at = now + GAUGE_INTERVAL;
+                telemetry::record_engines(relay.reading(), connected);
+                metrics::counter!(telemetry::RELAYED)
+                    .absolute(stats.written.load(Ordering::Relaxed));
+            }
+            if now >= upkeep_at {
+                upkeep_at = now + UPKEEP_INTERVAL;
+                metrics.run_upkeep();
+            }
+            if let Some(cleanup) = cleanup.as_mut() {
+                cleanup.run(relay.shm_dir(), relay.reading(), now);
+            }
+            health.tick(format!(
+                "engines: {}\nqueued: {}\nunreadable: {}\nredis: {}\n",
+                report.engines,
+                report.queued,
+                report.read_errors,
+                if connected {
+                    "connected"
+                } else {
+                    "unreachable (retrying)"
+                },
+            ));
+        }
+        relay.shutdown(SHUTDOWN_FLUSH);
+        let _ = server.await;
+        Ok(())
+    }
+}
+
+/// Binds and runs an agent until `shutdown` is cancelled.
+pub async fn run(config: AgentConfig, shutdown: CancellationToken) -> Result<(), Error> {
+    Agent::bind(config).await?.run(shutdown).await
+}

@@ -1,0 +1,123 @@
+"""The Python surface over Redis: Publisher(uri="redis://…") and
+Reader(uri="redis://…") go through the same Rust code as shared memory (no
+Python Redis client). Each test starts its own redis-server on a free port."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+
+import pytest
+
+from engine_state import EngineStateError, Publisher, Reader
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_redis(tmp_path, password=None):
+    exe = os.environ.get("REDIS_SERVER") or shutil.which("redis-server")
+    if exe is None:
+        pytest.fail("redis-server is not installed: apt-get install redis-server (.ci/run does)")
+    port = _free_port()
+    args = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            "--dir", str(tmp_path)]
+    if password:
+        args += ["--requirepass", password]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(64):
+                    break
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"redis-server did not start on port {port}")
+        time.sleep(0.01)
+    return proc, port
+
+
+@pytest.fixture
+def redis_port(tmp_path):
+    proc, port = _start_redis(tmp_path)
+    yield port
+    proc.kill()
+    proc.wait()
+
+
+def _wait(condition, what):
+    deadline = time.monotonic() + 10
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+def test_publisher_to_reader_and_esdump_over_redis(redis_port, bin_dir):
+    uri = f"redis://127.0.0.1:{redis_port}/0?prefix=py:"
+    with Publisher(uri=uri, engine_id="r0", period_ms=20) as pub:
+        assert pub.path is None and pub.uri == uri
+        pub.publish(num_running=3, num_waiting=1, gpu_blocks_total=100, gpu_blocks_free=40)
+        reader = Reader(uri=uri)
+        _wait(lambda: [s.num_running for s in reader.read()] == [3], "the engine via Redis")
+        (s,) = reader.read()
+        assert (s.engine_id, s.status, s.fresh) == ("r0", "fresh", True)
+        assert s.gpu_kv_used_frac == pytest.approx(0.6)
+        assert s.heartbeat_age_ms < 1000
+        dumped = json.loads(subprocess.check_output([str(bin_dir / "esdump"), "--json", "--uri", uri]))
+        assert [d["engine_id"] for d in dumped] == ["r0"]
+        assert list(dumped[0]) == list(s.to_dict())
+        assert dumped[0]["num_running"] == 3
+    _wait(lambda: reader.read() == [], "the closed engine to leave the registry")
+
+
+def test_heartbeat_and_staleness_over_redis(redis_port):
+    uri = f"redis://127.0.0.1:{redis_port}/0"
+    with Publisher(uri=uri, engine_id="slow", period_ms=1000) as pub:
+        pub.publish(num_running=1)
+        reader = Reader(uri=uri, stale_after_ms=50)
+        _wait(lambda: [s.status for s in reader.read()] == ["fresh"], "fresh")
+        time.sleep(0.15)
+        (s,) = reader.read()
+        assert s.status == "stale" and s.heartbeat_age_ms >= 100
+
+
+def test_wrong_password_is_a_clear_error_without_the_password(tmp_path):
+    proc, port = _start_redis(tmp_path, password="right-pass-123")
+    try:
+        bad = f"redis://:wrong-pass-456@127.0.0.1:{port}/0"
+        with pytest.raises(EngineStateError) as publisher_error:
+            Publisher(uri=bad, engine_id="x")
+        with pytest.raises(EngineStateError) as reader_error:
+            Reader(uri=bad)
+        for error in (publisher_error, reader_error):
+            text = str(error.value)
+            assert "check the user and password" in text
+            assert "wrong-pass-456" not in text
+        good = f"redis://:right-pass-123@127.0.0.1:{port}/0"
+        with Publisher(uri=good, engine_id="ok") as pub:
+            pub.publish(num_running=2)
+            reader = Reader(uri=good)
+            _wait(lambda: [s.num_running for s in reader.read()] == [2], "the engine")
+            assert "right-pass-123" not in reader.uri and "right-pass-123" not in repr(pub)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_malformed_redis_uris_are_value_errors():
+    for uri in ["redis://:pw-secret@h:1/notadb", "redis://h:1/0?prefix=a b", "redis://h/0?nope=1"]:
+        with pytest.raises(ValueError) as error:
+            Reader(uri=uri)
+        assert "pw-secret" not in str(error.value)
+        with pytest.raises(ValueError):
+            Publisher(uri=uri, engine_id="x")

@@ -1,0 +1,227 @@
+//! The Redis key schema: the one place that knows key names and the bytes of
+//! a value. The publisher's sink, the Redis source and the node agent all
+//! call it (DESIGN §7, docs/REDIS.md).
+//!
+//! ```text
+//! <prefix>engines            SET of engine ids (discovery without KEYS)
+//! <prefix>engine:<id>        one record, SET ... PX <ttl_ms>
+//!
+//! record (192 bytes, little-endian)
+//! offset size
+//!      0    8  magic              b"ENGSTATE"
+//!      8    4  layout_version     1 (the snapshot's layout version)
+//!     12    2  header_size        64
+//!     14    2  payload_size       128
+//!     16    4  writer_pid         on the writer's host (display only)
+//!     20    4  publish_period_us
+//!     24    8  state              1 ACTIVE, 2 RETIRED
+//!     32    8  generation         changes when the writer restarts
+//!     40    8  heartbeat_seq      +1 on every publish and heartbeat
+//!     48    8  heartbeat_mono_ns  CLOCK_MONOTONIC of the writer's host
+//!     56    4  ttl_ms             the PX the key was written with
+//!     60    4  write_delay_us     heartbeat stamp → SET sent, writer's host clock
+//!     64  128  snapshot           the 16 words of DESIGN §3
+//! ```
+//!
+//! No field is ever compared with a clock of another host: `heartbeat_mono_ns`
+//! and `captured_mono_ns` come from the same writer clock (their difference is
+//! the capture's age at the heartbeat), and the time since the write is
+//! `ttl_ms - PTTL`, both measured by the Redis server's clock.
+
+use engine_state_shm_format::{Snapshot, LAYOUT_VERSION, SNAPSHOT_WORDS};
+
+use crate::error::Error;
+
+/// The record's first eight bytes (the same magic as a shared-memory file).
+pub const RECORD_MAGIC: [u8; 8] = *b"ENGSTATE";
+/// Bytes before the snapshot.
+pub const RECORD_HEADER_SIZE: usize = 64;
+/// Bytes of a whole record.
+pub const RECORD_SIZE: usize = RECORD_HEADER_SIZE + SNAPSHOT_WORDS * 8;
+/// `state` of a live writer.
+pub const STATE_ACTIVE: u64 = 1;
+/// `state` of a writer that closed (readers report it dead).
+pub const STATE_RETIRED: u64 = 2;
+
+/// The key of the engine-id registry.
+pub fn registry_key(prefix: &str) -> String {
+    format!("{prefix}engines")
+}
+
+/// The key of one engine's record.
+pub fn engine_key(prefix: &str, engine_id: &str) -> String {
+    format!("{prefix}engine:{engine_id}")
+}
+
+/// One engine's value in Redis.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RedisRecord {
+    /// The writer's pid on its host.
+    pub writer_pid: u32,
+    /// The writer's publish period in µs.
+    pub publish_period_us: u32,
+    /// [`STATE_ACTIVE`] or [`STATE_RETIRED`].
+    pub state: u64,
+    /// Differs between two runs of the same engine id.
+    pub generation: u64,
+    /// Advances on every publish and heartbeat.
+    pub heartbeat_seq: u64,
+    /// `CLOCK_MONOTONIC` of the writer's host at the last heartbeat.
+    pub heartbeat_mono_ns: u64,
+    /// The key's expiry (`PX`) in ms.
+    pub ttl_ms: u32,
+    /// µs between the heartbeat stamp and the write (writer's host clock).
+    pub write_delay_us: u32,
+    /// The snapshot.
+    pub snapshot: Snapshot,
+}
+
+impl RedisRecord {
+    /// The record's bytes.
+    pub fn encode(&self) -> [u8; RECORD_SIZE] {
+        let mut out = [0u8; RECORD_SIZE];
+        out[0..8].copy_from_slice(&RECORD_MAGIC);
+        out[8..12].copy_from_slice(&LAYOUT_VERSION.to_le_bytes());
+        out[12..14].copy_from_slice(&(RECORD_HEADER_SIZE as u16).to_le_bytes());
+        out[14..16].copy_from_slice(&((SNAPSHOT_WORDS * 8) as u16).to_le_bytes());
+        out[16..20].copy_from_slice(&self.writer_pid.to_le_bytes());
+        out[20..24].copy_from_slice(&self.publish_period_us.to_le_bytes());
+        out[24..32].copy_from_slice(&self.state.to_le_bytes());
+        out[32..40].copy_from_slice(&self.generation.to_le_bytes());
+        out[40..48].copy_from_slice(&self.heartbeat_seq.to_le_bytes());
+        out[48..56].copy_from_slice(&self.heartbeat_mono_ns.to_le_bytes());
+        out[56..60].copy_from_slice(&self.ttl_ms.to_le_bytes());
+        out[60..64].copy_from_slice(&self.write_delay_us.to_le_bytes());
+        out[RECORD_HEADER_SIZE..].copy_from_slice(&self.snapshot.to_le_bytes());
+        out
+    }
+
+    /// Parses the value of `key`; a foreign value or another layout version
+    /// is an error naming the key and what to do.
+    pub fn decode(key: &str, bytes: &[u8]) -> Result<RedisRecord, Error> {
+        let foreign = |what: String| Error::ForeignValue {
+            key: key.to_owned(),
+            what,
+        };
+        if bytes.len() < 16 || bytes[0..8] != RECORD_MAGIC {
+            return Err(foreign(format!(
+                "{} bytes without the ENGSTATE magic",
+                bytes.len()
+            )));
+        }
+        let u16_at = |i: usize| u16::from_le_bytes([bytes[i], bytes[i + 1]]);
+        let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+        let version = u32_at(8);
+        if version != LAYOUT_VERSION {
+            return Err(Error::UnknownVersion {
+                key: key.to_owned(),
+                found: version,
+                supported: LAYOUT_VERSION,
+            });
+        }
+        if bytes.len() != RECORD_SIZE
+            || usize::from(u16_at(12)) != RECORD_HEADER_SIZE
+            || usize::from(u16_at(14)) != SNAPSHOT_WORDS * 8
+        {
+            return Err(foreign(format!(
+                "{} bytes with header size {} and payload size {}, expected {RECORD_SIZE}, \
+                 {RECORD_HEADER_SIZE} and {}",
+                bytes.len(),
+                u16_at(12),
+                u16_at(14),
+                SNAPSHOT_WORDS * 8
+            )));
+        }
+        let state = u64_at(24);
+        if state != STATE_ACTIVE && state != STATE_RETIRED {
+            return Err(foreign(format!("state {state} is neither 1 nor 2")));
+        }
+        let payload: &[u8; SNAPSHOT_WORDS * 8] = bytes[RECORD_HEADER_SIZE..]
+            .try_into()
+            .expect("length checked above");
+        Ok(RedisRecord {
+            writer_pid: u32_at(16),
+            publish_period_us: u32_at(20),
+            state,
+            generation: u64_at(32),
+            heartbeat_seq: u64_at(40),
+            heartbeat_mono_ns: u64_at(48),
+            ttl_ms: u32_at(56),
+            write_delay_us: u32_at(60),
+            snapshot: Snapshot::from_le_bytes(payload),
+        })
+    }
+
+    /// The writer closed (readers report the engine dead).
+    pub fn is_retired(&self) -> bool {
+        self.state == STATE_RETIRED
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> RedisRecord {
+        RedisRecord {
+            writer_pid: 42,
+            publish_period_us: 50_000,
+            state: STATE_ACTIVE,
+            generation: 7,
+            heartbeat_seq: 9,
+            heartbeat_mono_ns: 123_456_789,
+            ttl_ms: 2000,
+            write_delay_us: 15,
+            snapshot: Snapshot {
+                num_running: 3,
+                reserved: [0; 3],
+                ..Snapshot::from_words(core::array::from_fn(|i| i as u64 * 11))
+            },
+        }
+    }
+
+    #[test]
+    fn golden_bytes_and_round_trip() {
+        let record = sample();
+        let bytes = record.encode();
+        assert_eq!(&bytes[0..8], b"ENGSTATE");
+        assert_eq!(bytes[8], 1, "layout version");
+        assert_eq!((bytes[12], bytes[14]), (64, 128));
+        assert_eq!(bytes[16], 42);
+        assert_eq!(bytes[24], 1);
+        assert_eq!(bytes[40], 9);
+        assert_eq!(&bytes[56..58], &2000u16.to_le_bytes());
+        assert_eq!(bytes[64 + 3 * 8], 3, "num_running is word 3 of the payload");
+        assert_eq!(RedisRecord::decode("k", &bytes).unwrap(), record);
+        assert_eq!(
+            (registry_key("p:"), engine_key("p:", "e0")),
+            ("p:engines".to_owned(), "p:engine:e0".to_owned())
+        );
+    }
+
+    #[test]
+    fn foreign_values_and_other_versions_are_clear_errors() {
+        let mut other_version = sample().encode();
+        other_version[8] = 9;
+        let mut bad_state = sample().encode();
+        bad_state[24] = 5;
+        for (bytes, says) in [
+            (&b"hello"[..], "without the ENGSTATE magic"),
+            (&sample().encode()[..100], "100 bytes with header size"),
+            (
+                &other_version[..],
+                "layout version 9, but this build reads version 1",
+            ),
+            (&bad_state[..], "state 5"),
+        ] {
+            let err = RedisRecord::decode("fleet:engine:x", bytes)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(says) && err.contains("fleet:engine:x"),
+                "{err}"
+            );
+        }
+    }
+}

@@ -1,0 +1,435 @@
+//! The Redis source: every engine of one key prefix, in one round trip per
+//! read (DESIGN §7, docs/REDIS.md).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use engine_state_shm_format::{EngineId, Snapshot};
+use redis::{ConnectionLike, Value};
+
+use crate::error::{EngineError, Error};
+use crate::freshness::Observation;
+use crate::redis_schema::{engine_key, registry_key, RedisRecord};
+use crate::redis_target::RedisTarget;
+use crate::source::{ReaderOptions, Source};
+use crate::state::{EngineState, Reading};
+
+/// How long a registered engine whose key expired is still listed (as dead)
+/// before this reader removes it from the registry.
+pub const PRUNE_AFTER: Duration = Duration::from_secs(30);
+/// First wait before reconnecting after a failure; doubles up to [`RECONNECT_CAP`].
+pub const RECONNECT_FIRST: Duration = Duration::from_millis(50);
+/// Longest wait between two reconnection attempts.
+pub const RECONNECT_CAP: Duration = Duration::from_secs(5);
+
+/// Every engine published under one key prefix of one Redis server.
+///
+/// A read is one pipeline: `SMEMBERS <prefix>engines` (at most every
+/// [`ReaderOptions::rescan_interval`]), `MGET` of every engine key and a
+/// `PTTL` per key. Only when the registry names a new engine does a read take
+/// a second round trip (to fetch it at once).
+///
+/// Staleness uses no clock of another host: the time since a record was
+/// written is `ttl_ms - PTTL` (the server's clock) plus the writer's own
+/// write delay (the writer's clock); from then on this reader's clock counts,
+/// and it only restarts when the record's heartbeat counter advances. A key
+/// that expired on the server is a dead engine. When Redis is unreachable the
+/// engines already known are still reported — their heartbeat ages grow, so
+/// they turn stale — with the connection error in [`Reading::errors`].
+pub struct RedisSource {
+    target: RedisTarget,
+    options: ReaderOptions,
+    registry: String,
+    con: Option<redis::Connection>,
+    engines: Vec<Tracked>,
+    /// `MGET` of every engine key, then one `PTTL` per key (rebuilt when the
+    /// registry changes).
+    packed: Vec<u8>,
+    last_scan: Option<Instant>,
+    prune: Vec<Arc<str>>,
+    retry_at: Instant,
+    backoff: Duration,
+    connection_error: Option<EngineError>,
+}
+
+#[derive(Debug)]
+struct Tracked {
+    id: Arc<str>,
+    key: String,
+    seen: Option<Seen>,
+    missing_since: Option<Instant>,
+    fault: Option<EngineError>,
+    /// The registry member is not a valid engine id (its fault is permanent).
+    invalid_id: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Seen {
+    record: RedisRecord,
+    /// This reader's estimate of when the last heartbeat happened.
+    heartbeat_at: Instant,
+}
+
+impl std::fmt::Debug for RedisSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSource")
+            .field("target", &self.target)
+            .field("connected", &self.con.is_some())
+            .field("engines", &self.engines.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisSource {
+    /// Connects and reads the registry; connection and authentication
+    /// failures are errors here (later they only make engines stale).
+    pub fn open(target: RedisTarget, options: ReaderOptions) -> Result<RedisSource, Error> {
+        let con = target.connect()?;
+        let mut source = RedisSource {
+            registry: registry_key(target.prefix()),
+            target,
+            options,
+            con: Some(con),
+            engines: Vec::new(),
+            packed: Vec::new(),
+            last_scan: None,
+            prune: Vec::new(),
+            retry_at: Instant::now(),
+            backoff: RECONNECT_FIRST,
+            connection_error: None,
+        };
+        source.fetch(Instant::now())?;
+        Ok(source)
+    }
+
+    /// The server, database and prefix read.
+    pub fn target(&self) -> &RedisTarget {
+        &self.target
+    }
+
+    /// Brings the engines up to date, or records why that failed.
+    fn refresh(&mut self, now: Instant) {
+        if self.con.is_none() {
+            if now < self.retry_at {
+                return;
+            }
+            match self.target.connect() {
+                Ok(con) => self.con = Some(con),
+                Err(error) => return self.failed(now, error),
+            }
+        }
+        match self.fetch(now) {
+            Ok(()) => {
+                self.backoff = RECONNECT_FIRST;
+                self.connection_error = None;
+            }
+            Err(error) => self.failed(now, error),
+        }
+    }
+
+    fn failed(&mut self, now: Instant, error: Error) {
+        self.con = None;
+        self.retry_at = now + self.backoff;
+        self.backoff = (self.backoff * 2).min(RECONNECT_CAP);
+        self.connection_error = Some(EngineError::new(self.target.to_string(), error));
+    }
+
+    /// One round trip (two when the registry names a new engine).
+    fn fetch(&mut self, now: Instant) -> Result<(), Error> {
+        let scan = self
+            .last_scan
+            .is_none_or(|t| now.duration_since(t) >= self.options.rescan_interval);
+        let mut request = Vec::with_capacity(self.packed.len() + 64);
+        let mut count = 0;
+        if scan {
+            request.extend(
+                redis::cmd("SMEMBERS")
+                    .arg(&self.registry)
+                    .get_packed_command(),
+            );
+            count += 1;
+        }
+        let pruning = !self.prune.is_empty();
+        if pruning {
+            let mut srem = redis::cmd("SREM");
+            srem.arg(&self.registry);
+            for id in self.prune.drain(..) {
+                srem.arg(&*id);
+            }
+            request.extend(srem.get_packed_command());
+            count += 1;
+        }
+        request.extend_from_slice(&self.packed);
+        count += self.value_commands();
+        if count == 0 {
+            return Ok(());
+        }
+        let mut replies = self.query(&request, count)?.into_iter();
+        let members = if scan {
+            Some(replies.next().unwrap_or(Value::Nil))
+        } else {
+            None
+        };
+        if pruning {
+            replies.next(); // the SREM's reply
+        }
+        self.apply_values(replies, now)?;
+        if let Some(members) = members {
+            self.last_scan = Some(now);
+            if self.apply_members(members)? {
+                let packed = std::mem::take(&mut self.packed);
+                let replies = self.query(&packed, self.value_commands());
+                self.packed = packed;
+                self.apply_values(replies?.into_iter(), now)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn value_commands(&self) -> usize {
+        if self.engines.is_empty() {
+            0
+        } else {
+            1 + self.engines.len()
+        }
+    }
+
+    fn query(&mut self, request: &[u8], count: usize) -> Result<Vec<Value>, Error> {
+        let con = self.con.as_mut().expect("connected before fetch");
+        let replies = con
+            .req_packed_commands(request, 0, count)
+            .map_err(|e| self.target.error("cannot read engines", &e))?;
+        if let Some(Value::ServerError(e)) =
+            replies.iter().find(|v| matches!(v, Value::ServerError(_)))
+        {
+            let error: redis::RedisError = e.clone().into();
+            return Err(self.target.error("cannot read engines", &error));
+        }
+        Ok(replies)
+    }
+
+    /// Applies `MGET` and `PTTL` replies to the engines they were asked for.
+    fn apply_values(
+        &mut self,
+        mut replies: impl Iterator<Item = Value>,
+        now: Instant,
+    ) -> Result<(), Error> {
+        if self.engines.is_empty() {
+            return Ok(());
+        }
+        let values = match replies.next() {
+            Some(Value::Array(values)) if values.len() == self.engines.len() => values,
+            other => return Err(self.protocol_error(&other)),
+        };
+        for (engine, value) in self.engines.iter_mut().zip(values) {
+            let pttl = match replies.next() {
+                Some(Value::Int(ms)) => ms,
+                other => return Err(self.protocol_error(&other)),
+            };
+            engine.apply(value, pttl, now);
+        }
+        let prune = &mut self.prune;
+        self.engines.retain(|e| {
+            let expired_long_ago = e
+                .missing_since
+                .is_some_and(|t| now.duration_since(t) >= PRUNE_AFTER);
+            if expired_long_ago {
+                prune.push(e.id.clone());
+            }
+            !expired_long_ago
+        });
+        Ok(())
+    }
+
+    /// Applies an `SMEMBERS` reply; true when it named an engine not known before.
+    fn apply_members(&mut self, members: Value) -> Result<bool, Error> {
+        let (Value::Set(members) | Value::Array(members)) = members else {
+            return Err(self.protocol_error(&Some(members)));
+        };
+        let mut ids: Vec<String> = members
+            .into_iter()
+            .filter_map(|m| match m {
+                Value::BulkString(bytes) => String::from_utf8(bytes).ok(),
+                Value::SimpleString(s) => Some(s),
+                _ => None,
+            })
+            .filter(|id| !self.prune.iter().any(|p| **p == **id))
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let mut old = std::mem::take(&mut self.engines);
+        let mut added = false;
+        for id in ids {
+            if let Some(i) = old.iter().position(|e| *e.id == *id) {
+                self.engines.push(old.swap_remove(i));
+                continue;
+            }
+            added = true;
+            let fault = EngineId::new(&id).err().map(|e| {
+                EngineError::new(
+                    id.clone(),
+                    Error::ForeignValue {
+                        key: self.registry.clone(),
+                        what: format!("member {id:?} is not an engine id: {e}"),
+                    },
+                )
+            });
+            self.engines.push(Tracked {
+                key: engine_key(self.target.prefix(), &id),
+                id: Arc::from(id),
+                seen: None,
+                missing_since: None,
+                invalid_id: fault.is_some(),
+                fault,
+            });
+        }
+        self.engines.sort_unstable_by(|a, b| a.id.cmp(&b.id));
+        let changed = added || !old.is_empty();
+        if changed {
+            self.packed.clear();
+            if !self.engines.is_empty() {
+                let mut mget = redis::cmd("MGET");
+                for engine in &self.engines {
+                    mget.arg(&engine.key);
+                }
+                self.packed.extend(mget.get_packed_command());
+                for engine in &self.engines {
+                    self.packed
+                        .extend(redis::cmd("PTTL").arg(&engine.key).get_packed_command());
+                }
+            }
+        }
+        Ok(added)
+    }
+
+    fn protocol_error(&self, got: &Option<Value>) -> Error {
+        Error::Redis {
+            uri: self.target.to_string(),
+            error: format!("unexpected reply {got:?}"),
+            hint: "check that the URI names a Redis server (not another service)",
+        }
+    }
+}
+
+impl Tracked {
+    fn apply(&mut self, value: Value, pttl: i64, now: Instant) {
+        if self.invalid_id {
+            return;
+        }
+        match value {
+            Value::BulkString(bytes) => match RedisRecord::decode(&self.key, &bytes) {
+                Ok(record) => {
+                    self.fault = None;
+                    self.missing_since = None;
+                    let advanced = self.seen.is_none_or(|s| {
+                        (s.record.generation, s.record.heartbeat_seq)
+                            != (record.generation, record.heartbeat_seq)
+                    });
+                    let heartbeat_at = match self.seen {
+                        Some(seen) if !advanced => seen.heartbeat_at,
+                        _ => {
+                            // Time since the write by the server's clock, plus
+                            // the writer's delay between heartbeat and write by
+                            // the writer's clock; never a difference of two hosts' clocks.
+                            let since_write_ms = match pttl {
+                                ms if ms >= 0 => u64::from(record.ttl_ms).saturating_sub(ms as u64),
+                                _ => 0,
+                            };
+                            let age = Duration::from_millis(since_write_ms)
+                                + Duration::from_micros(u64::from(record.write_delay_us));
+                            now.checked_sub(age).unwrap_or(now)
+                        }
+                    };
+                    self.seen = Some(Seen {
+                        record,
+                        heartbeat_at,
+                    });
+                }
+                Err(error) => {
+                    self.seen = None;
+                    self.fault = Some(EngineError::new(self.id.to_string(), error));
+                }
+            },
+            Value::Nil if pttl == -2 => {
+                // Expired on the server's clock: the writer stopped.
+                self.fault = None;
+                self.missing_since.get_or_insert(now);
+            }
+            other => {
+                self.seen = None;
+                self.fault = Some(EngineError::new(
+                    self.id.to_string(),
+                    Error::ForeignValue {
+                        key: self.key.clone(),
+                        what: match other {
+                            Value::Nil => {
+                                "the key holds a list, hash, set or other non-string type"
+                                    .to_owned()
+                            }
+                            other => format!("unexpected reply {other:?}"),
+                        },
+                    },
+                ));
+            }
+        }
+    }
+
+    fn state(&self, now: Instant, options: &ReaderOptions) -> Option<EngineState> {
+        let expired = self.missing_since.is_some();
+        let (snapshot, record, heartbeat_age) = match &self.seen {
+            Some(seen) => (
+                seen.record.snapshot,
+                Some(seen.record),
+                now.duration_since(seen.heartbeat_at),
+            ),
+            None if expired => (Snapshot::default(), None, options.freshness.stale_after),
+            None => return None,
+        };
+        let capture_age = heartbeat_age
+            + Duration::from_nanos(record.map_or(0, |r| {
+                r.heartbeat_mono_ns
+                    .saturating_sub(snapshot.captured_mono_ns)
+            }));
+        let observation = Observation {
+            torn: false,
+            retired: record.is_some_and(|r| r.is_retired()),
+            // The key expired on the server's clock: the writer is gone. While
+            // it exists, whether the writer lives cannot be known from here.
+            writer_alive: if expired { Some(false) } else { None },
+            heartbeat_age,
+            capture_age,
+            idle: snapshot.is_idle(),
+        };
+        Some(EngineState {
+            engine_id: self.id.clone(),
+            status: options.freshness.classify(&observation),
+            snapshot,
+            heartbeat_age,
+            capture_age,
+            generation: record.map_or(0, |r| r.generation),
+        })
+    }
+}
+
+impl Source for RedisSource {
+    fn read_into(&mut self, out: &mut Reading) -> Result<(), Error> {
+        out.clear();
+        let now = Instant::now();
+        self.refresh(now);
+        for engine in &self.engines {
+            if let Some(fault) = &engine.fault {
+                out.errors.push(fault.clone());
+            } else if let Some(state) = engine.state(now, &self.options) {
+                out.engines.push(state);
+            }
+        }
+        if let Some(error) = &self.connection_error {
+            out.errors.push(error.clone());
+        }
+        Ok(())
+    }
+
+    fn uri(&self) -> String {
+        self.target.to_string()
+    }
+}

@@ -1,0 +1,270 @@
+//! Which Redis server, database and key prefix a `redis://` URI names, and
+//! how to connect to it (DESIGN §7, docs/REDIS.md).
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::uri::redact;
+
+/// Key prefix when the URI has no `?prefix=`.
+pub const DEFAULT_PREFIX: &str = "engine_state:";
+/// Expiry of an engine's key when the URI has no `?ttl_ms=`: the default
+/// `stale_after`, so a key outlives its last heartbeat by exactly that.
+pub const DEFAULT_TTL: Duration = crate::freshness::DEFAULT_STALE_AFTER;
+/// How long a connection attempt, a command or a reply may take.
+pub const NETWORK_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A parsed `redis://` or `rediss://` URI.
+///
+/// `redis://[user:password@]host[:port][/db][?prefix=P&ttl_ms=N]`:
+/// `prefix` (default `engine_state:`) separates fleets sharing one server;
+/// `ttl_ms` (default 2000) is how long a publisher's key outlives its last
+/// write. `rediss://` connects with TLS (add `#insecure` to skip certificate
+/// checks, for tests only). `Display` and every error hide the password.
+#[derive(Clone)]
+pub struct RedisTarget {
+    /// The URI as given, password hidden.
+    display: String,
+    /// What redis-rs connects to: the URI without our query parameters.
+    connect_url: String,
+    /// The password, to scrub from any error text.
+    password: Option<String>,
+    prefix: String,
+    ttl: Duration,
+}
+
+impl RedisTarget {
+    /// Parses and checks `uri` (no connection is made).
+    pub fn parse(uri: &str) -> Result<RedisTarget, Error> {
+        let uri = uri.trim();
+        let bad = |reason: String| Error::BadUri {
+            uri: redact(uri),
+            reason,
+        };
+        let (base, query) = match uri.split_once('?') {
+            Some((base, rest)) => {
+                // A fragment (#insecure) comes after the query: keep it on the base.
+                let (query, fragment) = match rest.split_once('#') {
+                    Some((q, f)) => (q, Some(f)),
+                    None => (rest, None),
+                };
+                let base = match fragment {
+                    Some(f) => format!("{base}#{f}"),
+                    None => base.to_owned(),
+                };
+                (base, query)
+            }
+            None => (uri.to_owned(), ""),
+        };
+        let mut prefix = DEFAULT_PREFIX.to_owned();
+        let mut ttl = DEFAULT_TTL;
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            match name {
+                "prefix" => {
+                    if value.is_empty()
+                        || value.len() > 64
+                        || !value
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b"._:-/{}".contains(&b))
+                    {
+                        return Err(bad(format!(
+                            "prefix {value:?} must be 1 to 64 characters of [A-Za-z0-9._:-/{{}}], \
+                             e.g. ?prefix=fleet-a:"
+                        )));
+                    }
+                    prefix = value.to_owned();
+                }
+                "ttl_ms" => {
+                    ttl = match value.parse::<u64>() {
+                        Ok(ms) if (10..=3_600_000).contains(&ms) => Duration::from_millis(ms),
+                        _ => {
+                            return Err(bad(format!(
+                                "ttl_ms={value:?} must be a whole number of milliseconds in \
+                                 10..=3600000 (default 2000)"
+                            )))
+                        }
+                    }
+                }
+                other => {
+                    return Err(bad(format!(
+                        "unknown parameter {other:?}; the parameters are prefix (default \
+                         {DEFAULT_PREFIX}) and ttl_ms (default 2000)"
+                    )))
+                }
+            }
+        }
+        let password = password_of(&base);
+        // redis-rs parses the rest (host, port, db, user, password, TLS);
+        // its messages never contain the password, and we scrub them anyway.
+        if cfg!(not(feature = "tls")) && base.starts_with("rediss://") {
+            return Err(bad(
+                "this build has no TLS support: rebuild engine-state-reader with its `tls` \
+                 feature (on by default), or use redis://"
+                    .to_owned(),
+            ));
+        }
+        let info = redis::IntoConnectionInfo::into_connection_info(base.as_str()).map_err(|e| {
+            bad(format!(
+                "{}; the form is redis://[user:password@]host[:port][/db][?prefix=P] (rediss:// for TLS)",
+                scrub(&e.to_string(), password.as_deref())
+            ))
+        })?;
+        if matches!(info.addr(), redis::ConnectionAddr::Unix(_)) {
+            return Err(bad(
+                "Unix sockets are not supported; use redis://host:port/db".to_owned(),
+            ));
+        }
+        Ok(RedisTarget {
+            display: redact(uri),
+            connect_url: base,
+            password,
+            prefix,
+            ttl,
+        })
+    }
+
+    /// The key prefix (default `engine_state:`).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// How long a publisher's key outlives its last write (`?ttl_ms=`, default 2 s).
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Connects (and authenticates) with [`NETWORK_TIMEOUT`] on every step,
+    /// then sends `PING`: a server that wants a password nobody gave only
+    /// says so at the first command, and that should fail here, clearly.
+    pub fn connect(&self) -> Result<redis::Connection, Error> {
+        #[cfg(feature = "tls")]
+        {
+            // rustls needs one process-wide crypto provider; ring is the one
+            // this crate builds. Already installed (by us or the host
+            // program) is fine.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        let client = redis::Client::open(self.connect_url.as_str())
+            .map_err(|e| self.error("cannot use the URI", &e))?;
+        let mut con = client
+            .get_connection_with_timeout(NETWORK_TIMEOUT)
+            .map_err(|e| self.error("cannot connect", &e))?;
+        con.set_read_timeout(Some(NETWORK_TIMEOUT))
+            .and_then(|()| con.set_write_timeout(Some(NETWORK_TIMEOUT)))
+            .map_err(|e| self.error("cannot set timeouts", &e))?;
+        redis::cmd("PING")
+            .query::<()>(&mut con)
+            .map_err(|e| self.error("cannot talk to the server", &e))?;
+        Ok(con)
+    }
+
+    /// An [`Error::Redis`] for `error`, password scrubbed, with a hint.
+    pub fn error(&self, what: &str, error: &redis::RedisError) -> Error {
+        let text = scrub(&error.to_string(), self.password.as_deref());
+        let code = error.code().unwrap_or("");
+        let hint = if code == "WRONGPASS"
+            || code == "NOAUTH"
+            || error.kind() == redis::ErrorKind::AuthenticationFailed
+            || text.contains("WRONGPASS")
+            || text.contains("NOAUTH")
+        {
+            "check the user and password in the URI (redis://user:password@host:port/db)"
+        } else if code == "NOPERM" || text.contains("NOPERM") {
+            "give this Redis user read and write access to the prefix's keys (ACL)"
+        } else if error.is_timeout() {
+            "check that Redis runs at that address and that the network lets you reach it"
+        } else if error.is_connection_refusal() || error.is_io_error() {
+            "check that Redis runs at that address (redis-cli -h HOST -p PORT ping)"
+        } else {
+            "check the URI and the Redis server's log"
+        };
+        Error::Redis {
+            uri: self.to_string(),
+            error: format!("{what}: {text}"),
+            hint,
+        }
+    }
+
+    /// True when `error` means the credentials or permissions are wrong (retrying will not help).
+    pub fn is_auth_error(error: &Error) -> bool {
+        matches!(error, Error::Redis { hint, .. } if hint.starts_with("check the user")
+            || hint.starts_with("give this Redis user"))
+    }
+}
+
+fn password_of(url: &str) -> Option<String> {
+    let rest = url.split_once("://")?.1;
+    let userinfo = rest.rsplit_once('@')?.0;
+    let password = match userinfo.split_once(':') {
+        Some((_, pw)) => pw,
+        None => userinfo,
+    };
+    (!password.is_empty()).then(|| password.to_owned())
+}
+
+/// `text` with every occurrence of the password replaced by `***`.
+fn scrub(text: &str, password: Option<&str>) -> String {
+    match password {
+        Some(pw) if pw.len() >= 2 => text.replace(pw, "***"),
+        _ => text.to_owned(),
+    }
+}
+
+impl fmt::Display for RedisTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.display)
+    }
+}
+
+impl fmt::Debug for RedisTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RedisTarget({self}, ttl {:?})", self.ttl)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_server_db_prefix_and_ttl() {
+        let t =
+            RedisTarget::parse("redis://u:pw@127.0.0.1:6380/3?prefix=fleet-a:&ttl_ms=500").unwrap();
+        assert_eq!(t.prefix(), "fleet-a:");
+        assert_eq!(t.ttl(), Duration::from_millis(500));
+        assert_eq!(
+            t.to_string(),
+            "redis://u:***@127.0.0.1:6380/3?prefix=fleet-a:&ttl_ms=500"
+        );
+        assert!(!format!("{t:?}").contains("pw@"));
+        let d = RedisTarget::parse("redis://localhost").unwrap();
+        assert_eq!((d.prefix(), d.ttl()), (DEFAULT_PREFIX, DEFAULT_TTL));
+    }
+
+    #[test]
+    fn refuses_malformed_uris_without_leaking_the_password() {
+        for (uri, hint) in [
+            ("redis://:s3cret@h:1/notadb", "database"),
+            ("redis://:s3cret@h:1/0?prefix=a b", "prefix"),
+            ("redis://:s3cret@h:1/0?prefix=", "prefix"),
+            ("redis://:s3cret@h:1/0?ttl_ms=0", "ttl_ms"),
+            ("redis://:s3cret@h:1/0?ttl_ms=x", "ttl_ms"),
+            ("redis://:s3cret@h:1/0?db=2", "unknown parameter"),
+            ("redis://:s3cret@h:notaport/0", "redis://"),
+        ] {
+            let err = RedisTarget::parse(uri).unwrap_err().to_string();
+            assert!(err.contains(hint), "{uri}: {err}");
+            assert!(!err.contains("s3cret"), "password leaked: {err}");
+        }
+    }
+
+    #[test]
+    fn scrubs_passwords_from_text() {
+        assert_eq!(scrub("a hunter2 b", Some("hunter2")), "a *** b");
+        assert_eq!(password_of("redis://u:pw@h"), Some("pw".into()));
+        assert_eq!(password_of("redis://pw@h"), Some("pw".into()));
+        assert_eq!(password_of("redis://h:1"), None);
+    }
+}

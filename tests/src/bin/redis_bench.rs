@@ -1,0 +1,355 @@
+//! Redis benchmarks (results in docs/BENCHMARKS-redis.md; `make bench` runs them):
+//!
+//! 1. publish → visible to a reader in another process, direct sink and via
+//!    the agent (p50/p99, loopback);
+//! 2. reading 8, 64 and 1024 engines in one round trip;
+//! 3. the agent relaying 1024 engines published at 20 Hz: its CPU use and
+//!    relay lag.
+//!
+//! Starts its own redis-server on a free port. Usage:
+//! `redis_bench [--seconds N]` (default 10 s per latency run).
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use engine_state_reader::{
+    engine_key, open, registry_key, ReaderOptions, Reading, RedisRecord, StateUri, STATE_ACTIVE,
+};
+use engine_state_shm_format::{monotonic_ns, EngineId, ShmWriter, Snapshot, WriterOptions};
+use engine_state_tests::{free_port, Proc, RedisServer};
+
+fn main() {
+    let seconds: u64 = std::env::args()
+        .skip_while(|a| a != "--seconds")
+        .nth(1)
+        .map_or(10, |s| s.parse().expect("--seconds N"));
+    let redis = RedisServer::start();
+    println!(
+        "redis_bench: redis-server {} on 127.0.0.1:{}, {} cores, {seconds} s per latency run",
+        redis_version(),
+        redis.port(),
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+
+    println!("\n## publish -> visible to a reader in another process (loopback)");
+    let uri = redis.uri("?prefix=direct:");
+    let writer = espublish(&uri, "e2e", 10);
+    report(
+        "direct sink, publisher period 10 ms",
+        &e2e(&uri, "e2e", seconds),
+    );
+    drop(writer);
+    for agent_period in [1, 50] {
+        let dir = tempfile::tempdir_in("/dev/shm").expect("tmp dir in /dev/shm");
+        let shm_uri = format!("file://{}", dir.path().display());
+        let prefix_uri = redis.uri(&format!("?prefix=agent{agent_period}:"));
+        let _writer = espublish(&shm_uri, "e2e", 10);
+        let _agent = esagent(&shm_uri, &prefix_uri, agent_period);
+        report(
+            &format!("via esagent --period-ms {agent_period}, publisher period 10 ms"),
+            &e2e(&prefix_uri, "e2e", seconds),
+        );
+    }
+
+    println!(
+        "\n## one read of N engines (SMEMBERS every 250 ms, MGET + PTTL per key: one round trip)"
+    );
+    for n in [8, 64, 1024] {
+        let uri = redis.uri(&format!("?prefix=read{n}:"));
+        fill(&redis, &format!("read{n}:"), n);
+        report(&format!("{n} engines"), &read_times(&uri, n));
+    }
+
+    println!("\n## esagent relaying 1024 engines published at 20 Hz (agent period 50 ms)");
+    agent_load(&redis, 1024, seconds.max(10));
+}
+
+fn sibling(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let path = exe.with_file_name(name);
+    assert!(
+        path.exists(),
+        "{} is missing: cargo build --release --bins",
+        path.display()
+    );
+    path
+}
+
+fn redis_version() -> String {
+    let out = Command::new(engine_state_tests::redis_server_path())
+        .arg("--version")
+        .output()
+        .expect("redis-server --version");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("v="))
+        .unwrap_or("?")
+        .to_owned()
+}
+
+fn espublish(uri: &str, id: &str, period_ms: u64) -> Proc {
+    let mut proc = Proc::spawn(
+        Command::new(sibling("espublish"))
+            .args([
+                "--uri",
+                uri,
+                "--engine-id",
+                id,
+                "--period-ms",
+                &period_ms.to_string(),
+            ])
+            .args(["--set", "num_running=1"])
+            .stdout(Stdio::piped()),
+    );
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(proc.0.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    proc
+}
+
+fn esagent(shm_uri: &str, redis_uri: &str, period_ms: u64) -> Proc {
+    let mut proc = Proc::spawn(
+        Command::new(sibling("esagent"))
+            .args(["--uri", shm_uri, "--redis", redis_uri])
+            .args(["--period-ms", &period_ms.to_string()])
+            .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+            .stdout(Stdio::piped()),
+    );
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(proc.0.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    proc
+}
+
+/// Polls the Redis source as fast as it can; each time the engine's `step`
+/// changes, records (reader's CLOCK_MONOTONIC − the snapshot's
+/// captured_mono_ns): same host, same clock, so the difference is valid.
+fn e2e(uri: &str, id: &str, seconds: u64) -> Vec<u64> {
+    let options = ReaderOptions::default();
+    let mut source = open(&StateUri::parse(uri).unwrap(), options).unwrap();
+    let mut reading = Reading::default();
+    let mut last_step = None;
+    let mut latencies = Vec::new();
+    let end = Instant::now() + Duration::from_secs(seconds);
+    while Instant::now() < end {
+        source.read_into(&mut reading).unwrap();
+        let now = monotonic_ns();
+        if let Some(state) = reading.get(id) {
+            if last_step.is_some_and(|s| s != state.snapshot.step) {
+                latencies.push(now.saturating_sub(state.snapshot.captured_mono_ns));
+            }
+            last_step = Some(state.snapshot.step);
+        }
+    }
+    latencies
+}
+
+fn fill(redis: &RedisServer, prefix: &str, n: usize) {
+    let mut con = redis.connection();
+    let mut pipe = redis::pipe();
+    for i in 0..n {
+        let id = format!("engine-{i:04}");
+        let record = RedisRecord {
+            state: STATE_ACTIVE,
+            generation: 1,
+            heartbeat_seq: 1,
+            heartbeat_mono_ns: monotonic_ns(),
+            ttl_ms: 600_000,
+            snapshot: Snapshot {
+                captured_mono_ns: monotonic_ns(),
+                num_running: i as u64,
+                ..Snapshot::default()
+            },
+            ..RedisRecord::default()
+        };
+        pipe.cmd("SET")
+            .arg(engine_key(prefix, &id))
+            .arg(&record.encode()[..])
+            .arg("PX")
+            .arg(600_000)
+            .ignore();
+        pipe.sadd(registry_key(prefix), &id).ignore();
+    }
+    let _: () = pipe.query(&mut con).unwrap();
+}
+
+fn read_times(uri: &str, n: usize) -> Vec<u64> {
+    let mut source = open(&StateUri::parse(uri).unwrap(), ReaderOptions::default()).unwrap();
+    let mut reading = Reading::default();
+    let iterations = (200_000 / n).clamp(500, 20_000);
+    let mut times = Vec::with_capacity(iterations);
+    for _ in 0..iterations {
+        let t = Instant::now();
+        source.read_into(&mut reading).unwrap();
+        times.push(t.elapsed().as_nanos() as u64);
+        assert_eq!(reading.engines.len(), n);
+    }
+    times
+}
+
+fn agent_load(redis: &RedisServer, n: usize, seconds: u64) {
+    let dir = tempfile::tempdir_in("/dev/shm").expect("tmp dir in /dev/shm");
+    let mut writers: Vec<ShmWriter> = (0..n)
+        .map(|i| {
+            let id = EngineId::new(&format!("load-{i:04}")).unwrap();
+            ShmWriter::create(
+                dir.path(),
+                &id,
+                &WriterOptions::default(),
+                &Snapshot::default(),
+            )
+            .unwrap()
+        })
+        .collect();
+    let shm_uri = format!("file://{}", dir.path().display());
+    let redis_uri = redis.uri("?prefix=load:");
+    let port = free_port();
+    let agent = Proc::spawn(
+        Command::new(sibling("esagent"))
+            .args([
+                "--uri",
+                &shm_uri,
+                "--redis",
+                &redis_uri,
+                "--period-ms",
+                "50",
+            ])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .stdout(Stdio::null()),
+    );
+    let stop = Instant::now() + Duration::from_secs(seconds + 2);
+    let publisher = std::thread::spawn(move || {
+        // Every engine publishes (and heartbeats) at 20 Hz, spread over the period.
+        let mut step = 0u64;
+        while Instant::now() < stop {
+            let start = Instant::now();
+            step += 1;
+            for (i, writer) in writers.iter_mut().enumerate() {
+                let now = monotonic_ns();
+                writer
+                    .publish(&Snapshot {
+                        captured_mono_ns: now,
+                        step,
+                        num_running: (step + i as u64) % 7,
+                        ..Snapshot::default()
+                    })
+                    .unwrap();
+                writer.stamp_heartbeat(now);
+            }
+            std::thread::sleep(Duration::from_millis(50).saturating_sub(start.elapsed()));
+        }
+        writers
+    });
+    std::thread::sleep(Duration::from_secs(2)); // warm up: every engine registered
+    let (cpu0, t0) = (cpu_ticks(agent.0.id()), Instant::now());
+    let before = scrape(port);
+    std::thread::sleep(Duration::from_secs(seconds));
+    let (cpu1, elapsed) = (cpu_ticks(agent.0.id()), t0.elapsed());
+    let after = scrape(port);
+    let ticks_per_s = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    let cpu = (cpu1 - cpu0) as f64 / ticks_per_s / elapsed.as_secs_f64() * 100.0;
+    let relayed = metric(&after, "engine_state_relayed_total")
+        - metric(&before, "engine_state_relayed_total");
+    println!(
+        "agent CPU: {cpu:.1} % of one core over {:.0} s; {:.0} records/s relayed",
+        elapsed.as_secs_f64(),
+        relayed / elapsed.as_secs_f64()
+    );
+    let (count, sum) = (
+        metric(&after, "engine_state_relay_lag_seconds_count")
+            - metric(&before, "engine_state_relay_lag_seconds_count"),
+        metric(&after, "engine_state_relay_lag_seconds_sum")
+            - metric(&before, "engine_state_relay_lag_seconds_sum"),
+    );
+    println!(
+        "relay lag (engine heartbeat stamp -> Redis ack, includes up to one 50 ms agent period): \
+         mean {:.2} ms over {count:.0} records; buckets: {}",
+        sum / count * 1000.0,
+        buckets(&before, &after, "engine_state_relay_lag_seconds")
+    );
+    let mut source = open(
+        &StateUri::parse(&redis_uri).unwrap(),
+        ReaderOptions::default(),
+    )
+    .unwrap();
+    let reading = source.read().unwrap();
+    let fresh = reading.engines.iter().filter(|e| e.is_fresh()).count();
+    println!(
+        "a Redis reader sees {} engines, {fresh} fresh",
+        reading.engines.len()
+    );
+    drop(agent);
+    drop(publisher.join().unwrap());
+}
+
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    // Fields after the command: state is [0]; utime [11], stime [12].
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+fn scrape(port: u16) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(stream, "GET /metrics HTTP/1.1\r\n\r\n").unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    text
+}
+
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// "≤1ms: x %, ≤2ms: y %, …" from the histogram's cumulative buckets.
+fn buckets(before: &str, after: &str, name: &str) -> String {
+    let total = metric(after, &format!("{name}_count")) - metric(before, &format!("{name}_count"));
+    ["0.001", "0.005", "0.02", "0.05", "0.1"]
+        .iter()
+        .map(|le| {
+            let series = format!("{name}_bucket{{le=\"{le}\"}}");
+            let n = metric(after, &series) - metric(before, &series);
+            format!(
+                "<= {} ms {:.1} %",
+                le.parse::<f64>().unwrap() * 1000.0,
+                n / total * 100.0
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn report(what: &str, samples: &[u64]) {
+    if samples.is_empty() {
+        println!("{what}: no samples");
+        return;
+    }
+    let mut sorted = samples.to_vec();
+    sorted.sort_unstable();
+    let p = |q: f64| sorted[((sorted.len() - 1) as f64 * q).round() as usize] as f64 / 1000.0;
+    println!(
+        "{what}: n={} p50 {:.0} µs, p99 {:.0} µs, max {:.0} µs",
+        sorted.len(),
+        p(0.5),
+        p(0.99),
+        p(1.0)
+    );
+}

@@ -1,0 +1,235 @@
+//! The node agent: Python publishers write shared memory, `esagent` relays
+//! to a real redis-server, a Redis reader sees the same snapshots, and
+//! /metrics and /healthz answer over HTTP with the right values.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use engine_state_reader::{open, ReaderOptions, ShmDir, Source, StateUri, Status};
+use engine_state_tests::*;
+
+/// `esagent` relaying `dir` to `redis_uri`; returns the process and its HTTP address.
+fn agent(dir: &std::path::Path, redis_uri: &str, extra: &[&str]) -> (Proc, String) {
+    let mut proc = Proc::spawn(
+        Command::new(bin("esagent"))
+            .args(["--uri", &format!("file://{}", dir.display())])
+            .args([
+                "--redis",
+                redis_uri,
+                "--period-ms",
+                "20",
+                "--listen",
+                "127.0.0.1:0",
+            ])
+            .args(["--stale-after-ms", "500"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    let mut line = String::new();
+    BufReader::new(proc.0.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .rsplit("http://")
+        .next()
+        .and_then(|rest| rest.strip_suffix("/metrics\n"))
+        .unwrap_or_else(|| panic!("esagent did not print its address: {line:?}"))
+        .to_owned();
+    (proc, addr)
+}
+
+/// One HTTP GET: (status code, body).
+fn get(addr: &str, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    let code = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (code, body.to_owned())
+}
+
+/// The value of the sample whose name-and-labels are exactly `series`.
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|line| {
+        let (name, value) = line.rsplit_once(' ')?;
+        (name == series).then(|| value.parse().ok())?
+    })
+}
+
+fn redis_reader(uri: &str) -> Box<dyn Source> {
+    let options = ReaderOptions {
+        rescan_interval: Duration::ZERO,
+        freshness: engine_state_reader::Freshness {
+            stale_after: Duration::from_millis(500),
+            ..Default::default()
+        },
+    };
+    open(&StateUri::parse(uri).unwrap(), options).unwrap()
+}
+
+#[test]
+fn agent_relays_shared_memory_to_redis_and_serves_metrics() {
+    let redis = RedisServer::start();
+    let redis_uri = redis.uri("?prefix=node-a:&ttl_ms=400");
+    let dir = tempfile::tempdir().unwrap();
+    let publishers: Vec<Proc> = (0..3)
+        .map(|i| {
+            python_publisher(
+                dir.path(),
+                &format!("py-{i}"),
+                &format!(
+                    "pub.publish(num_running={}, num_waiting=2, gpu_blocks_total=100, \
+                     gpu_blocks_free=25, pending_prefill_tokens={})",
+                    i + 1,
+                    1000 * i
+                ),
+            )
+        })
+        .collect();
+    let (mut agent, addr) = agent(dir.path(), &redis_uri, &[]);
+    let mut remote = redis_reader(&redis_uri);
+    wait_for(
+        || {
+            let r = remote.read().unwrap();
+            r.engines.len() == 3 && r.engines.iter().all(|e| e.snapshot.num_running > 0)
+        },
+        "three relayed engines",
+    );
+
+    // The same snapshots, word for word, as a reader of the files sees.
+    let mut local = ShmDir::open(dir.path(), ReaderOptions::default()).unwrap();
+    let (here, there) = (local.read().unwrap(), remote.read().unwrap());
+    for (a, b) in here.engines.iter().zip(&there.engines) {
+        assert_eq!(a.engine_id, b.engine_id);
+        assert_eq!(a.snapshot, b.snapshot);
+        assert_eq!(a.generation, b.generation);
+        assert_eq!(b.status, Status::Fresh, "{b:?}");
+        assert!(b.heartbeat_age < Duration::from_millis(500), "{b:?}");
+    }
+    // Another prefix on the same server sees nothing: fleets are separate.
+    let other = redis_reader(&redis.uri("?prefix=node-b:")).read().unwrap();
+    assert!(other.engines.is_empty());
+
+    // Prometheus metrics, scraped over HTTP.
+    let mut metrics = String::new();
+    wait_for(
+        || {
+            metrics = get(&addr, "/metrics").1;
+            sample(&metrics, "engine_state_engines") == Some(3.0)
+                && sample(&metrics, r#"engine_state_num_running{engine="py-2"}"#) == Some(3.0)
+                && sample(&metrics, "engine_state_relayed_total").is_some_and(|n| n >= 3.0)
+        },
+        "gauges of three engines",
+    );
+    for (series, value) in [
+        (r#"engine_state_num_running{engine="py-0"}"#, 1.0),
+        (r#"engine_state_num_waiting{engine="py-1"}"#, 2.0),
+        (
+            r#"engine_state_pending_prefill_tokens{engine="py-2"}"#,
+            2000.0,
+        ),
+        (r#"engine_state_gpu_blocks_total{engine="py-0"}"#, 100.0),
+        (r#"engine_state_gpu_kv_used_frac{engine="py-0"}"#, 0.75),
+        (r#"engine_state_status{engine="py-1",status="fresh"}"#, 1.0),
+        (r#"engine_state_status{engine="py-1",status="stale"}"#, 0.0),
+        ("engine_state_redis_connected", 1.0),
+    ] {
+        assert_eq!(sample(&metrics, series), Some(value), "{series}\n{metrics}");
+    }
+    let heartbeat_age = sample(
+        &metrics,
+        r#"engine_state_heartbeat_age_seconds{engine="py-0"}"#,
+    );
+    assert!(
+        heartbeat_age.is_some_and(|a| (0.0..0.5).contains(&a)),
+        "{heartbeat_age:?}"
+    );
+    assert!(sample(
+        &metrics,
+        r#"engine_state_capture_age_seconds{engine="py-0"}"#
+    )
+    .is_some());
+    assert!(sample(&metrics, "engine_state_relay_lag_seconds_count").is_some_and(|n| n >= 3.0));
+    assert!(sample(&metrics, "engine_state_snapshot_age_seconds_count").is_some_and(|n| n >= 3.0));
+    assert!(sample(&metrics, "engine_state_relayed_total").is_some_and(|n| n >= 3.0));
+    assert!(metrics.contains("engine_state_relay_lag_seconds_bucket{le=\"0.005\"}"));
+    let (code, health) = get(&addr, "/healthz");
+    assert_eq!(code, 200, "{health}");
+    assert!(
+        health.starts_with("ok\n") && health.contains("engines: 3"),
+        "{health}"
+    );
+    assert_eq!(get(&addr, "/nope").0, 404);
+
+    // A clean close deletes the key; a killed writer's key expires (dead).
+    let mut publishers = publishers.into_iter();
+    let mut closed = publishers.next().unwrap();
+    drop(closed.0.stdin.take()); // the script returns, the Publisher closes
+    closed.0.wait().unwrap();
+    let mut killed = publishers.next().unwrap();
+    killed.kill();
+    wait_for(
+        || {
+            let r = remote.read().unwrap();
+            r.get("py-0").is_none() && r.get("py-1").is_some_and(|e| e.status == Status::Dead)
+        },
+        "py-0 gone and py-1 dead on Redis",
+    );
+    assert_eq!(
+        remote.read().unwrap().get("py-2").unwrap().status,
+        Status::Fresh
+    );
+
+    // SIGTERM: a clean stop.
+    nix::sys::signal::kill(agent.pid(), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = agent.0.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    let mut stderr = String::new();
+    agent
+        .0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(stderr.contains("esagent: stopped"), "{stderr}");
+}
+
+#[test]
+fn agent_cleanup_removes_dead_writers_files_only_when_enabled() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut doomed = python_publisher(dir.path(), "doomed", "pub.publish(num_running=1)");
+    let _alive = python_publisher(dir.path(), "alive", "pub.publish(num_running=1)");
+    let (_agent, addr) = agent(dir.path(), &redis.uri(""), &["--cleanup-grace-s", "1"]);
+    wait_for(
+        || get(&addr, "/healthz").1.contains("engines: 2"),
+        "the agent to see both engines",
+    );
+    doomed.kill();
+    wait_for(
+        || !dir.path().join("doomed").exists(),
+        "the dead writer's file to be removed",
+    );
+    assert!(dir.path().join("alive").exists());
+}
+
+#[test]
+fn agent_with_a_wrong_password_fails_clearly_without_leaking_it() {
+    let redis = RedisServer::start_with(Some("right-pass-123"));
+    let dir = tempfile::tempdir().unwrap();
+    let uri = format!("redis://:wrong-pass-456@127.0.0.1:{}/0", redis.port());
+    let out = Command::new(bin("esagent"))
+        .args(["--uri", &format!("file://{}", dir.path().display())])
+        .args(["--redis", &uri, "--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("password"), "{stderr}");
+    assert!(!stderr.contains("wrong-pass-456"), "{stderr}");
+}

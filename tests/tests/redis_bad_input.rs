@@ -1,0 +1,245 @@
+//! Bad input on the Redis side: malformed URIs, foreign values, unknown
+//! layout versions, odd registry members — each a clear per-engine (or
+//! per-URI) error, the healthy engines still read.
+
+use std::process::Command;
+use std::time::Duration;
+
+use engine_state_publisher::{Publisher, PublisherConfig};
+use engine_state_reader::{
+    engine_key, open, registry_key, ReaderOptions, RedisRecord, Source, StateUri, DEFAULT_PREFIX,
+};
+use engine_state_shm_format::Snapshot;
+use engine_state_tests::*;
+
+#[test]
+fn malformed_uris_are_refused_with_guidance_and_no_password() {
+    for (uri, says) in [
+        ("redis://", "needs a host"),
+        ("redis://:s3cret-pw@h:1/notadb", "database"),
+        ("redis://:s3cret-pw@h:1/0?prefix=a b", "prefix"),
+        ("redis://:s3cret-pw@h:1/0?ttl_ms=5", "ttl_ms"),
+        ("redis://:s3cret-pw@h:1/0?colour=blue", "unknown parameter"),
+        ("redis://:s3cret-pw@h:99999/0", "redis://"),
+        ("redis+unix:///tmp/redis.sock", "use file:///dir"),
+    ] {
+        let parsed = StateUri::parse(uri).unwrap_err().to_string();
+        let esdump = Command::new(bin("esdump"))
+            .args(["--uri", uri])
+            .output()
+            .unwrap();
+        assert!(!esdump.status.success(), "{uri}");
+        let printed = String::from_utf8_lossy(&esdump.stderr);
+        for error in [parsed.as_str(), &printed] {
+            assert!(error.contains(says), "{uri}: {error}");
+            assert!(!error.contains("s3cret-pw"), "password leaked: {error}");
+        }
+        let publisher = PublisherConfig::resolve(Some(uri), Some("e"), None, None)
+            .unwrap_err()
+            .to_string();
+        assert!(!publisher.contains("s3cret-pw"), "{publisher}");
+    }
+}
+
+#[test]
+fn foreign_values_and_other_versions_are_per_engine_errors() {
+    let redis = RedisServer::start();
+    let uri = redis.uri("");
+    let mut good = Publisher::start(
+        PublisherConfig::resolve(Some(&uri), Some("good"), Some(20), None).unwrap(),
+    )
+    .unwrap();
+    good.publish(Snapshot {
+        num_running: 3,
+        ..Snapshot::default()
+    })
+    .unwrap();
+    let mut con = redis.connection();
+    let registry = registry_key(DEFAULT_PREFIX);
+    let key = |id: &str| engine_key(DEFAULT_PREFIX, id);
+    let mut future = RedisRecord::default().encode();
+    future[8] = 2;
+    let mut truncated = RedisRecord::default().encode().to_vec();
+    truncated.truncate(100);
+    let _: () = redis::pipe()
+        .set(key("text"), "just text")
+        .set(key("future"), &future[..])
+        .set(key("short"), truncated)
+        .hset(key("hash"), "a", "b")
+        .sadd(
+            &registry,
+            &[
+                "text",
+                "future",
+                "short",
+                "hash",
+                "../escape",
+                "never-written",
+            ],
+        )
+        .query(&mut con)
+        .unwrap();
+
+    let options = ReaderOptions {
+        rescan_interval: Duration::ZERO,
+        ..ReaderOptions::default()
+    };
+    let mut source = open(&StateUri::parse(&uri).unwrap(), options).unwrap();
+    wait_for(
+        || {
+            source
+                .read()
+                .unwrap()
+                .get("good")
+                .is_some_and(|s| s.snapshot.num_running == 3)
+        },
+        "the healthy engine",
+    );
+    let reading = source.read().unwrap();
+    let ids: Vec<&str> = reading.engines.iter().map(|e| &*e.engine_id).collect();
+    assert_eq!(
+        ids,
+        ["good", "never-written"],
+        "a registered id without a key reads dead"
+    );
+    assert_eq!(
+        reading.get("never-written").unwrap().status,
+        engine_state_reader::Status::Dead
+    );
+    let error = |name: &str| {
+        reading
+            .errors
+            .iter()
+            .find(|e| e.name == name)
+            .unwrap_or_else(|| panic!("no error for {name}: {:?}", reading.errors))
+            .to_string()
+    };
+    for (name, says) in [
+        (
+            "text",
+            "does not hold an engine-state record (9 bytes without the ENGSTATE magic)",
+        ),
+        (
+            "future",
+            "layout version 2, but this build reads version 1; upgrade",
+        ),
+        ("short", "100 bytes"),
+        ("hash", "non-string type"),
+        ("../escape", "is not an engine id"),
+    ] {
+        let text = error(name);
+        assert!(text.contains(says), "{name}: {text}");
+    }
+    assert_eq!(reading.errors.len(), 5, "{:?}", reading.errors);
+
+    // esdump shows the same: the engines, and each error on stderr.
+    let out = Command::new(bin("esdump"))
+        .args(["--json", "--uri", &uri])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("layout version 2"), "{stderr}");
+    let value: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(value[0]["engine_id"], "good");
+    assert_eq!(value[0]["num_running"], 3);
+}
+
+#[test]
+fn a_registry_of_the_wrong_type_is_a_clear_source_error() {
+    let redis = RedisServer::start();
+    let mut con = redis.connection();
+    let _: () = redis::cmd("SET")
+        .arg(registry_key("odd:"))
+        .arg("x")
+        .query(&mut con)
+        .unwrap();
+    let uri = redis.uri("?prefix=odd:");
+    let error = open(&StateUri::parse(&uri).unwrap(), ReaderOptions::default())
+        .err()
+        .expect("open must fail")
+        .to_string();
+    assert!(error.contains("WRONGTYPE"), "{error}");
+}
+
+#[test]
+fn fleets_with_different_prefixes_do_not_see_each_other() {
+    let redis = RedisServer::start();
+    let start = |prefix: &str, id: &str| {
+        Publisher::start(
+            PublisherConfig::resolve(
+                Some(&redis.uri(&format!("?prefix={prefix}"))),
+                Some(id),
+                Some(20),
+                None,
+            )
+            .unwrap(),
+        )
+        .unwrap()
+    };
+    let _a = start("fleet-a:", "a0");
+    let _b = start("fleet-b:", "b0");
+    let _b1 = start("fleet-b:", "b1");
+    let options = ReaderOptions {
+        rescan_interval: Duration::ZERO,
+        ..ReaderOptions::default()
+    };
+    let ids = |prefix: &str| {
+        let mut source: Box<dyn Source> = open(
+            &StateUri::parse(&redis.uri(&format!("?prefix={prefix}"))).unwrap(),
+            options,
+        )
+        .unwrap();
+        let reading = source.read().unwrap();
+        reading
+            .engines
+            .iter()
+            .map(|e| e.engine_id.to_string())
+            .collect::<Vec<_>>()
+    };
+    wait_for(|| ids("fleet-b:").len() == 2, "fleet b");
+    assert_eq!(ids("fleet-a:"), ["a0"]);
+    assert_eq!(ids("fleet-b:"), ["b0", "b1"]);
+    assert!(ids(DEFAULT_PREFIX).is_empty());
+}
+
+#[test]
+fn rediss_tls_round_trip() {
+    let redis = RedisServer::start_tls();
+    let uri = redis.uri("?prefix=tls:");
+    assert!(uri.starts_with("rediss://"));
+    let mut publisher = Publisher::start(
+        PublisherConfig::resolve(Some(&uri), Some("secure"), Some(20), None).unwrap(),
+    )
+    .unwrap();
+    publisher
+        .publish(Snapshot {
+            num_running: 11,
+            ..Snapshot::default()
+        })
+        .unwrap();
+    let options = ReaderOptions {
+        rescan_interval: Duration::ZERO,
+        ..ReaderOptions::default()
+    };
+    let mut source = open(&StateUri::parse(&uri).unwrap(), options).unwrap();
+    wait_for(
+        || {
+            source
+                .read()
+                .unwrap()
+                .get("secure")
+                .is_some_and(|s| s.snapshot.num_running == 11)
+        },
+        "the engine over TLS",
+    );
+    // Plain redis:// against the TLS port is refused, clearly.
+    let plain = uri
+        .replace("rediss://", "redis://")
+        .replace("#insecure", "");
+    let error = open(&StateUri::parse(&plain).unwrap(), ReaderOptions::default())
+        .err()
+        .expect("plain TCP to a TLS port must fail")
+        .to_string();
+    assert!(error.contains("Redis at"), "{error}");
+}
