@@ -197,7 +197,8 @@ fn fleets_with_different_prefixes_do_not_see_each_other() {
             .map(|e| e.engine_id.to_string())
             .collect::<Vec<_>>()
     };
-    wait_for(|| ids("fleet-b:").len() == 2, "fleet b");
+    // Sinks write asynchronously: wait until both fleets' first writes landed.
+    wait_for(|| ids("fleet-a:").len() == 1 && ids("fleet-b:").len() == 2, "both fleets");
     assert_eq!(ids("fleet-a:"), ["a0"]);
     assert_eq!(ids("fleet-b:"), ["b0", "b1"]);
     assert!(ids(DEFAULT_PREFIX).is_empty());
