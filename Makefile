@@ -11,7 +11,9 @@ VLLM_VENV ?= $(HOME)/.cache/engine-state/vllm-venv
 VLLM_VERSION ?= 0.33.0
 DURATION ?= 15
 PROFILE := release
-BIN := target/$(PROFILE)
+# Honour CARGO_TARGET_DIR (parallel checkouts build into their own folders).
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
+BIN := $(TARGET_DIR)/$(PROFILE)
 
 export ENGINE_STATE_PYTHON := $(PY)
 
@@ -102,9 +104,9 @@ demo: build
 
 # What CI runs to keep `make demo` true: the same, short, and checked.
 demo-smoke: build
-	DURATION=3 $(MAKE) --no-print-directory demo DEMO_DIR=/dev/shm/engine_state_demo_smoke > target/demo-smoke.txt
-	@grep -c " fresh " target/demo-smoke.txt >/dev/null
-	@for i in 0 1 2 3; do grep -q "demo-$$i .* fresh" target/demo-smoke.txt || { echo "demo-$$i not fresh in make demo"; exit 1; }; done
+	DURATION=3 $(MAKE) --no-print-directory demo DEMO_DIR=/dev/shm/engine_state_demo_smoke > $(TARGET_DIR)/demo-smoke.txt
+	@grep -c " fresh " $(TARGET_DIR)/demo-smoke.txt >/dev/null
+	@for i in 0 1 2 3; do grep -q "demo-$$i .* fresh" $(TARGET_DIR)/demo-smoke.txt || { echo "demo-$$i not fresh in make demo"; exit 1; }; done
 	@echo "demo smoke: 4 engines fresh"
 
 # ---- benchmarks --------------------------------------------------------------

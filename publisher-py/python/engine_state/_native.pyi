@@ -4,6 +4,8 @@ from types import TracebackType
 from typing import Optional, Type
 
 FIELD_NAMES: list[str]
+FLAG_IDLE: int
+FLAG_SHUTTING_DOWN: int
 JSON_KEYS: list[str]
 LAYOUT_VERSION: int
 __version__: str
@@ -88,3 +90,19 @@ class Reader:
     def errors(self) -> list[str]: ...
     @property
     def uri(self) -> str: ...
+
+class RequestCapture:
+    def __init__(
+        self,
+        *,
+        prompt_attr: str,
+        computed_attr: str,
+        tokens_attr: str,
+        tokens_is_sequence: bool,
+        status_attr: str,
+        preempted_status: object,
+    ) -> None: ...
+    def capture(
+        self, running: object, waiting_queues: list[object]
+    ) -> tuple[int, int, int, int, int, int, int]: ...
+    def remaining_prefill(self, request: object) -> int: ...
