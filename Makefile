@@ -18,7 +18,7 @@ BIN := $(TARGET_DIR)/$(PROFILE)
 export ENGINE_STATE_PYTHON := $(PY)
 
 .PHONY: help build bins py venv test test-rust test-loom test-py test-vllm vllm-venv \
-        lint fmt miri bench demo demo-smoke clean
+        lint fmt miri bench bench-vllm demo demo-smoke clean
 
 help:
 	@echo "make demo        four demo engines, live in esdump --watch for DURATION=$(DURATION) s"
@@ -115,6 +115,12 @@ bench: build
 	$(CARGO) bench -p engine-state-reader --bench read
 	$(PY) bench/publish_bench.py
 	$(PY) bench/read_bench.py
+	$(PY) bench/hook_bench.py
+
+# The vLLM hook's cost with vLLM's real Scheduler and Request objects.
+bench-vllm: vllm-venv
+	VIRTUAL_ENV=$(VLLM_VENV) $(VLLM_VENV)/bin/maturin develop --release -q -m publisher-py/Cargo.toml
+	$(VLLM_VENV)/bin/python bench/hook_bench.py --vllm
 
 clean:
 	$(CARGO) clean

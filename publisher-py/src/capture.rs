@@ -10,7 +10,7 @@
 //! `len()` of it instead of a property call).
 
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyString};
+use pyo3::types::{PyList, PyString};
 
 /// Aggregates the snapshot fields that depend on individual requests.
 #[pyclass(module = "engine_state._native", name = "RequestCapture", frozen)]
@@ -138,22 +138,7 @@ impl RequestFields {
 impl RequestCapture {
     fn fields(&self, request: &Bound<'_, PyAny>) -> PyResult<RequestFields> {
         let py = request.py();
-        let dict = request
-            .getattr(pyo3::intern!(py, "__dict__"))
-            .ok()
-            .and_then(|d| d.downcast_into::<PyDict>().ok());
-        let get = |name: &Py<PyString>| -> PyResult<Bound<'_, PyAny>> {
-            let name = name.bind(py);
-            match dict
-                .as_ref()
-                .map(|d| d.get_item(name))
-                .transpose()?
-                .flatten()
-            {
-                Some(value) => Ok(value),
-                None => request.getattr(name),
-            }
-        };
+        let get = |name: &Py<PyString>| request.getattr(name.bind(py));
         let prompt: i64 = get(&self.prompt_attr)?.extract()?;
         let computed: i64 = get(&self.computed_attr)?.extract()?;
         let value = get(&self.tokens_attr)?;
