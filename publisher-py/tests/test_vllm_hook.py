@@ -500,3 +500,20 @@ def test_num_tokens_fallback_when_the_token_list_disagrees(shm_uri, module, capl
         assert any("reading the property" in r.getMessage() for r in caplog.records)
     finally:
         type(request).num_tokens = property(lambda self: len(self._all_token_ids))
+
+
+def test_finish_requests_from_another_thread_does_not_capture(shm_uri, module):
+    scheduler = module.Scheduler()
+    hook = hook_of(scheduler)
+    scheduler.add_request(Request("a", 20))
+    scheduler.schedule()  # the scheduler thread is this one
+    captures = hook.captures
+    worker = threading.Thread(
+        target=scheduler.finish_requests, args=(["a"], RequestStatus.FINISHED_ABORTED)
+    )
+    worker.start()
+    worker.join()
+    assert hook.captures == captures  # left to the scheduler thread
+    scheduler.finish_requests([], RequestStatus.FINISHED_ABORTED)  # on this thread: captures
+    assert hook.captures == captures + 1
+    assert published(shm_uri, hook.engine_id).flags & engine_state.FLAG_IDLE

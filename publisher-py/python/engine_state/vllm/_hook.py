@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 from typing import Any, Callable, Optional
 
@@ -117,6 +118,7 @@ class EngineStateHook:
         "_capture",
         "_tokens_checked",
         "_clock",
+        "_thread",
     )
 
     def __init__(
@@ -139,10 +141,13 @@ class EngineStateHook:
         )
         self._tokens_checked = False
         self._clock = clock
+        self._thread: Optional[int] = None  # the scheduler thread, from the first schedule()
 
     # -- called by the wrapped scheduler methods (always on its thread) --------
 
     def after_schedule(self, scheduler: Any) -> None:
+        if self._thread is None:
+            self._thread = threading.get_ident()
         self.step += 1
         self.maybe_capture(scheduler)
 
@@ -153,7 +158,10 @@ class EngineStateHook:
         # An abort can empty an engine between steps, and an idle engine has
         # no next step: publish the transition now. Inside update_from_output()
         # (which finishes failed requests itself) wait for its end instead.
-        if self.depth == 0:
+        # vLLM 0.33 finishes requests on the scheduler thread only; should
+        # another thread ever do it, leave the capture to the scheduler thread
+        # (DESIGN §6: scheduler structures are read on that thread only).
+        if self.depth == 0 and self._thread in (None, threading.get_ident()):
             self.maybe_capture(scheduler)
 
     def maybe_capture(self, scheduler: Any) -> None:
