@@ -11,12 +11,14 @@ VLLM_VENV ?= $(HOME)/.cache/engine-state/vllm-venv
 VLLM_VERSION ?= 0.33.0
 DURATION ?= 15
 PROFILE := release
-BIN := target/$(PROFILE)
+# Honour CARGO_TARGET_DIR (parallel checkouts build into their own folders).
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
+BIN := $(TARGET_DIR)/$(PROFILE)
 
 export ENGINE_STATE_PYTHON := $(PY)
 
 .PHONY: help build bins py venv test test-rust test-loom test-py test-vllm vllm-venv \
-        lint fmt miri bench demo demo-smoke clean
+        lint fmt miri bench bench-vllm demo demo-smoke clean
 
 help:
 	@echo "make demo        four demo engines, live in esdump --watch for DURATION=$(DURATION) s"
@@ -102,9 +104,9 @@ demo: build
 
 # What CI runs to keep `make demo` true: the same, short, and checked.
 demo-smoke: build
-	DURATION=3 $(MAKE) --no-print-directory demo DEMO_DIR=/dev/shm/engine_state_demo_smoke > target/demo-smoke.txt
-	@grep -c " fresh " target/demo-smoke.txt >/dev/null
-	@for i in 0 1 2 3; do grep -q "demo-$$i .* fresh" target/demo-smoke.txt || { echo "demo-$$i not fresh in make demo"; exit 1; }; done
+	DURATION=3 $(MAKE) --no-print-directory demo DEMO_DIR=/dev/shm/engine_state_demo_smoke > $(TARGET_DIR)/demo-smoke.txt
+	@grep -c " fresh " $(TARGET_DIR)/demo-smoke.txt >/dev/null
+	@for i in 0 1 2 3; do grep -q "demo-$$i .* fresh" $(TARGET_DIR)/demo-smoke.txt || { echo "demo-$$i not fresh in make demo"; exit 1; }; done
 	@echo "demo smoke: 4 engines fresh"
 
 # ---- benchmarks --------------------------------------------------------------
@@ -114,6 +116,13 @@ bench: build
 	$(PY) bench/publish_bench.py
 	$(PY) bench/read_bench.py
 	$(BIN)/redis_bench --seconds 10
+	$(PY) bench/hook_bench.py
+	$(PY) bench/router_compare.py
+
+# The vLLM hook's cost with vLLM's real Scheduler and Request objects.
+bench-vllm: vllm-venv
+	VIRTUAL_ENV=$(VLLM_VENV) $(VLLM_VENV)/bin/maturin develop --release -q -m publisher-py/Cargo.toml
+	$(VLLM_VENV)/bin/python bench/hook_bench.py --vllm
 
 clean:
 	$(CARGO) clean

@@ -3,6 +3,7 @@
 
 use pyo3::prelude::*;
 
+mod capture;
 mod errors;
 mod publisher;
 mod reader;
@@ -17,6 +18,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<router::Decision>()?;
     m.add_class::<router::Reservation>()?;
     m.add_function(wrap_pyfunction!(router::block_hashes, m)?)?;
+    m.add_class::<capture::RequestCapture>()?;
     m.add(
         "EngineStateError",
         m.py().get_type::<errors::EngineStateError>(),
@@ -26,6 +28,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         engine_state_shm_format::Snapshot::FIELD_NAMES.to_vec(),
     )?;
     m.add("JSON_KEYS", engine_state_reader::JSON_KEYS.to_vec())?;
+    m.add("FLAG_IDLE", engine_state_shm_format::FLAG_IDLE)?;
+    m.add(
+        "FLAG_SHUTTING_DOWN",
+        engine_state_shm_format::FLAG_SHUTTING_DOWN,
+    )?;
     m.add("LAYOUT_VERSION", engine_state_shm_format::LAYOUT_VERSION)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -4,6 +4,8 @@ from types import TracebackType
 from typing import Any, Optional, Sequence, Type
 
 FIELD_NAMES: list[str]
+FLAG_IDLE: int
+FLAG_SHUTTING_DOWN: int
 JSON_KEYS: list[str]
 LAYOUT_VERSION: int
 __version__: str
@@ -152,3 +154,19 @@ class Router:
     def instances(self) -> list[dict[str, Any]]: ...
     def stats(self) -> dict[str, int]: ...
     def settings(self) -> dict[str, Any]: ...
+
+class RequestCapture:
+    def __init__(
+        self,
+        *,
+        prompt_attr: str,
+        computed_attr: str,
+        tokens_attr: str,
+        tokens_is_sequence: bool,
+        status_attr: str,
+        preempted_status: object,
+    ) -> None: ...
+    def capture(
+        self, running: object, waiting_queues: list[object]
+    ) -> tuple[int, int, int, int, int, int, int]: ...
+    def remaining_prefill(self, request: object) -> int: ...

@@ -1,0 +1,403 @@
+#!/usr/bin/env python3
+"""Cost of the vLLM hook on the scheduler thread, against the approach in use
+today (a Python daemon thread that captures the same fields and writes a JSON
+file every 50 ms), in the same run. Results: BENCHMARKS.md.
+
+    python bench/hook_bench.py            # vLLM-shaped request doubles
+    <vllm-venv>/bin/python bench/hook_bench.py --vllm   # vLLM 0.33's real Scheduler and Requests
+
+For 64, 512 and 1024 live requests (3/4 running, mostly decoding, 1/4
+waiting) it measures:
+
+1. capture: one capture + publish (``EngineStateHook.capture``), median and
+   p99 over many repetitions;
+2. boundary: one wrapped step boundary when no capture is due (wrapper +
+   clock + three len());
+3. hook per step: a 20 ms decode step emulated for ``--steps`` steps (the
+   scheduler thread sleeps, GIL released, as while it waits for the GPU),
+   calling the hook after schedule() and after update_from_output() with the
+   real 50 ms rate limit; the time spent in the hook, per step and as a share
+   of 20 ms;
+4. JSON daemon: the same steps with a daemon thread that every 50 ms captures
+   the same fields in Python and writes them to a JSON file (write + rename);
+   its time per tick and per step (the GIL it holds, stolen from the engine
+   process), and how much it delays the scheduler thread's own Python work
+   (the same fixed work timed with and without the daemon).
+
+"hook per step: mean" includes every disturbance of the run (on a shared
+machine, other processes preempting the thread); "from medians" is the
+typical step: median capture cost x captures per step + median boundary cost
+x the other boundaries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STEP_MS = 20.0
+PERIOD_MS = 50
+
+
+# ---- vLLM-shaped doubles (no vLLM needed) -----------------------------------
+
+
+class _Status(int):
+    pass
+
+
+WAITING, RUNNING, PREEMPTED = _Status(1), _Status(5), _Status(6)
+
+
+class DoubleRequest:
+    """The attributes the hook reads, plus ~40 more, as vLLM's Request has."""
+
+    def __init__(self, i: int, prompt: int) -> None:
+        for k in range(40):
+            setattr(self, f"attr_{k}", k)
+        self.request_id = f"r{i}"
+        self.num_prompt_tokens = prompt
+        self._output_token_ids: list[int] = []
+        self._all_token_ids = [i % 1000] * prompt
+        self.num_computed_tokens = 0
+        self.num_output_placeholders = 0
+        self.status = WAITING
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self._output_token_ids)
+
+    def append_output_token_ids(self, token: int) -> None:
+        self._output_token_ids.append(token)
+        self._all_token_ids.append(token)
+
+
+class DoubleScheduler:
+    class _Pool:
+        num_gpu_blocks = 65_537
+
+        def get_num_free_blocks(self) -> int:
+            return 12_345
+
+    class _Manager:
+        def __init__(self) -> None:
+            self.block_pool = DoubleScheduler._Pool()
+
+    class _Parallel:
+        data_parallel_index = 0
+        data_parallel_size = 1
+
+    def __init__(self) -> None:
+        self.running: list = []
+        self.waiting: deque = deque()
+        self.kv_holding_waiting: deque = deque()
+        self.kv_cache_manager = self._Manager()
+        self.parallel_config = self._Parallel()
+
+
+def double_setup(n: int):
+    from engine_state.vllm import _hook
+
+    scheduler = DoubleScheduler()
+    fill(scheduler, n, lambda i, p: DoubleRequest(i, p), RUNNING, WAITING, PREEMPTED)
+    hook = _hook.attach(scheduler, PREEMPTED)
+    return scheduler, hook, PREEMPTED
+
+
+# ---- vLLM's real scheduler and requests -------------------------------------
+
+
+def vllm_setup(n: int):
+    sys.path.insert(0, os.path.join(HERE, "..", "publisher-py", "tests_vllm"))
+    from vllm_harness import build_scheduler, make_requests, set_cpu_environment
+
+    set_cpu_environment()
+    os.environ["VLLM_PLUGINS"] = "engine_state"
+    import vllm.plugins
+    from vllm.v1.request import RequestStatus
+
+    vllm.plugins.load_general_plugins()
+    scheduler, _ = build_scheduler(False, num_blocks=65_537, max_num_seqs=2048, max_batched=8192)
+    counter = iter(range(10**9))
+
+    def make(i: int, prompt: int):
+        [request] = make_requests(prompt_lens=(prompt,), max_tokens=4096, prefix=f"{next(counter)}-")
+        return request
+
+    fill(
+        scheduler,
+        n,
+        make,
+        RequestStatus.RUNNING,
+        RequestStatus.WAITING,
+        RequestStatus.PREEMPTED,
+    )
+    hook = scheduler.__dict__["_engine_state_hook"]
+    return scheduler, hook, RequestStatus.PREEMPTED
+
+
+# ---- common -------------------------------------------------------------------
+
+
+def fill(scheduler, n, make, running_status, waiting_status, preempted_status):
+    """3/4 running (all but 8 decoding, with 1..200 output tokens), 1/4 waiting
+    (a few preempted with outputs, the rest never scheduled)."""
+    num_running = n * 3 // 4
+    for i in range(n):
+        request = make(i, 500 + (i * 37) % 1500)
+        if i < num_running:
+            request.status = running_status
+            if i < 8:  # chunked prefill in progress
+                request.num_computed_tokens = request.num_prompt_tokens // 2
+            else:
+                for t in range(1 + i % 200):
+                    request.append_output_token_ids(100 + t)
+                request.num_computed_tokens = request.num_tokens - 1
+            scheduler.running.append(request)
+        else:
+            if i % 16 == 0:
+                request.status = preempted_status
+                request.append_output_token_ids(7)
+            else:
+                request.status = waiting_status
+            scheduler.waiting.append(request)
+
+
+def schedule_work(scheduler) -> int:
+    """What schedule() reads of the running requests (it walks all of them)."""
+    total = 0
+    for request in scheduler.running:
+        total += request.num_tokens - request.num_computed_tokens
+    return total
+
+
+def decode_step(scheduler) -> None:
+    """What update_from_output() does to the requests the hook reads."""
+    for request in scheduler.running[8:]:
+        request.append_output_token_ids(5)
+        request.num_computed_tokens += 1
+
+
+def python_capture(scheduler, preempted) -> dict:
+    """The same fields, captured in Python (what the JSON daemon does)."""
+
+    def remaining(r) -> int:
+        if r.num_output_tokens > 0:
+            value = r.num_tokens - 1 - r.num_computed_tokens
+        else:
+            value = r.num_prompt_tokens - r.num_computed_tokens
+        return value if value > 0 else 0
+
+    pending = decode = prefilling = biggest = num_preempted = 0
+    for r in scheduler.running:
+        rem = remaining(r)
+        pending += rem
+        biggest = max(biggest, rem)
+        if rem:
+            prefilling += 1
+        else:
+            decode += r.num_tokens
+    waiting = list(scheduler.waiting) + list(scheduler.kv_holding_waiting)
+    for r in waiting:
+        rem = remaining(r)
+        pending += rem
+        biggest = max(biggest, rem)
+        num_preempted += r.status == preempted
+    pool = scheduler.kv_cache_manager.block_pool
+    return dict(
+        captured_unix_ns=time.time_ns(),
+        num_running=len(scheduler.running),
+        num_waiting=len(waiting),
+        gpu_blocks_total=pool.num_gpu_blocks - 1,
+        gpu_blocks_free=pool.get_num_free_blocks(),
+        pending_prefill_tokens=pending,
+        ongoing_decode_tokens=decode,
+        num_prefilling=prefilling,
+        max_prefill_remaining=biggest,
+        num_preempted=num_preempted,
+    )
+
+
+def percentile(values, q):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def time_calls(fn, repeat: int) -> list[float]:
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter_ns()
+        fn()
+        samples.append((time.perf_counter_ns() - t0) / 1000)
+    return samples
+
+
+def emulate_steps(scheduler, hook, steps: int, use_hook: bool):
+    """One emulated engine step: schedule() (reads every running request),
+    hook, the forward pass (20 ms sleep, GIL released), update_from_output()
+    (appends a token to every decoding request), hook. Returns (µs in the hook
+    per step, [µs of each capturing hook call], µs of the scheduler thread's own
+    Python work per step)."""
+    in_hook = 0
+    capturing_calls = []
+    work = []
+
+    def call(boundary) -> None:
+        nonlocal in_hook
+        before = hook.captures
+        t0 = time.perf_counter_ns()
+        boundary(scheduler)
+        elapsed = time.perf_counter_ns() - t0
+        in_hook += elapsed
+        if hook.captures != before:
+            capturing_calls.append(elapsed / 1000)
+
+    for _ in range(steps):
+        t0 = time.perf_counter_ns()
+        schedule_work(scheduler)
+        work.append(time.perf_counter_ns() - t0)
+        if use_hook:
+            call(hook.after_schedule)
+        time.sleep(STEP_MS / 1000)  # the forward pass: GIL released
+        t0 = time.perf_counter_ns()
+        decode_step(scheduler)
+        work[-1] = (work[-1] + time.perf_counter_ns() - t0) / 1000
+        if use_hook:
+            call(hook.after_update)
+    return in_hook / steps / 1000, capturing_calls, work
+
+
+class JsonDaemon(threading.Thread):
+    """Today's approach: capture in Python from another thread, write JSON."""
+
+    def __init__(self, scheduler, preempted, path: str) -> None:
+        super().__init__(daemon=True)
+        self.scheduler, self.preempted, self.path = scheduler, preempted, path
+        self.stop = threading.Event()
+        self.ticks: list[float] = []
+
+    def run(self) -> None:
+        while not self.stop.wait(PERIOD_MS / 1000):
+            t0 = time.perf_counter_ns()
+            try:
+                fields = python_capture(self.scheduler, self.preempted)
+            except RuntimeError:  # "deque mutated during iteration": another thread's data
+                continue
+            tmp = f"{self.path}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(fields, f)
+            os.replace(tmp, self.path)
+            self.ticks.append((time.perf_counter_ns() - t0) / 1000)
+
+
+def run(n: int, setup, steps: int) -> dict:
+    scheduler, hook, preempted = setup(n)
+    assert hook is not None, "the hook did not attach"
+    # Check: the hook and the Python capture agree.
+    hook.capture(scheduler)
+    expected = python_capture(scheduler, preempted)
+    got = {s.engine_id: s for s in __import__("engine_state").Reader().read()}[hook.engine_id]
+    for field in ("num_running", "num_waiting", "pending_prefill_tokens", "ongoing_decode_tokens",
+                  "num_prefilling", "max_prefill_remaining", "num_preempted"):
+        assert getattr(got, field) == expected[field], (field, getattr(got, field), expected[field])
+
+    repeat = max(200, 200_000 // n)
+    for _ in range(50):
+        hook.capture(scheduler)
+    capture = time_calls(lambda: hook.capture(scheduler), repeat)
+    py_capture = time_calls(lambda: python_capture(scheduler, preempted), max(100, repeat // 4))
+
+    from engine_state.vllm import _patch
+
+    def noop(self):
+        return None
+
+    wrapped = _patch._wrap_step(noop, "after_update")
+    hook.last_capture_ns = time.monotonic_ns() + 10**12  # no capture due
+    hook.busy = True
+    boundary = [a - b for a, b in zip(time_calls(lambda: wrapped(scheduler), 20_000),
+                                      time_calls(lambda: noop(scheduler), 20_000))]
+    hook.last_capture_ns = 0
+
+    hook_per_step, in_situ, work_hook = emulate_steps(scheduler, hook, steps, True)
+    _, _, work_plain = emulate_steps(scheduler, hook, steps, False)
+    path = os.path.join(tempfile.mkdtemp(), "engine.json")
+    daemon = JsonDaemon(scheduler, preempted, path)
+    daemon.start()
+    _, _, work_daemon = emulate_steps(scheduler, hook, steps, False)
+    daemon.stop.set()
+    daemon.join()
+    hook.close(scheduler)
+    daemon_tick = statistics.median(daemon.ticks)
+    return dict(
+        n=n,
+        capture_med=statistics.median(capture),
+        capture_p99=percentile(capture, 0.99),
+        py_capture_med=statistics.median(py_capture),
+        boundary_med=statistics.median(boundary),
+        hook_per_step=hook_per_step,
+        captures_per_step=len(in_situ) / steps,
+        in_situ_med=statistics.median(in_situ),
+        typical_per_step=statistics.median(in_situ) * len(in_situ) / steps
+        + statistics.median(boundary) * (2 - len(in_situ) / steps),
+        daemon_tick_med=daemon_tick,
+        daemon_tick_p99=percentile(daemon.ticks, 0.99),
+        daemon_per_step=daemon_tick * STEP_MS / PERIOD_MS,
+        work_plain=statistics.mean(work_plain),
+        work_hook=statistics.mean(work_hook),
+        work_daemon=statistics.mean(work_daemon),
+        work_daemon_p99=percentile(work_daemon, 0.99),
+        work_plain_p99=percentile(work_plain, 0.99),
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--vllm", action="store_true", help="use vLLM's real Scheduler/Requests")
+    parser.add_argument("--steps", type=int, default=150, help="emulated 20 ms steps per run")
+    parser.add_argument("--sizes", default="64,512,1024")
+    args = parser.parse_args()
+    os.environ["AGENTIC_ENGINE_STATE_URI"] = f"file://{tempfile.mkdtemp(prefix='es-hook-bench-')}"
+    os.environ["AGENTIC_ENGINE_STATE_PERIOD_MS"] = str(PERIOD_MS)
+    os.environ.pop("AGENTIC_WORKER_ID", None)
+    setup = vllm_setup if args.vllm else double_setup
+    kind = "vLLM 0.33 Scheduler + Request" if args.vllm else "vLLM-shaped doubles"
+    print(f"# hook cost on the scheduler thread ({kind}); {os.cpu_count()} cores; "
+          f"step {STEP_MS:.0f} ms, period {PERIOD_MS} ms, {args.steps} steps per run; times in µs")
+    print("| live requests | capture+publish median (p99) | same capture in Python | "
+          "boundary, no capture due | capture in the step loop, median | "
+          "hook per step: mean (captures/step) | share of 20 ms | from medians | share | "
+          "JSON daemon per tick median (p99) | JSON daemon per step | share of 20 ms step | "
+          "scheduler's own work per step: plain / hook / daemon (daemon p99 vs plain p99) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for n in [int(x) for x in args.sizes.split(",")]:
+        r = run(n, setup, args.steps)
+        print(
+            f"| {r['n']} | {r['capture_med']:.1f} ({r['capture_p99']:.1f}) | "
+            f"{r['py_capture_med']:.1f} | {r['boundary_med']:.2f} | {r['in_situ_med']:.1f} | "
+            f"{r['hook_per_step']:.1f} ({r['captures_per_step']:.2f}) | "
+            f"{100 * r['hook_per_step'] / (STEP_MS * 1000):.3f} % | "
+            f"{r['typical_per_step']:.1f} | {100 * r['typical_per_step'] / (STEP_MS * 1000):.3f} % | "
+            f"{r['daemon_tick_med']:.1f} ({r['daemon_tick_p99']:.1f}) | {r['daemon_per_step']:.1f} | "
+            f"{100 * r['daemon_per_step'] / (STEP_MS * 1000):.3f} % | "
+            f"{r['work_plain']:.0f} / {r['work_hook']:.0f} / {r['work_daemon']:.0f} "
+            f"({r['work_daemon_p99']:.0f} vs {r['work_plain_p99']:.0f}) |",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""Every vLLM name the engine-state hook touches, and nothing else.
+
+Read from vLLM 0.33.0 (the PyPI wheel), files inside the ``vllm`` package:
+
+- ``v1/core/sched/scheduler.py``: ``class Scheduler`` with
+  ``running: list[Request]``; ``waiting`` and ``kv_holding_waiting``
+  (``RequestQueue``: FCFS deque or priority heap, iterable, ``len``; a waiting
+  request is in exactly one of them -- ``deferred_waiting`` is a subset of the
+  two and is not read); ``kv_cache_manager.block_pool``; ``parallel_config``.
+  The module imports ``RequestStatus`` from ``v1/request.py``.
+  ``EngineCore`` (``v1/engine/core.py``) calls ``schedule()`` then
+  ``update_from_output()`` on its busy-loop thread, ``finish_requests()`` for
+  aborts on the same thread, and ``shutdown()`` at teardown.
+- ``v1/core/block_pool.py``: ``BlockPool.num_gpu_blocks`` counts the null
+  block 0 too; ``get_num_free_blocks()`` (free + evictable cached blocks) only
+  reads a counter.
+- ``v1/request.py``: ``Request.num_prompt_tokens``, ``num_computed_tokens``,
+  ``status`` are plain attributes; ``num_tokens`` is the property
+  ``len(self._all_token_ids)`` (prompt + output tokens). The hook reads the
+  list's length directly -- no Python call per request -- and checks once per
+  engine that it equals ``num_tokens`` (see ``check_request``).
+- ``config/parallel.py``: ``ParallelConfig.data_parallel_index`` (the
+  engine's index, = the Prometheus ``engine`` label; not
+  ``data_parallel_rank``, which dense models reset to 0) and
+  ``data_parallel_size``.
+
+Never call ``kv_cache_manager.make_prefix_cache_stats()``: it resets the
+numbers vLLM exports to Prometheus. Nothing here calls a method that changes
+vLLM's state.
+
+On a vLLM version other than the ones in ``TESTED_VLLM_VERSIONS`` the hook
+still runs (a missing name turns it off with a logged reason) but warns once.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional, Sequence
+
+logger = logging.getLogger("engine_state.vllm")
+
+#: vLLM versions this module was read from and the contract test runs against.
+TESTED_VLLM_VERSIONS = ("0.33.0",)
+
+#: The module and class whose methods the hook wraps (subclasses such as
+#: ``AsyncScheduler`` inherit the wrapped methods).
+SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
+SCHEDULER_CLASS = "Scheduler"
+#: ``AsyncScheduler`` (``v1/core/sched/async_scheduler.py``) overrides only
+#: ``__init__`` (calling ``super().__init__``) and ``_update_after_schedule``.
+ASYNC_SCHEDULER_MODULE = "vllm.v1.core.sched.async_scheduler"
+ASYNC_SCHEDULER_CLASS = "AsyncScheduler"
+
+#: Scheduler methods the hook wraps, in the order of a request's life.
+INIT = "__init__"
+SCHEDULE = "schedule"
+UPDATE_FROM_OUTPUT = "update_from_output"
+FINISH_REQUESTS = "finish_requests"
+SHUTDOWN = "shutdown"
+
+# Scheduler attributes.
+RUNNING = "running"
+WAITING = "waiting"
+KV_HOLDING_WAITING = "kv_holding_waiting"
+KV_CACHE_MANAGER = "kv_cache_manager"
+BLOCK_POOL = "block_pool"
+NUM_GPU_BLOCKS = "num_gpu_blocks"
+GET_NUM_FREE_BLOCKS = "get_num_free_blocks"
+PARALLEL_CONFIG = "parallel_config"
+DATA_PARALLEL_INDEX = "data_parallel_index"
+DATA_PARALLEL_SIZE = "data_parallel_size"
+
+# Request attributes.
+NUM_PROMPT_TOKENS = "num_prompt_tokens"
+NUM_COMPUTED_TOKENS = "num_computed_tokens"
+ALL_TOKEN_IDS = "_all_token_ids"  # len() == num_tokens
+NUM_TOKENS = "num_tokens"
+STATUS = "status"
+REQUEST_STATUS = "RequestStatus"  # the enum, as imported by SCHEDULER_MODULE
+PREEMPTED = "PREEMPTED"
+
+_EMPTY: tuple = ()
+
+
+def vllm_version() -> Optional[str]:
+    """The installed vLLM's version, or None when it cannot be read."""
+    import sys
+
+    vllm = sys.modules.get("vllm")
+    version = getattr(vllm, "__version__", None)
+    if isinstance(version, str):
+        return version
+    try:
+        from importlib.metadata import version as dist_version
+
+        return dist_version("vllm")
+    except Exception:
+        return None
+
+
+def check_version() -> bool:
+    """True on a tested vLLM version; otherwise warns (the caller warns once)."""
+    version = vllm_version()
+    if version in TESTED_VLLM_VERSIONS:
+        return True
+    logger.warning(
+        "engine-state: vLLM %s is untested (the hook was read from vLLM %s); it keeps "
+        "running and turns itself off if a scheduler attribute it reads is missing",
+        version or "(unknown version)",
+        ", ".join(TESTED_VLLM_VERSIONS),
+    )
+    return False
+
+
+def scheduler_class(module: Any) -> type:
+    """The base scheduler class of the (already imported) scheduler module."""
+    return getattr(module, SCHEDULER_CLASS)
+
+
+def preempted_status(module: Any) -> Any:
+    """``RequestStatus.PREEMPTED``, as seen by the scheduler module."""
+    return getattr(getattr(module, REQUEST_STATUS), PREEMPTED)
+
+
+def running(scheduler: Any) -> Sequence[Any]:
+    """The running requests (a list)."""
+    return getattr(scheduler, RUNNING)
+
+
+def waiting_queues(scheduler: Any) -> list:
+    """The waiting queues; together they hold every waiting request once.
+    (vLLM before ``kv_holding_waiting`` existed had only ``waiting``.)"""
+    return [getattr(scheduler, WAITING), getattr(scheduler, KV_HOLDING_WAITING, _EMPTY)]
+
+
+def has_requests(scheduler: Any) -> bool:
+    """True when a request is running or waiting; three ``len()`` calls."""
+    return bool(
+        len(getattr(scheduler, RUNNING))
+        or len(getattr(scheduler, WAITING))
+        or len(getattr(scheduler, KV_HOLDING_WAITING, _EMPTY))
+    )
+
+
+def block_counts(scheduler: Any) -> tuple[int, int]:
+    """(usable KV blocks, free KV blocks); the null block is not usable."""
+    pool = getattr(getattr(scheduler, KV_CACHE_MANAGER), BLOCK_POOL)
+    total = int(getattr(pool, NUM_GPU_BLOCKS)) - 1
+    free = int(getattr(pool, GET_NUM_FREE_BLOCKS)())
+    return max(total, 0), max(free, 0)
+
+
+def data_parallel(scheduler: Any) -> tuple[int, int]:
+    """(data_parallel_index, data_parallel_size) of the scheduler's engine."""
+    config = getattr(scheduler, PARALLEL_CONFIG)
+    index = getattr(config, DATA_PARALLEL_INDEX, 0) or 0
+    size = getattr(config, DATA_PARALLEL_SIZE, 1) or 1
+    return int(index), int(size)
+
+
+def request_capture_names(tokens_from_list: bool) -> dict:
+    """Keyword arguments for ``engine_state._native.RequestCapture`` (minus the
+    status value): the request attribute names, in one place."""
+    return dict(
+        prompt_attr=NUM_PROMPT_TOKENS,
+        computed_attr=NUM_COMPUTED_TOKENS,
+        tokens_attr=ALL_TOKEN_IDS if tokens_from_list else NUM_TOKENS,
+        tokens_is_sequence=tokens_from_list,
+        status_attr=STATUS,
+    )
+
+
+def tokens_from_list_matches(request: Any) -> bool:
+    """True when ``len(request._all_token_ids) == request.num_tokens`` -- the
+    shortcut the capture takes is valid for this vLLM."""
+    tokens = getattr(request, ALL_TOKEN_IDS, None)
+    return tokens is not None and len(tokens) == getattr(request, NUM_TOKENS)

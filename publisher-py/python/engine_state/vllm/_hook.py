@@ -1,0 +1,282 @@
+"""The per-engine hook: captures a scheduler's state on the scheduler thread
+and publishes it (DESIGN §3, §6).
+
+One ``EngineStateHook`` lives on each scheduler object (attribute
+``HOOK_ATTR``), created by the wrapped ``Scheduler.__init__`` in the
+engine-core process. The wrapped methods call ``after_schedule``,
+``after_update``, ``after_finish`` and ``close``; each call costs a clock read
+and three ``len()`` calls unless a capture is due: at most once per period,
+and at once when the engine turns idle or busy. A capture reads every live
+request through ``engine_state._native.RequestCapture`` (Rust, names from the
+adapter) and publishes one snapshot.
+
+Any exception here turns the hook off for that engine (``fail``): it logs the
+reason once, retires the engine's file and detaches, and vLLM carries on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from engine_state._native import (
+    FLAG_SHUTTING_DOWN,
+    EngineStateError,
+    Publisher,
+    RequestCapture,
+)
+from engine_state.vllm import _adapter as adapter
+
+logger = logging.getLogger("engine_state.vllm")
+
+#: The scheduler attribute holding its hook.
+HOOK_ATTR = "_engine_state_hook"
+#: Kill switch: "1", "true", "yes" or "on" turns the hook off entirely.
+DISABLE_ENV = "AGENTIC_ENGINE_STATE_DISABLE"
+#: The engine id, when set (DESIGN §9).
+ENGINE_ID_ENV = "AGENTIC_WORKER_ID"
+
+_CLASH = "already published by a live process"
+_MAX_ID = 63
+
+
+def disabled(environ: Optional[dict] = None) -> bool:
+    """True when the kill switch is set."""
+    value = (environ if environ is not None else os.environ).get(DISABLE_ENV, "")
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _clean(text: str) -> str:
+    """Keeps the characters an engine id allows (``[A-Za-z0-9._-]``)."""
+    return "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in text)
+
+
+def engine_id_for(
+    dp_index: int,
+    dp_size: int,
+    environ: Optional[dict] = None,
+    hostname: Optional[str] = None,
+    pid: Optional[int] = None,
+) -> str:
+    """The engine id (DESIGN §9).
+
+    ``AGENTIC_WORKER_ID`` when set, with ``-dp<index>`` appended when the
+    server runs several data-parallel engines (they share the environment).
+    Otherwise ``<host>-dp<index>-<pid>``: the pid keeps several ``vllm serve``
+    processes on one host apart (all have data-parallel index 0).
+    """
+    environ = environ if environ is not None else os.environ
+    worker_id = environ.get(ENGINE_ID_ENV, "").strip()
+    if worker_id:
+        return worker_id if dp_size <= 1 else f"{worker_id}-dp{dp_index}"
+    host = _clean(hostname if hostname is not None else socket.gethostname()).strip(".")[:40]
+    return f"{host or 'host'}-dp{dp_index}-{pid if pid is not None else os.getpid()}"
+
+
+def start_publisher(
+    engine_id: str, publisher_cls: Callable[..., Any] = Publisher, pid: Optional[int] = None
+) -> Any:
+    """Starts a publisher for ``engine_id``; if a live process already
+    publishes that id, warns and uses ``<engine_id>-<pid>`` instead."""
+    try:
+        return publisher_cls(engine_id=engine_id)
+    except EngineStateError as error:
+        if _CLASH not in str(error):
+            raise
+        suffix = f"-{pid if pid is not None else os.getpid()}"
+        if engine_id.endswith(suffix):  # the default id already holds the pid
+            suffix += f"-{os.urandom(2).hex()}"
+        fallback = engine_id[: _MAX_ID - len(suffix)] + suffix
+        logger.warning(
+            "engine-state: engine id %r is already published by another live engine on this "
+            "host; publishing as %r instead. Give each engine its own AGENTIC_WORKER_ID to "
+            "choose the names. (%s)",
+            engine_id,
+            fallback,
+            error,
+        )
+        return publisher_cls(engine_id=fallback)
+
+
+class EngineStateHook:
+    """Captures one scheduler's state and publishes it."""
+
+    __slots__ = (
+        "publisher",
+        "engine_id",
+        "period_ns",
+        "step",
+        "busy",
+        "last_capture_ns",
+        "depth",
+        "captures",
+        "_preempted",
+        "_capture",
+        "_tokens_checked",
+        "_clock",
+        "_thread",
+    )
+
+    def __init__(
+        self,
+        publisher: Any,
+        preempted_status: Any,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        self.publisher = publisher
+        self.engine_id: str = publisher.engine_id
+        self.period_ns: int = int(publisher.period_ms) * 1_000_000
+        self.step = 0  # schedule() calls seen
+        self.busy: Optional[bool] = None  # unknown until the first capture
+        self.last_capture_ns = 0
+        self.depth = 0  # > 0 inside schedule() / update_from_output()
+        self.captures = 0
+        self._preempted = preempted_status
+        self._capture = RequestCapture(
+            preempted_status=preempted_status, **adapter.request_capture_names(True)
+        )
+        self._tokens_checked = False
+        self._clock = clock
+        self._thread: Optional[int] = None  # the scheduler thread, from the first schedule()
+
+    # -- called by the wrapped scheduler methods (always on its thread) --------
+
+    def after_schedule(self, scheduler: Any) -> None:
+        if self._thread is None:
+            self._thread = threading.get_ident()
+        self.step += 1
+        self.maybe_capture(scheduler)
+
+    def after_update(self, scheduler: Any) -> None:
+        self.maybe_capture(scheduler)
+
+    def after_finish(self, scheduler: Any) -> None:
+        # An abort can empty an engine between steps, and an idle engine has
+        # no next step: publish the transition now. Inside update_from_output()
+        # (which finishes failed requests itself) wait for its end instead.
+        # vLLM 0.33 finishes requests on the scheduler thread only; should
+        # another thread ever do it, leave the capture to the scheduler thread
+        # (DESIGN §6: scheduler structures are read on that thread only).
+        if self.depth == 0 and self._thread in (None, threading.get_ident()):
+            self.maybe_capture(scheduler)
+
+    def maybe_capture(self, scheduler: Any) -> None:
+        """Captures when the period has passed or idle/busy changed."""
+        now = self._clock()
+        if (
+            now - self.last_capture_ns < self.period_ns
+            and adapter.has_requests(scheduler) is self.busy
+        ):
+            return
+        self.capture(scheduler, now)
+
+    def capture(self, scheduler: Any, now: Optional[int] = None, flags: int = 0) -> None:
+        """Captures every field of DESIGN §3 and publishes them."""
+        running = adapter.running(scheduler)
+        waiting = adapter.waiting_queues(scheduler)
+        if not self._tokens_checked:
+            self._check_tokens(running, waiting)
+        (
+            num_running,
+            num_waiting,
+            pending_prefill,
+            ongoing_decode,
+            num_prefilling,
+            max_prefill_remaining,
+            num_preempted,
+        ) = self._capture.capture(running, waiting)
+        blocks_total, blocks_free = adapter.block_counts(scheduler)
+        self.publisher.publish(
+            step=self.step,
+            num_running=num_running,
+            num_waiting=num_waiting,
+            gpu_blocks_total=blocks_total,
+            gpu_blocks_free=blocks_free,
+            pending_prefill_tokens=pending_prefill,
+            ongoing_decode_tokens=ongoing_decode,
+            num_prefilling=num_prefilling,
+            max_prefill_remaining=max_prefill_remaining,
+            num_preempted=num_preempted,
+            flags=flags,
+        )
+        self.busy = num_running + num_waiting > 0
+        self.last_capture_ns = self._clock() if now is None else now
+        self.captures += 1
+
+    def close(self, scheduler: Any) -> None:
+        """Publishes a last snapshot flagged shutting-down, then retires the
+        file. Idempotent."""
+        if self.publisher.closed:
+            return
+        try:
+            self.capture(scheduler, flags=FLAG_SHUTTING_DOWN)
+        finally:
+            self.publisher.close()
+
+    def fail(self, scheduler: Any, error: BaseException, where: str) -> None:
+        """Turns the hook off for this engine after ``error``; never raises."""
+        logger.warning(
+            "engine-state: hook turned off for engine %r after an error in %s: %s: %s. vLLM "
+            "keeps running; the engine's state is no longer published (its file is retired).",
+            self.engine_id,
+            where,
+            type(error).__name__,
+            error,
+            exc_info=error,
+        )
+        try:
+            if getattr(scheduler, HOOK_ATTR, None) is self:
+                delattr(scheduler, HOOK_ATTR)
+        except Exception:
+            pass
+        try:
+            self.publisher.close()
+        except Exception:
+            pass
+
+    def _check_tokens(self, running: Any, waiting: list) -> None:
+        """Once per engine, with a request at hand: is ``len(_all_token_ids)``
+        this vLLM's ``num_tokens``? If not, read the property instead."""
+        request = running[0] if len(running) else next(
+            (r for queue in waiting for r in queue), None
+        )
+        if request is None:
+            return
+        self._tokens_checked = True
+        if not adapter.tokens_from_list_matches(request):
+            logger.warning(
+                "engine-state: this vLLM's Request.%s is not len(%s); reading the property "
+                "(slower)",
+                adapter.NUM_TOKENS,
+                adapter.ALL_TOKEN_IDS,
+            )
+            self._capture = RequestCapture(
+                preempted_status=self._preempted, **adapter.request_capture_names(False)
+            )
+
+
+def attach(scheduler: Any, preempted_status: Any) -> Optional[EngineStateHook]:
+    """Starts publishing ``scheduler``'s state (called at the end of its
+    ``__init__``). Returns None when the kill switch is set."""
+    if disabled():
+        return None
+    dp_index, dp_size = adapter.data_parallel(scheduler)
+    publisher = start_publisher(engine_id_for(dp_index, dp_size))
+    try:
+        hook = EngineStateHook(publisher, preempted_status)
+        hook.capture(scheduler)
+    except BaseException:
+        publisher.close()
+        raise
+    setattr(scheduler, HOOK_ATTR, hook)
+    logger.info(
+        "engine-state: publishing engine %r to %s every %d ms",
+        hook.engine_id,
+        publisher.uri,
+        publisher.period_ms,
+    )
+    return hook
