@@ -6,8 +6,10 @@ use std::process::{Command, Stdio};
 use engine_state_shm_format::{layout::ENGINE_ID_OFFSET, FILE_SIZE};
 use engine_state_tests::*;
 
+/// An espublish process, returned once its first snapshot is published
+/// (it prints its "publishing" line after the first publish).
 fn espublish(uri: &str, id: &str) -> Proc {
-    Proc::spawn(
+    let mut proc = Proc::spawn(
         Command::new(bin("espublish"))
             .args([
                 "--engine-id",
@@ -19,8 +21,16 @@ fn espublish(uri: &str, id: &str) -> Proc {
                 "--duration",
                 "60",
             ])
-            .stdout(Stdio::null()),
-    )
+            .stdout(Stdio::piped()),
+    );
+    let mut line = String::new();
+    let stdout = proc.0.stdout.take().expect("piped stdout");
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).unwrap();
+    assert!(
+        line.contains("publishing"),
+        "espublish did not start: {line:?}"
+    );
+    proc
 }
 
 #[test]
@@ -29,10 +39,6 @@ fn corrupt_and_foreign_files_do_not_stop_healthy_engines() {
     let uri = format!("file://{}", dir.path().display());
     let _a = espublish(&uri, "healthy-a");
     let _b = espublish(&uri, "healthy-b");
-    wait_for(
-        || dir.path().join("healthy-a").exists() && dir.path().join("healthy-b").exists(),
-        "publishers",
-    );
     let good = std::fs::read(dir.path().join("healthy-a")).unwrap();
     let write = |name: &str, bytes: &[u8]| std::fs::write(dir.path().join(name), bytes).unwrap();
     let mut wrong_magic = good.clone();
