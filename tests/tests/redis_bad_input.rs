@@ -198,7 +198,10 @@ fn fleets_with_different_prefixes_do_not_see_each_other() {
             .collect::<Vec<_>>()
     };
     // Sinks write asynchronously: wait until both fleets' first writes landed.
-    wait_for(|| ids("fleet-a:").len() == 1 && ids("fleet-b:").len() == 2, "both fleets");
+    wait_for(
+        || ids("fleet-a:").len() == 1 && ids("fleet-b:").len() == 2,
+        "both fleets",
+    );
     assert_eq!(ids("fleet-a:"), ["a0"]);
     assert_eq!(ids("fleet-b:"), ["b0", "b1"]);
     assert!(ids(DEFAULT_PREFIX).is_empty());
