@@ -102,6 +102,7 @@ fn relay_loop(
     shutdown: &CancellationToken,
 ) {
     let mut cleanup = config.cleanup_grace.map(Cleanup::new);
+    let mut gauges = telemetry::EngineGauges::default();
     let poll = config.poll.min(config.period);
     let start = Instant::now();
     let (mut next_poll, mut next_tick) = (start, start);
@@ -137,7 +138,7 @@ fn relay_loop(
             }
             if now >= gauges_at {
                 gauges_at = now + GAUGE_INTERVAL;
-                telemetry::record_engines(relay.reading(), connected);
+                gauges.record(relay.reading(), connected);
                 metrics::counter!(telemetry::RELAYED)
                     .absolute(stats.written.load(Ordering::Relaxed));
             }
