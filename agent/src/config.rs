@@ -71,7 +71,7 @@ pub struct Args {
 
 /// Default of `--poll-us`: keeps publish → visible via the agent under 2 ms
 /// (p99, loopback) at a few percent of a core for a thousand engines.
-pub const DEFAULT_POLL_US: u64 = 500;
+pub const DEFAULT_POLL_US: u64 = 1000;
 
 /// Everything [`crate::run`] needs.
 #[derive(Clone, Debug)]

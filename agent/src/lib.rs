@@ -4,7 +4,7 @@
 //!
 //! - [`Args`] → [`AgentConfig`]: flags and environment (DESIGN §9).
 //! - [`Agent`] / [`run`]: binds `/metrics` and `/healthz`, then, on a relay
-//!   thread, every poll interval (500 µs) probes each engine's sequence word
+//!   thread, every poll interval (1 ms) probes each engine's sequence word
 //!   through the reader crate's `ShmDir` and relays new snapshots at once,
 //!   and every period (50 ms) reads the whole directory and relays
 //!   heartbeat-only changes, handing records to the publisher crate's

@@ -53,6 +53,14 @@ struct Outbox {
     relayed: HashMap<Arc<str>, Relayed>,
     next_seq: u64,
     snapshot_age: metrics::Histogram,
+    /// Records of the current pass, handed to the sink at once at its end.
+    batch: Vec<(Arc<str>, SinkOp)>,
+    /// A heartbeat newer than the relayed one by less than this (half a
+    /// period) is not worth a write of its own (see [`Outbox::queue`]).
+    heartbeat_step_ns: u64,
+    /// Engines of the current pass that were relayed before (when a tick
+    /// counts all of `relayed`, none left the directory).
+    known: usize,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -106,6 +114,9 @@ impl Relay {
                 // Strictly above anything an earlier run of the agent on this host sent.
                 next_seq: monotonic_ns(),
                 snapshot_age: metrics::histogram!(telemetry::SNAPSHOT_AGE),
+                batch: Vec::new(),
+                heartbeat_step_ns: config.period.as_nanos() as u64 / 2,
+                known: 0,
             },
             known_errors: HashSet::new(),
         })
@@ -123,6 +134,7 @@ impl Relay {
         for engine in &self.changed.engines {
             queued += usize::from(self.outbox.queue(&self.shm, engine, now));
         }
+        self.outbox.send();
         queued
     }
 
@@ -148,8 +160,13 @@ impl Relay {
             metrics::counter!(telemetry::READ_ERRORS).increment(new_errors as u64);
         }
         self.known_errors = self.reading.errors.iter().map(|e| e.name.clone()).collect();
+        self.outbox.known = 0;
         for engine in &self.reading.engines {
             report.queued += usize::from(self.outbox.queue(&self.shm, engine, now));
+        }
+        self.outbox.send();
+        if self.outbox.known == self.outbox.relayed.len() {
+            return report; // every engine relayed before is still there
         }
         let reading = &self.reading;
         let sink = &self.outbox.sink;
@@ -194,9 +211,23 @@ impl Relay {
 }
 
 impl Outbox {
+    /// Hands the queued records to the sink: one lock, at most one wake-up.
+    fn send(&mut self) {
+        self.sink.send_all(&mut self.batch);
+    }
+
     /// Queues `engine` (read at `now`) unless it is what was queued last;
     /// true when queued.
+    ///
+    /// A new generation or snapshot is always queued. A heartbeat alone is
+    /// queued only when it is at least half a period newer than the one
+    /// relayed: a stopped heartbeat lets the key expire, and a heartbeat
+    /// stamped just after a snapshot that was relayed on its own (the fast
+    /// pass can see the publish a moment before the stamp) is not worth a
+    /// second write — the next period's refresh carries it.
     fn queue(&mut self, shm: &ShmDir, engine: &EngineState, now: u64) -> bool {
+        let last = self.relayed.get_mut(&engine.engine_id);
+        self.known += usize::from(last.is_some());
         // A dead or torn engine is not refreshed: its key expires, and
         // Redis readers see it dead, as a reader of the file would.
         if matches!(engine.status, Status::Dead | Status::Torn) {
@@ -208,9 +239,15 @@ impl Outbox {
             heartbeat_mono_ns,
             snapshot: engine.snapshot,
         };
-        match self.relayed.get_mut(&engine.engine_id) {
-            // Nothing new: a stopped heartbeat lets the key expire.
-            Some(last) if *last == current => return false,
+        match last {
+            Some(last)
+                if last.generation == current.generation
+                    && last.snapshot == current.snapshot
+                    && heartbeat_mono_ns.saturating_sub(last.heartbeat_mono_ns)
+                        < self.heartbeat_step_ns =>
+            {
+                return false
+            }
             Some(last) => *last = current,
             None => {
                 self.relayed.insert(engine.engine_id.clone(), current);
@@ -228,7 +265,8 @@ impl Outbox {
             snapshot: engine.snapshot,
             ..RedisRecord::default()
         };
-        self.sink.send(&engine.engine_id, SinkOp::Set(record));
+        self.batch
+            .push((engine.engine_id.clone(), SinkOp::Set(record)));
         self.snapshot_age.record(engine.capture_age.as_secs_f64());
         true
     }

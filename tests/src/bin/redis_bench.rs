@@ -34,7 +34,7 @@ fn main() {
         .map(|us| vec!["--poll-us".to_owned(), us.to_string()])
         .unwrap_or_default();
     let agent_label = if agent_flags.is_empty() {
-        "esagent (defaults: --period-ms 50 --poll-us 500)".to_owned()
+        "esagent (defaults: --period-ms 50 --poll-us 1000)".to_owned()
     } else {
         format!("esagent {}", agent_flags.join(" "))
     };
