@@ -3,12 +3,14 @@
 //! no network client of their own, and serves Prometheus metrics about them.
 //!
 //! - [`Args`] → [`AgentConfig`]: flags and environment (DESIGN §9).
-//! - [`Agent`] / [`run`]: binds `/metrics` and `/healthz`, then every period
-//!   reads the directory with the reader crate's `ShmDir` and hands each
-//!   engine whose heartbeat or snapshot changed to the publisher crate's
+//! - [`Agent`] / [`run`]: binds `/metrics` and `/healthz`, then, on a relay
+//!   thread, every poll interval (1 ms) probes each engine's sequence word
+//!   through the reader crate's `ShmDir` and relays new snapshots at once,
+//!   and every period (50 ms) reads the whole directory and relays
+//!   heartbeat-only changes, handing records to the publisher crate's
 //!   `RedisSink` (one pipeline per batch; reconnects with capped backoff).
 //!   Stops when its [`CancellationToken`] is cancelled.
-//! - [`Relay`]: one relay period, usable on its own.
+//! - [`Relay`]: the two passes ([`Relay::poll`], [`Relay::tick`]), usable on their own.
 //! - [`Cleanup`]: optional removal of files whose writer is gone.
 //!
 //! Module layout: `config` (flags), `relay` (change detection → sink),
@@ -49,7 +51,7 @@ mod run;
 mod telemetry;
 
 pub use crate::cleanup::Cleanup;
-pub use crate::config::{AgentConfig, Args, DEFAULT_LISTEN};
+pub use crate::config::{AgentConfig, Args, DEFAULT_LISTEN, DEFAULT_POLL_US};
 pub use crate::error::Error;
 pub use crate::relay::{Relay, TickReport};
 pub use crate::run::{run, Agent};

@@ -1,5 +1,11 @@
-//! The relay: every period, read the shared-memory directory and queue each
-//! engine whose heartbeat or snapshot changed for the Redis sink.
+//! The relay: queue each engine whose snapshot or heartbeat changed for the
+//! Redis sink.
+//!
+//! Two passes, so that latency does not cost CPU: [`Relay::poll`] (every
+//! `--poll-us`) probes only each engine's seqlock sequence word and reads and
+//! queues just the engines that published; [`Relay::tick`] (every
+//! `--period-ms`) reads everything, queues heartbeat-only changes (which keep
+//! the keys alive), deletes the keys of engines that left and counts errors.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -7,7 +13,8 @@ use std::time::Duration;
 
 use engine_state_publisher::{RedisSink, SinkOp, SinkStats};
 use engine_state_reader::{
-    Freshness, ReaderOptions, Reading, RedisRecord, ShmDir, Snapshot, Status, STATE_ACTIVE,
+    EngineState, Freshness, ReaderOptions, Reading, RedisRecord, ShmDir, Snapshot, Status,
+    STATE_ACTIVE,
 };
 use engine_state_shm_format::monotonic_ns;
 
@@ -32,14 +39,31 @@ pub struct TickReport {
 #[derive(Debug)]
 pub struct Relay {
     shm: ShmDir,
-    sink: RedisSink,
     reading: Reading,
-    relayed: HashMap<Arc<str>, Relayed>,
+    /// What the last [`Relay::poll`] found changed (kept for its allocation).
+    changed: Reading,
+    outbox: Outbox,
     known_errors: HashSet<String>,
-    next_seq: u64,
 }
 
-#[derive(Clone, Copy, Debug)]
+/// The sink and what was queued to it last, per engine.
+#[derive(Debug)]
+struct Outbox {
+    sink: RedisSink,
+    relayed: HashMap<Arc<str>, Relayed>,
+    next_seq: u64,
+    snapshot_age: metrics::Histogram,
+    /// Records of the current pass, handed to the sink at once at its end.
+    batch: Vec<(Arc<str>, SinkOp)>,
+    /// A heartbeat newer than the relayed one by less than this (half a
+    /// period) is not worth a write of its own (see [`Outbox::queue`]).
+    heartbeat_step_ns: u64,
+    /// Engines of the current pass that were relayed before (when a tick
+    /// counts all of `relayed`, none left the directory).
+    known: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
 struct Relayed {
     generation: u64,
     heartbeat_mono_ns: u64,
@@ -82,13 +106,36 @@ impl Relay {
         )?;
         Ok(Relay {
             shm,
-            sink,
             reading: Reading::default(),
-            relayed: HashMap::new(),
+            changed: Reading::default(),
+            outbox: Outbox {
+                sink,
+                relayed: HashMap::new(),
+                // Strictly above anything an earlier run of the agent on this host sent.
+                next_seq: monotonic_ns(),
+                snapshot_age: metrics::histogram!(telemetry::SNAPSHOT_AGE),
+                batch: Vec::new(),
+                heartbeat_step_ns: config.period.as_nanos() as u64 / 2,
+                known: 0,
+            },
             known_errors: HashSet::new(),
-            // Strictly above anything an earlier run of the agent on this host sent.
-            next_seq: monotonic_ns(),
         })
+    }
+
+    /// The fast pass: queues the engines that published a snapshot since
+    /// they were last read, at the cost of one load per engine when nothing
+    /// changed. Returns how many records were queued.
+    pub fn poll(&mut self) -> usize {
+        let now = monotonic_ns();
+        if self.shm.read_changed_at(&mut self.changed, now).is_err() {
+            return 0; // the next tick reports it
+        }
+        let mut queued = 0;
+        for engine in &self.changed.engines {
+            queued += usize::from(self.outbox.queue(&self.shm, engine, now));
+        }
+        self.outbox.send();
+        queued
     }
 
     /// One period: read every engine and queue what changed.
@@ -113,47 +160,17 @@ impl Relay {
             metrics::counter!(telemetry::READ_ERRORS).increment(new_errors as u64);
         }
         self.known_errors = self.reading.errors.iter().map(|e| e.name.clone()).collect();
-        let snapshot_age = metrics::histogram!(telemetry::SNAPSHOT_AGE);
+        self.outbox.known = 0;
         for engine in &self.reading.engines {
-            // A dead or torn engine is not refreshed: its key expires, and
-            // Redis readers see it dead, as a reader of the file would.
-            if matches!(engine.status, Status::Dead | Status::Torn) {
-                continue;
-            }
-            let heartbeat_mono_ns = now.saturating_sub(engine.heartbeat_age.as_nanos() as u64);
-            let current = Relayed {
-                generation: engine.generation,
-                heartbeat_mono_ns,
-                snapshot: engine.snapshot,
-            };
-            if let Some(last) = self.relayed.get(&engine.engine_id) {
-                if last.generation == current.generation
-                    && last.heartbeat_mono_ns == current.heartbeat_mono_ns
-                    && last.snapshot == current.snapshot
-                {
-                    continue; // nothing new: a stopped heartbeat lets the key expire
-                }
-            }
-            let header = self.shm.header(&engine.engine_id);
-            self.next_seq += 1;
-            let record = RedisRecord {
-                writer_pid: header.map_or(0, |h| h.writer_pid),
-                publish_period_us: header.map_or(0, |h| h.publish_period_us),
-                state: STATE_ACTIVE,
-                generation: engine.generation,
-                heartbeat_seq: self.next_seq,
-                heartbeat_mono_ns,
-                snapshot: engine.snapshot,
-                ..RedisRecord::default()
-            };
-            self.sink.send(&engine.engine_id, SinkOp::Set(record));
-            snapshot_age.record(engine.capture_age.as_secs_f64());
-            self.relayed.insert(engine.engine_id.clone(), current);
-            report.queued += 1;
+            report.queued += usize::from(self.outbox.queue(&self.shm, engine, now));
+        }
+        self.outbox.send();
+        if self.outbox.known == self.outbox.relayed.len() {
+            return report; // every engine relayed before is still there
         }
         let reading = &self.reading;
-        let sink = &self.sink;
-        self.relayed.retain(|id, _| {
+        let sink = &self.outbox.sink;
+        self.outbox.relayed.retain(|id, _| {
             let present = reading.get(id).is_some();
             if !present {
                 // The writer closed (its file is gone): so does its key.
@@ -183,12 +200,74 @@ impl Relay {
 
     /// The sink's counters.
     pub fn sink_stats(&self) -> &SinkStats {
-        self.sink.stats()
+        self.outbox.sink.stats()
     }
 
     /// Writes what is pending (at most `timeout`) and stops the sink.
     pub fn shutdown(&mut self, timeout: Duration) {
-        self.sink.flush(timeout);
-        self.sink.stop();
+        self.outbox.sink.flush(timeout);
+        self.outbox.sink.stop();
+    }
+}
+
+impl Outbox {
+    /// Hands the queued records to the sink: one lock, at most one wake-up.
+    fn send(&mut self) {
+        self.sink.send_all(&mut self.batch);
+    }
+
+    /// Queues `engine` (read at `now`) unless it is what was queued last;
+    /// true when queued.
+    ///
+    /// A new generation or snapshot is always queued. A heartbeat alone is
+    /// queued only when it is at least half a period newer than the one
+    /// relayed: a stopped heartbeat lets the key expire, and a heartbeat
+    /// stamped just after a snapshot that was relayed on its own (the fast
+    /// pass can see the publish a moment before the stamp) is not worth a
+    /// second write — the next period's refresh carries it.
+    fn queue(&mut self, shm: &ShmDir, engine: &EngineState, now: u64) -> bool {
+        let last = self.relayed.get_mut(&engine.engine_id);
+        self.known += usize::from(last.is_some());
+        // A dead or torn engine is not refreshed: its key expires, and
+        // Redis readers see it dead, as a reader of the file would.
+        if matches!(engine.status, Status::Dead | Status::Torn) {
+            return false;
+        }
+        let heartbeat_mono_ns = now.saturating_sub(engine.heartbeat_age.as_nanos() as u64);
+        let current = Relayed {
+            generation: engine.generation,
+            heartbeat_mono_ns,
+            snapshot: engine.snapshot,
+        };
+        match last {
+            Some(last)
+                if last.generation == current.generation
+                    && last.snapshot == current.snapshot
+                    && heartbeat_mono_ns.saturating_sub(last.heartbeat_mono_ns)
+                        < self.heartbeat_step_ns =>
+            {
+                return false
+            }
+            Some(last) => *last = current,
+            None => {
+                self.relayed.insert(engine.engine_id.clone(), current);
+            }
+        }
+        let header = shm.header(&engine.engine_id);
+        self.next_seq += 1;
+        let record = RedisRecord {
+            writer_pid: header.map_or(0, |h| h.writer_pid),
+            publish_period_us: header.map_or(0, |h| h.publish_period_us),
+            state: STATE_ACTIVE,
+            generation: engine.generation,
+            heartbeat_seq: self.next_seq,
+            heartbeat_mono_ns,
+            snapshot: engine.snapshot,
+            ..RedisRecord::default()
+        };
+        self.batch
+            .push((engine.engine_id.clone(), SinkOp::Set(record)));
+        self.snapshot_age.record(engine.capture_age.as_secs_f64());
+        true
     }
 }

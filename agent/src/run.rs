@@ -1,4 +1,4 @@
-//! The agent's main loop: relay every period, metrics, health, clean shutdown.
+//! The agent's main loop: poll and relay, metrics, health, clean shutdown.
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -62,11 +62,15 @@ impl Agent {
     }
 
     /// Relays until `shutdown` is cancelled, then writes what is pending and returns.
+    ///
+    /// The relay runs on a thread of its own: it wakes every poll interval
+    /// (sub-millisecond, which tokio's millisecond timer cannot do) and
+    /// checks `shutdown` at each wake-up.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
         let Agent {
             config,
             listener,
-            mut relay,
+            relay,
             metrics,
         } = self;
         let health = Arc::new(Health::new(config.period));
@@ -76,19 +80,46 @@ impl Agent {
             health.clone(),
             shutdown.clone(),
         ));
-        let mut cleanup = config.cleanup_grace.map(Cleanup::new);
-        let mut ticks = tokio::time::interval(config.period);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-        let (mut gauges_at, mut upkeep_at) = (Instant::now(), Instant::now());
-        let mut connected = true;
-        let mut relay_errors = 0;
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => break,
-                _ = ticks.tick() => {}
+        let relaying = tokio::task::spawn_blocking(move || {
+            relay_loop(config, relay, &metrics, &health, &shutdown)
+        });
+        if let Err(error) = relaying.await {
+            if error.is_panic() {
+                std::panic::resume_unwind(error.into_panic());
+            }
+        }
+        let _ = server.await;
+        Ok(())
+    }
+}
+
+/// Polls every `config.poll`, ticks every `config.period`, until `shutdown`.
+fn relay_loop(
+    config: AgentConfig,
+    mut relay: Relay,
+    metrics: &PrometheusHandle,
+    health: &Health,
+    shutdown: &CancellationToken,
+) {
+    let mut cleanup = config.cleanup_grace.map(Cleanup::new);
+    let mut gauges = telemetry::EngineGauges::default();
+    let poll = config.poll.min(config.period);
+    let start = Instant::now();
+    let (mut next_poll, mut next_tick) = (start, start);
+    let (mut gauges_at, mut upkeep_at) = (start, start);
+    let mut connected = true;
+    let mut relay_errors = 0;
+    while !shutdown.is_cancelled() {
+        let now = Instant::now();
+        if now < next_tick {
+            relay.poll();
+        } else {
+            // Like tokio's `MissedTickBehavior::Skip`: a late tick is not caught up.
+            next_tick += config.period;
+            if next_tick <= now {
+                next_tick = now + config.period;
             }
             let report = relay.tick();
-            let now = Instant::now();
             let stats = relay.sink_stats();
             let errors = stats.errors.load(Ordering::Relaxed);
             if errors > relay_errors {
@@ -107,7 +138,7 @@ impl Agent {
             }
             if now >= gauges_at {
                 gauges_at = now + GAUGE_INTERVAL;
-                telemetry::record_engines(relay.reading(), connected);
+                gauges.record(relay.reading(), connected);
                 metrics::counter!(telemetry::RELAYED)
                     .absolute(stats.written.load(Ordering::Relaxed));
             }
@@ -130,10 +161,14 @@ impl Agent {
                 },
             ));
         }
-        relay.shutdown(SHUTDOWN_FLUSH);
-        let _ = server.await;
-        Ok(())
+        next_poll += poll;
+        let now = Instant::now();
+        if next_poll <= now {
+            next_poll = now + poll; // late (a long tick, or descheduled): do not catch up
+        }
+        std::thread::sleep(next_poll.min(next_tick).saturating_duration_since(now));
     }
+    relay.shutdown(SHUTDOWN_FLUSH);
 }
 
 /// Binds and runs an agent until `shutdown` is cancelled.

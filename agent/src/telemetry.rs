@@ -11,10 +11,12 @@
 //! `engine_state_relayed_total`, gauges `engine_state_engines` and
 //! `engine_state_redis_connected`.
 
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use engine_state_reader::{millis, Reading, Snapshot, Status};
+use metrics::Gauge;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use metrics_util::MetricKindMask;
 
@@ -76,27 +78,78 @@ fn describe() {
     metrics::describe_counter!(RELAYED, "Records acknowledged by Redis");
 }
 
-/// Sets the per-engine gauges from one reading.
-pub fn record_engines(reading: &Reading, redis_connected: bool) {
-    metrics::gauge!("engine_state_engines").set(reading.engines.len() as f64);
-    metrics::gauge!("engine_state_redis_connected").set(if redis_connected { 1.0 } else { 0.0 });
-    for engine in &reading.engines {
-        let id = engine.engine_id.to_string();
-        let words = engine.snapshot.to_words();
-        for (name, value) in Snapshot::FIELD_NAMES.iter().zip(words) {
-            metrics::gauge!(format!("engine_state_{name}"), "engine" => id.clone())
-                .set(value as f64);
+/// The per-engine gauges, registered once per engine: a registry lookup
+/// (key formatting, label allocation, hashing) per gauge and refresh would
+/// cost more than the relay itself at a thousand engines.
+#[derive(Debug, Default)]
+pub struct EngineGauges {
+    engines: HashMap<Arc<str>, Gauges>,
+}
+
+#[derive(Debug)]
+struct Gauges {
+    fields: Vec<Gauge>,
+    /// Registered only once the engine reports KV blocks.
+    gpu_kv_used_frac: Option<Gauge>,
+    heartbeat_age: Gauge,
+    capture_age: Gauge,
+    status: [Gauge; STATUSES.len()],
+}
+
+impl Gauges {
+    fn new(id: &str) -> Gauges {
+        let id = id.to_owned();
+        Gauges {
+            fields: Snapshot::FIELD_NAMES
+                .iter()
+                .map(|name| metrics::gauge!(format!("engine_state_{name}"), "engine" => id.clone()))
+                .collect(),
+            gpu_kv_used_frac: None,
+            heartbeat_age: metrics::gauge!("engine_state_heartbeat_age_seconds", "engine" => id.clone()),
+            capture_age: metrics::gauge!("engine_state_capture_age_seconds", "engine" => id.clone()),
+            status: STATUSES.map(|status| {
+                metrics::gauge!("engine_state_status", "engine" => id.clone(), "status" => status.as_str())
+            }),
         }
-        if let Some(frac) = engine.gpu_kv_used_frac() {
-            metrics::gauge!("engine_state_gpu_kv_used_frac", "engine" => id.clone()).set(frac);
-        }
-        metrics::gauge!("engine_state_heartbeat_age_seconds", "engine" => id.clone())
-            .set(millis(engine.heartbeat_age) / 1000.0);
-        metrics::gauge!("engine_state_capture_age_seconds", "engine" => id.clone())
-            .set(millis(engine.capture_age) / 1000.0);
-        for status in STATUSES {
-            metrics::gauge!("engine_state_status", "engine" => id.clone(), "status" => status.as_str())
-                .set(if engine.status == status { 1.0 } else { 0.0 });
+    }
+}
+
+impl EngineGauges {
+    /// Sets the per-engine gauges from one reading.
+    pub fn record(&mut self, reading: &Reading, redis_connected: bool) {
+        metrics::gauge!("engine_state_engines").set(reading.engines.len() as f64);
+        metrics::gauge!("engine_state_redis_connected").set(if redis_connected {
+            1.0
+        } else {
+            0.0
+        });
+        // Gauges of engines that left go idle and the exporter drops them;
+        // a returning engine registers them again.
+        self.engines.retain(|id, _| reading.get(id).is_some());
+        for engine in &reading.engines {
+            let gauges = self
+                .engines
+                .entry(engine.engine_id.clone())
+                .or_insert_with(|| Gauges::new(&engine.engine_id));
+            let words = engine.snapshot.to_words();
+            for (gauge, value) in gauges.fields.iter().zip(words) {
+                gauge.set(value as f64);
+            }
+            if let Some(frac) = engine.gpu_kv_used_frac() {
+                gauges
+                    .gpu_kv_used_frac
+                    .get_or_insert_with(|| {
+                        metrics::gauge!("engine_state_gpu_kv_used_frac", "engine" => engine.engine_id.to_string())
+                    })
+                    .set(frac);
+            }
+            gauges
+                .heartbeat_age
+                .set(millis(engine.heartbeat_age) / 1000.0);
+            gauges.capture_age.set(millis(engine.capture_age) / 1000.0);
+            for (gauge, status) in gauges.status.iter().zip(STATUSES) {
+                gauge.set(if engine.status == status { 1.0 } else { 0.0 });
+            }
         }
     }
 }

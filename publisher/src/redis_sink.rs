@@ -15,7 +15,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use engine_state_reader::{
-    engine_key, registry_key, RedisRecord, RedisTarget, RECONNECT_CAP, RECONNECT_FIRST,
+    engine_key, registry_key, RedisRecord, RedisTarget, RECONNECT_CAP, RECONNECT_FIRST, RECORD_SIZE,
 };
 use engine_state_shm_format::monotonic_ns;
 use redis::{ConnectionLike, Value};
@@ -108,6 +108,32 @@ impl SinkHandle {
         }
     }
 
+    /// Queues every op of `ops` (emptying it) under one lock with at most
+    /// one wake-up, so the sink writes them as one pipeline: cheaper than
+    /// [`SinkHandle::send`] per record, which may wake the sink for the first
+    /// record while the others are still being queued.
+    pub fn send_all(&self, ops: &mut Vec<(Arc<str>, SinkOp)>) {
+        if ops.is_empty() {
+            return;
+        }
+        let mut mailbox = lock(&self.shared.mailbox);
+        let mut replaced = 0;
+        for (engine_id, op) in ops.drain(..) {
+            replaced += u64::from(mailbox.pending.insert(engine_id, op).is_some());
+        }
+        if replaced > 0 {
+            self.shared
+                .stats
+                .replaced
+                .fetch_add(replaced, Ordering::Relaxed);
+        }
+        if mailbox.waiting {
+            mailbox.waiting = false;
+            drop(mailbox);
+            self.shared.wake.notify_one();
+        }
+    }
+
     /// The sink's counters.
     pub fn stats(&self) -> &SinkStats {
         &self.shared.stats
@@ -149,13 +175,18 @@ impl RedisSink {
             .stats
             .connected
             .store(connection.is_some(), Ordering::Relaxed);
+        let ttl_ms = target.ttl().as_millis() as u32;
         let worker = Worker {
             shared: shared.clone(),
             registry: registry_key(target.prefix()),
-            ttl_ms: target.ttl().as_millis() as u32,
+            ttl_ms,
+            set_tail: set_tail(ttl_ms),
             target,
             con: connection,
-            registered: HashMap::new(),
+            engines: HashMap::new(),
+            spare: HashMap::new(),
+            request: Vec::new(),
+            sent: Vec::new(),
             backoff: RECONNECT_FIRST,
         };
         let thread = std::thread::Builder::new()
@@ -179,6 +210,11 @@ impl RedisSink {
     #[inline]
     pub fn send(&self, engine_id: &Arc<str>, op: SinkOp) {
         self.handle.send(engine_id, op)
+    }
+
+    /// Queues many ops at once (see [`SinkHandle::send_all`]).
+    pub fn send_all(&self, ops: &mut Vec<(Arc<str>, SinkOp)>) {
+        self.handle.send_all(ops)
     }
 
     /// The sink's counters.
@@ -237,9 +273,42 @@ struct Worker {
     target: RedisTarget,
     registry: String,
     ttl_ms: u32,
+    /// `PX <ttl>` of every `SET`, encoded once.
+    set_tail: Vec<u8>,
     con: Option<redis::Connection>,
-    registered: HashMap<Arc<str>, Instant>,
+    /// Per engine written: its encoded command prefix and registration time.
+    engines: HashMap<Arc<str>, Written>,
+    /// The previous batch's map, emptied, swapped into the mailbox next time
+    /// (so neither side reallocates in the steady state).
+    spare: HashMap<Arc<str>, SinkOp>,
+    /// The pipeline being built (kept for its allocation).
+    request: Vec<u8>,
+    /// Heartbeat stamps of the records in the pipeline.
+    sent: Vec<u64>,
     backoff: Duration,
+}
+
+/// What the worker keeps per engine, so a `SET` costs no formatting.
+struct Written {
+    /// `*5 $3 SET $n <key> $<RECORD_SIZE>` in RESP, up to the record's bytes.
+    set_head: Vec<u8>,
+    /// When the id was last added to the registry (None: not since connecting).
+    registered: Option<Instant>,
+}
+
+/// The RESP bytes of a `SET` after the value: `PX <ttl_ms>`.
+fn set_tail(ttl_ms: u32) -> Vec<u8> {
+    let ttl = ttl_ms.to_string();
+    format!("\r\n$2\r\nPX\r\n${}\r\n{ttl}\r\n", ttl.len()).into_bytes()
+}
+
+/// The RESP bytes of `SET <key> ` up to the value's bytes.
+fn set_head(key: &str) -> Vec<u8> {
+    format!(
+        "*5\r\n$3\r\nSET\r\n${}\r\n{key}\r\n${RECORD_SIZE}\r\n",
+        key.len()
+    )
+    .into_bytes()
 }
 
 impl Worker {
@@ -260,20 +329,25 @@ impl Worker {
                     return; // stopping, nothing left
                 }
                 mailbox.busy = true;
-                (std::mem::take(&mut mailbox.pending), mailbox.stop)
+                let mut batch = std::mem::take(&mut self.spare);
+                std::mem::swap(&mut batch, &mut mailbox.pending);
+                (batch, mailbox.stop)
             };
             let result = self.write(&batch);
             let failed = result.is_err();
+            let mut batch = batch;
             {
                 let mut mailbox = lock(&self.shared.mailbox);
                 if failed && !stopping {
                     // Keep what no newer record replaced meanwhile.
-                    for (id, op) in batch {
+                    for (id, op) in batch.drain() {
                         mailbox.pending.entry(id).or_insert(op);
                     }
                 }
                 mailbox.busy = false;
             }
+            batch.clear();
+            self.spare = batch;
             self.shared.drained.notify_all();
             match result {
                 Ok(()) => {
@@ -283,7 +357,10 @@ impl Worker {
                 }
                 Err(error) => {
                     self.con = None;
-                    self.registered.clear();
+                    // A new connection may reach a server that lost the registry.
+                    for written in self.engines.values_mut() {
+                        written.registered = None;
+                    }
                     self.shared.stats.errors.fetch_add(1, Ordering::Relaxed);
                     self.shared.stats.connected.store(false, Ordering::Relaxed);
                     *lock(&self.shared.stats.last_error) = Some(error.to_string());
@@ -329,59 +406,55 @@ impl Worker {
         }
         let now = Instant::now();
         let now_mono = monotonic_ns();
-        let mut request = Vec::with_capacity(batch.len() * 300);
+        let request = &mut self.request;
+        request.clear();
+        self.sent.clear();
         let mut count = 0;
-        let mut sent = Vec::with_capacity(batch.len());
         for (id, op) in batch {
-            let key = engine_key(self.target.prefix(), id);
             match op {
                 SinkOp::Set(record) => {
+                    let written = self.engines.entry(id.clone()).or_insert_with(|| Written {
+                        set_head: set_head(&engine_key(self.target.prefix(), id)),
+                        registered: None,
+                    });
                     let mut record = *record;
                     record.ttl_ms = self.ttl_ms;
                     record.write_delay_us =
                         (now_mono.saturating_sub(record.heartbeat_mono_ns) / 1000)
                             .min(u64::from(u32::MAX)) as u32;
-                    request.extend(
-                        redis::cmd("SET")
-                            .arg(&key)
-                            .arg(&record.encode()[..])
-                            .arg("PX")
-                            .arg(self.ttl_ms)
-                            .get_packed_command(),
-                    );
+                    // SET <key> <record> PX <ttl>, from the cached prefix.
+                    request.extend_from_slice(&written.set_head);
+                    request.extend_from_slice(&record.encode());
+                    request.extend_from_slice(&self.set_tail);
                     count += 1;
-                    let due = self
+                    let due = written
                         .registered
-                        .get(id)
-                        .is_none_or(|t| now.duration_since(*t) >= REREGISTER_EVERY);
+                        .is_none_or(|t| now.duration_since(t) >= REREGISTER_EVERY);
                     if due {
-                        request.extend(
-                            redis::cmd("SADD")
-                                .arg(&self.registry)
-                                .arg(&**id)
-                                .get_packed_command(),
-                        );
-                        count += 1;
-                        self.registered.insert(id.clone(), now);
-                    }
-                    sent.push(record.heartbeat_mono_ns);
-                }
-                SinkOp::Delete => {
-                    request.extend(redis::cmd("DEL").arg(&key).get_packed_command());
-                    request.extend(
-                        redis::cmd("SREM")
+                        redis::cmd("SADD")
                             .arg(&self.registry)
                             .arg(&**id)
-                            .get_packed_command(),
-                    );
+                            .write_packed_command(request);
+                        count += 1;
+                        written.registered = Some(now);
+                    }
+                    self.sent.push(record.heartbeat_mono_ns);
+                }
+                SinkOp::Delete => {
+                    let key = engine_key(self.target.prefix(), id);
+                    redis::cmd("DEL").arg(&key).write_packed_command(request);
+                    redis::cmd("SREM")
+                        .arg(&self.registry)
+                        .arg(&**id)
+                        .write_packed_command(request);
                     count += 2;
-                    self.registered.remove(id);
+                    self.engines.remove(id);
                 }
             }
         }
         let con = self.con.as_mut().expect("connected above");
         let replies = con
-            .req_packed_commands(&request, 0, count)
+            .req_packed_commands(request, 0, count)
             .map_err(|e| self.target.error("cannot write engines", &e))?;
         if let Some(Value::ServerError(e)) =
             replies.iter().find(|v| matches!(v, Value::ServerError(_)))
@@ -392,11 +465,11 @@ impl Worker {
         self.shared
             .stats
             .written
-            .fetch_add(sent.len() as u64, Ordering::Relaxed);
+            .fetch_add(self.sent.len() as u64, Ordering::Relaxed);
         if let Some(observe) = &self.shared.on_written {
             let acked = monotonic_ns();
-            for heartbeat in sent {
-                observe(Duration::from_nanos(acked.saturating_sub(heartbeat)));
+            for heartbeat in &self.sent {
+                observe(Duration::from_nanos(acked.saturating_sub(*heartbeat)));
             }
         }
         Ok(())
@@ -406,4 +479,28 @@ impl Worker {
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // Plain data behind the lock: a panic elsewhere leaves it usable.
     mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cached_set_encoding_is_the_packed_command() {
+        let record = RedisRecord {
+            generation: 3,
+            ..RedisRecord::default()
+        };
+        let key = engine_key("p:", "engine-7");
+        let mut ours = set_head(&key);
+        ours.extend_from_slice(&record.encode());
+        ours.extend_from_slice(&set_tail(2000));
+        let theirs = redis::cmd("SET")
+            .arg(&key)
+            .arg(&record.encode()[..])
+            .arg("PX")
+            .arg(2000u32)
+            .get_packed_command();
+        assert_eq!(ours, theirs);
+    }
 }

@@ -157,3 +157,56 @@ fn open_dispatches_on_the_uri() {
     assert_eq!(source.uri(), uri.to_string());
     assert_eq!(source.read().unwrap().engines.len(), 1);
 }
+
+#[test]
+fn read_changed_returns_only_engines_that_published_since_the_last_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = writer(dir.path(), "a", 1);
+    let _b = writer(dir.path(), "b", 2);
+    let mut source = ShmDir::open(dir.path(), fast()).unwrap();
+    let mut changed = Reading::default();
+    let ids = |r: &Reading| {
+        r.engines
+            .iter()
+            .map(|e| e.engine_id.to_string())
+            .collect::<Vec<_>>()
+    };
+    source
+        .read_changed_at(&mut changed, monotonic_ns())
+        .unwrap();
+    assert_eq!(
+        ids(&changed),
+        ["a", "b"],
+        "nothing read yet: everything is new"
+    );
+    source
+        .read_changed_at(&mut changed, monotonic_ns())
+        .unwrap();
+    assert!(changed.engines.is_empty(), "{changed:?}");
+    a.stamp_heartbeat(monotonic_ns());
+    source
+        .read_changed_at(&mut changed, monotonic_ns())
+        .unwrap();
+    assert!(
+        changed.engines.is_empty(),
+        "a heartbeat is not a new snapshot"
+    );
+    let snap = Snapshot {
+        captured_mono_ns: monotonic_ns(),
+        num_running: 9,
+        ..Snapshot::default()
+    };
+    a.publish(&snap).unwrap();
+    source
+        .read_changed_at(&mut changed, monotonic_ns())
+        .unwrap();
+    assert_eq!(ids(&changed), ["a"]);
+    assert_eq!(changed.engines[0].snapshot.num_running, 9);
+    // A full read counts as having read it.
+    a.publish(&snap).unwrap();
+    source.read().unwrap();
+    source
+        .read_changed_at(&mut changed, monotonic_ns())
+        .unwrap();
+    assert!(changed.engines.is_empty(), "{changed:?}");
+}

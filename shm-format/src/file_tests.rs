@@ -275,3 +275,23 @@ fn odd_sequence_left_by_a_dead_writer_reads_as_torn() {
         "bounded retries"
     );
 }
+
+#[test]
+fn seq_probe_moves_with_each_publish_but_not_with_heartbeats() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = ShmWriter::create(
+        dir.path(),
+        &id("probe"),
+        &WriterOptions::default(),
+        &snap(1),
+    )
+    .unwrap();
+    let r = ShmFile::open(dir.path().join("probe")).unwrap();
+    assert_eq!(r.seq(), r.read().unwrap().1);
+    let before = r.seq();
+    w.stamp_heartbeat(monotonic_ns());
+    assert_eq!(r.seq(), before, "a heartbeat is not a publish");
+    w.publish(&snap(2)).unwrap();
+    assert_eq!(r.seq(), before + 2);
+    assert_eq!(r.read().unwrap(), (snap(2), before + 2));
+}

@@ -92,6 +92,16 @@ impl ShmFile {
         Ok((Snapshot::from_words(words), seq))
     }
 
+    /// The seqlock sequence word as it is now (one Relaxed load, no fence):
+    /// a cheap "did anything change?" probe. Even values are published
+    /// snapshots, odd ones a write in progress. It orders nothing: to see the
+    /// snapshot of a changed sequence, call [`ShmFile::read`], whose own
+    /// loads pair with the writer's stores (DESIGN §5).
+    #[inline]
+    pub fn seq(&self) -> u64 {
+        self.map.word(SEQ_OFFSET).load(Ordering::Relaxed)
+    }
+
     /// The last heartbeat stamp (`CLOCK_MONOTONIC` ns of the writer's host).
     #[inline]
     pub fn heartbeat_mono_ns(&self) -> u64 {

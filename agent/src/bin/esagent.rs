@@ -23,9 +23,11 @@ fn main_inner() -> anyhow::Result<()> {
         let mut interrupt = signal(SignalKind::interrupt())?;
         let agent = Agent::bind(config.clone()).await?;
         println!(
-            "esagent: relaying {} to {} every {:?}; metrics on http://{}/metrics",
+            "esagent: relaying {} to {} (new snapshots: checked every {:?}; \
+             heartbeats: every {:?}); metrics on http://{}/metrics",
             config.shm_dir.display(),
             config.redis,
+            config.poll.min(config.period),
             config.period,
             agent.local_addr()
         );

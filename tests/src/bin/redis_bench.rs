@@ -7,7 +7,8 @@
 //!    relay lag.
 //!
 //! Starts its own redis-server on a free port. Usage:
-//! `redis_bench [--seconds N]` (default 10 s per latency run).
+//! `redis_bench [--seconds N] [--poll-us N]` (default 10 s per latency run;
+//! the agent runs with its defaults unless `--poll-us` is given).
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -19,11 +20,24 @@ use engine_state_reader::{
 use engine_state_shm_format::{monotonic_ns, EngineId, ShmWriter, Snapshot, WriterOptions};
 use engine_state_tests::{free_port, Proc, RedisServer};
 
-fn main() {
-    let seconds: u64 = std::env::args()
-        .skip_while(|a| a != "--seconds")
+fn flag(name: &str) -> Option<u64> {
+    std::env::args()
+        .skip_while(|a| a != name)
         .nth(1)
-        .map_or(10, |s| s.parse().expect("--seconds N"));
+        .map(|s| s.parse().unwrap_or_else(|_| panic!("{name} N")))
+}
+
+fn main() {
+    let seconds = flag("--seconds").unwrap_or(10);
+    // Extra esagent flags: none (its defaults) unless --poll-us is given.
+    let agent_flags: Vec<String> = flag("--poll-us")
+        .map(|us| vec!["--poll-us".to_owned(), us.to_string()])
+        .unwrap_or_default();
+    let agent_label = if agent_flags.is_empty() {
+        "esagent (defaults: --period-ms 50 --poll-us 1000)".to_owned()
+    } else {
+        format!("esagent {}", agent_flags.join(" "))
+    };
     let redis = RedisServer::start();
     println!(
         "redis_bench: redis-server {} on 127.0.0.1:{}, {} cores, {seconds} s per latency run",
@@ -40,14 +54,14 @@ fn main() {
         &e2e(&uri, "e2e", seconds),
     );
     drop(writer);
-    for agent_period in [1, 50] {
+    {
         let dir = tempfile::tempdir_in("/dev/shm").expect("tmp dir in /dev/shm");
         let shm_uri = format!("file://{}", dir.path().display());
-        let prefix_uri = redis.uri(&format!("?prefix=agent{agent_period}:"));
+        let prefix_uri = redis.uri("?prefix=agent:");
         let _writer = espublish(&shm_uri, "e2e", 10);
-        let _agent = esagent(&shm_uri, &prefix_uri, agent_period);
+        let _agent = esagent(&shm_uri, &prefix_uri, &agent_flags);
         report(
-            &format!("via esagent --period-ms {agent_period}, publisher period 10 ms"),
+            &format!("via {agent_label}, publisher period 10 ms"),
             &e2e(&prefix_uri, "e2e", seconds),
         );
     }
@@ -61,8 +75,8 @@ fn main() {
         report(&format!("{n} engines"), &read_times(&uri, n));
     }
 
-    println!("\n## esagent relaying 1024 engines published at 20 Hz (agent period 50 ms)");
-    agent_load(&redis, 1024, seconds.max(10));
+    println!("\n## {agent_label} relaying 1024 engines published at 20 Hz");
+    agent_load(&redis, 1024, seconds.max(10), &agent_flags);
 }
 
 fn sibling(name: &str) -> PathBuf {
@@ -111,11 +125,11 @@ fn espublish(uri: &str, id: &str, period_ms: u64) -> Proc {
     proc
 }
 
-fn esagent(shm_uri: &str, redis_uri: &str, period_ms: u64) -> Proc {
+fn esagent(shm_uri: &str, redis_uri: &str, flags: &[String]) -> Proc {
     let mut proc = Proc::spawn(
         Command::new(sibling("esagent"))
             .args(["--uri", shm_uri, "--redis", redis_uri])
-            .args(["--period-ms", &period_ms.to_string()])
+            .args(flags)
             .args(["--listen", &format!("127.0.0.1:{}", free_port())])
             .stdout(Stdio::piped()),
     );
@@ -194,7 +208,7 @@ fn read_times(uri: &str, n: usize) -> Vec<u64> {
     times
 }
 
-fn agent_load(redis: &RedisServer, n: usize, seconds: u64) {
+fn agent_load(redis: &RedisServer, n: usize, seconds: u64, flags: &[String]) {
     let dir = tempfile::tempdir_in("/dev/shm").expect("tmp dir in /dev/shm");
     let mut writers: Vec<ShmWriter> = (0..n)
         .map(|i| {
@@ -213,14 +227,8 @@ fn agent_load(redis: &RedisServer, n: usize, seconds: u64) {
     let port = free_port();
     let agent = Proc::spawn(
         Command::new(sibling("esagent"))
-            .args([
-                "--uri",
-                &shm_uri,
-                "--redis",
-                &redis_uri,
-                "--period-ms",
-                "50",
-            ])
+            .args(["--uri", &shm_uri, "--redis", &redis_uri])
+            .args(flags)
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .stdout(Stdio::null()),
     );
@@ -272,7 +280,7 @@ fn agent_load(redis: &RedisServer, n: usize, seconds: u64) {
             - metric(&before, "engine_state_relay_lag_seconds_sum"),
     );
     println!(
-        "relay lag (engine heartbeat stamp -> Redis ack, includes up to one 50 ms agent period): \
+        "relay lag (engine heartbeat stamp -> Redis ack): \
          mean {:.2} ms over {count:.0} records; buckets: {}",
         sum / count * 1000.0,
         buckets(&before, &after, "engine_state_relay_lag_seconds")
