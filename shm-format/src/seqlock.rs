@@ -202,7 +202,9 @@ mod tests {
             })
         };
         let mut accepted = 0u64;
-        while !done.load(Ordering::Acquire) {
+        // Until the writer is done and at least one copy was accepted (a
+        // loaded machine may not run this thread before the writer ends).
+        while !done.load(Ordering::Acquire) || accepted == 0 {
             if let Ok((values, _)) = read(&cell.seq, &cell.words) {
                 let v = values[0];
                 for (i, word) in values.iter().enumerate() {

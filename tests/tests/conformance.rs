@@ -199,8 +199,10 @@ fn heartbeat_keeps_an_idle_engine_fresh(backend: &impl Backend) {
         state.heartbeat_age < Duration::from_millis(150),
         "{state:?}"
     );
+    // Redis estimates ages from the server's TTL and its own clock, so allow
+    // some slack below the 400 ms slept: the capture is old, heartbeats are not.
     assert!(
-        state.capture_age >= Duration::from_millis(400),
+        state.capture_age >= Duration::from_millis(350),
         "no capture since start, only heartbeats: {state:?}"
     );
     assert!(state.snapshot.is_idle());
