@@ -41,26 +41,21 @@ impl EngineState {
 /// The keys of one engine's JSON object (`esdump --json`, the Python `Reader`):
 /// `engine_id`, the snapshot fields of DESIGN §3, `status`,
 /// `heartbeat_age_ms`, `capture_age_ms`, `gpu_kv_used_frac`.
-pub const JSON_KEYS: [&str; 18] = [
-    "engine_id",
-    "captured_mono_ns",
-    "captured_unix_ns",
-    "step",
-    "num_running",
-    "num_waiting",
-    "gpu_blocks_total",
-    "gpu_blocks_free",
-    "pending_prefill_tokens",
-    "ongoing_decode_tokens",
-    "num_prefilling",
-    "max_prefill_remaining",
-    "num_preempted",
-    "flags",
-    "status",
-    "heartbeat_age_ms",
-    "capture_age_ms",
-    "gpu_kv_used_frac",
-];
+pub const JSON_KEYS: [&str; 18] = {
+    // Built from the snapshot's own field names, so the two lists cannot drift.
+    let mut keys = [""; 18];
+    keys[0] = "engine_id";
+    let mut i = 0;
+    while i < Snapshot::FIELD_NAMES.len() {
+        keys[i + 1] = Snapshot::FIELD_NAMES[i];
+        i += 1;
+    }
+    keys[14] = "status";
+    keys[15] = "heartbeat_age_ms";
+    keys[16] = "capture_age_ms";
+    keys[17] = "gpu_kv_used_frac";
+    keys
+};
 
 /// A duration in milliseconds with microsecond resolution.
 pub fn millis(d: Duration) -> f64 {
