@@ -80,57 +80,59 @@ impl Reader {
 }
 
 /// One engine's state: the fields of `esdump --json`.
-#[pyclass(module = "engine_state._native", name = "EngineState", frozen, get_all)]
+#[pyclass(module = "engine_state._native", name = "EngineState", frozen)]
 pub(crate) struct EngineState {
+    #[pyo3(get)]
     engine_id: String,
+    #[pyo3(get)]
     status: &'static str,
+    #[pyo3(get)]
     captured_mono_ns: u64,
+    #[pyo3(get)]
     captured_unix_ns: u64,
+    #[pyo3(get)]
     step: u64,
+    #[pyo3(get)]
     num_running: u64,
+    #[pyo3(get)]
     num_waiting: u64,
+    #[pyo3(get)]
     gpu_blocks_total: u64,
+    #[pyo3(get)]
     gpu_blocks_free: u64,
+    #[pyo3(get)]
     pending_prefill_tokens: u64,
+    #[pyo3(get)]
     ongoing_decode_tokens: u64,
+    #[pyo3(get)]
     num_prefilling: u64,
+    #[pyo3(get)]
     max_prefill_remaining: u64,
+    #[pyo3(get)]
     num_preempted: u64,
+    #[pyo3(get)]
     flags: u64,
+    #[pyo3(get)]
     heartbeat_age_ms: f64,
+    #[pyo3(get)]
     capture_age_ms: f64,
+    #[pyo3(get)]
     gpu_kv_used_frac: Option<f64>,
+    #[pyo3(get)]
     generation: u64,
+    /// What the reader returned, for the router (`RealState::from` owns the
+    /// status → freshness rule; nothing is rebuilt from the Python fields).
+    state: engine_state_reader::EngineState,
 }
 
 impl EngineState {
     /// The snapshot and freshness, as the router takes them.
     pub(crate) fn real_state(&self) -> engine_state_router::RealState {
-        let snapshot = engine_state_shm_format::Snapshot {
-            captured_mono_ns: self.captured_mono_ns,
-            captured_unix_ns: self.captured_unix_ns,
-            step: self.step,
-            num_running: self.num_running,
-            num_waiting: self.num_waiting,
-            gpu_blocks_total: self.gpu_blocks_total,
-            gpu_blocks_free: self.gpu_blocks_free,
-            pending_prefill_tokens: self.pending_prefill_tokens,
-            ongoing_decode_tokens: self.ongoing_decode_tokens,
-            num_prefilling: self.num_prefilling,
-            max_prefill_remaining: self.max_prefill_remaining,
-            num_preempted: self.num_preempted,
-            flags: self.flags,
-            reserved: [0; 3],
-        };
-        engine_state_router::RealState {
-            snapshot,
-            fresh: self.status == "fresh",
-            capture_age: Duration::from_secs_f64(self.capture_age_ms.max(0.0) / 1000.0),
-        }
+        engine_state_router::RealState::from(&self.state)
     }
 
     pub(crate) fn id(&self) -> &str {
-        &self.engine_id
+        &self.state.engine_id
     }
 }
 
@@ -157,6 +159,7 @@ impl From<&engine_state_reader::EngineState> for EngineState {
             capture_age_ms: millis(state.capture_age),
             gpu_kv_used_frac: state.gpu_kv_used_frac(),
             generation: state.generation,
+            state: state.clone(),
         }
     }
 }
