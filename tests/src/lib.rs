@@ -124,3 +124,21 @@ pub fn wait_for(mut condition: impl FnMut() -> bool, what: &str) {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// Reader options for tests: a directory listing (or registry read) on
+/// every read, and the given `stale_after`.
+pub fn test_options(stale_after: Duration) -> engine_state_reader::ReaderOptions {
+    engine_state_reader::ReaderOptions {
+        freshness: engine_state_reader::Freshness {
+            stale_after,
+            ..engine_state_reader::Freshness::default()
+        },
+        rescan_interval: Duration::ZERO,
+    }
+}
+
+/// A source for `uri` (shm or Redis) with [`test_options`].
+pub fn test_reader(uri: &str, stale_after: Duration) -> Box<dyn engine_state_reader::Source> {
+    let uri = engine_state_reader::StateUri::parse(uri).expect("a valid test URI");
+    engine_state_reader::open(&uri, test_options(stale_after)).expect("open the test source")
+}

@@ -7,7 +7,7 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use engine_state_reader::{open, ReaderOptions, ShmDir, Source, StateUri, Status};
+use engine_state_reader::{ReaderOptions, ShmDir, Source, Status};
 use engine_state_tests::*;
 
 /// `esagent` relaying `dir` to `redis_uri`; returns the process and its HTTP address.
@@ -61,14 +61,7 @@ fn sample(metrics: &str, series: &str) -> Option<f64> {
 }
 
 fn redis_reader(uri: &str) -> Box<dyn Source> {
-    let options = ReaderOptions {
-        rescan_interval: Duration::ZERO,
-        freshness: engine_state_reader::Freshness {
-            stale_after: Duration::from_millis(500),
-            ..Default::default()
-        },
-    };
-    open(&StateUri::parse(uri).unwrap(), options).unwrap()
+    test_reader(uri, Duration::from_millis(500))
 }
 
 #[test]

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use engine_state_publisher::{Publisher, PublisherConfig};
 use engine_state_reader::{
-    engine_key, open, registry_key, Freshness, ReaderOptions, RedisRecord, Source, StateUri,
-    Status, DEFAULT_PREFIX,
+    engine_key, open, registry_key, ReaderOptions, RedisRecord, Source, StateUri, Status,
+    DEFAULT_PREFIX,
 };
 use engine_state_shm_format::Snapshot;
 use engine_state_tests::*;
@@ -99,14 +99,7 @@ fn publisher(backend: &impl Backend, id: &str, period_ms: u64) -> Publisher {
 }
 
 fn reader(backend: &impl Backend, stale_after: Duration) -> Box<dyn Source> {
-    let options = ReaderOptions {
-        freshness: Freshness {
-            stale_after,
-            ..Freshness::default()
-        },
-        rescan_interval: Duration::ZERO,
-    };
-    open(&StateUri::parse(&backend.uri()).unwrap(), options).unwrap()
+    test_reader(&backend.uri(), stale_after)
 }
 
 fn running(n: u64) -> Snapshot {

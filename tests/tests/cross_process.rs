@@ -7,10 +7,7 @@ use engine_state_reader::{ReaderOptions, ShmDir, Source, Status};
 use engine_state_tests::*;
 
 fn fast() -> ReaderOptions {
-    ReaderOptions {
-        rescan_interval: Duration::ZERO,
-        ..ReaderOptions::default()
-    }
+    test_options(engine_state_reader::DEFAULT_STALE_AFTER)
 }
 
 const PUBLISH: &str = "pub.publish(step=41, num_running=3, num_waiting=2, gpu_blocks_total=1000, \

@@ -5,7 +5,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use engine_state_reader::{ReaderOptions, ShmDir, Source, Status};
+use engine_state_reader::{ShmDir, Source, Status};
 use engine_state_shm_format::layout::SEQ_OFFSET;
 use engine_state_tests::*;
 use nix::sys::signal::{kill, Signal};
@@ -66,10 +66,7 @@ fn writer_killed_mid_write_reads_as_torn_within_the_bound() {
 
     let mut source = ShmDir::open(
         dir.path(),
-        ReaderOptions {
-            rescan_interval: Duration::ZERO,
-            ..Default::default()
-        },
+        test_options(engine_state_reader::DEFAULT_STALE_AFTER),
     )
     .unwrap();
     let started = Instant::now();

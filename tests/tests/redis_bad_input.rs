@@ -3,9 +3,9 @@
 //! per-URI) error, the healthy engines still read.
 
 use std::process::Command;
-use std::time::Duration;
 
 use engine_state_publisher::{Publisher, PublisherConfig};
+use engine_state_reader::DEFAULT_STALE_AFTER;
 use engine_state_reader::{
     engine_key, open, registry_key, ReaderOptions, RedisRecord, Source, StateUri, DEFAULT_PREFIX,
 };
@@ -80,11 +80,7 @@ fn foreign_values_and_other_versions_are_per_engine_errors() {
         .query(&mut con)
         .unwrap();
 
-    let options = ReaderOptions {
-        rescan_interval: Duration::ZERO,
-        ..ReaderOptions::default()
-    };
-    let mut source = open(&StateUri::parse(&uri).unwrap(), options).unwrap();
+    let mut source = test_reader(&uri, DEFAULT_STALE_AFTER);
     wait_for(
         || {
             source
@@ -180,10 +176,7 @@ fn fleets_with_different_prefixes_do_not_see_each_other() {
     let _a = start("fleet-a:", "a0");
     let _b = start("fleet-b:", "b0");
     let _b1 = start("fleet-b:", "b1");
-    let options = ReaderOptions {
-        rescan_interval: Duration::ZERO,
-        ..ReaderOptions::default()
-    };
+    let options = test_options(DEFAULT_STALE_AFTER);
     let ids = |prefix: &str| {
         let mut source: Box<dyn Source> = open(
             &StateUri::parse(&redis.uri(&format!("?prefix={prefix}"))).unwrap(),
@@ -222,11 +215,7 @@ fn rediss_tls_round_trip() {
             ..Snapshot::default()
         })
         .unwrap();
-    let options = ReaderOptions {
-        rescan_interval: Duration::ZERO,
-        ..ReaderOptions::default()
-    };
-    let mut source = open(&StateUri::parse(&uri).unwrap(), options).unwrap();
+    let mut source = test_reader(&uri, DEFAULT_STALE_AFTER);
     wait_for(
         || {
             source

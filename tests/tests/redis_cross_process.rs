@@ -4,9 +4,9 @@
 //! see the same state.
 
 use std::process::Command;
-use std::time::Duration;
 
-use engine_state_reader::{open, ReaderOptions, StateUri, Status};
+use engine_state_reader::Status;
+use engine_state_reader::DEFAULT_STALE_AFTER;
 use engine_state_tests::*;
 
 #[test]
@@ -27,11 +27,7 @@ fn python_publisher_to_rust_reader_esdump_and_python_reader() {
         })
         .collect();
 
-    let options = ReaderOptions {
-        rescan_interval: Duration::ZERO,
-        ..ReaderOptions::default()
-    };
-    let mut source = open(&StateUri::parse(&uri).unwrap(), options).unwrap();
+    let mut source = test_reader(&uri, DEFAULT_STALE_AFTER);
     wait_for(
         || {
             source

@@ -6,19 +6,12 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use engine_state_publisher::{Publisher, PublisherConfig};
-use engine_state_reader::{open, Freshness, ReaderOptions, Source, StateUri, Status};
+use engine_state_reader::{open, ReaderOptions, Source, StateUri, Status};
 use engine_state_shm_format::Snapshot;
 use engine_state_tests::*;
 
 fn reader(uri: &str, stale_after_ms: u64) -> Box<dyn Source> {
-    let options = ReaderOptions {
-        freshness: Freshness {
-            stale_after: Duration::from_millis(stale_after_ms),
-            ..Freshness::default()
-        },
-        rescan_interval: Duration::ZERO,
-    };
-    open(&StateUri::parse(uri).unwrap(), options).unwrap()
+    test_reader(uri, Duration::from_millis(stale_after_ms))
 }
 
 fn start(uri: &str, id: &str, period_ms: u64) -> Result<Publisher, engine_state_publisher::Error> {
