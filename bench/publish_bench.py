@@ -15,16 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import tempfile
 import time
 
+from _timing import FIELDS, machine, summary, timed
 from engine_state import Publisher
 
-FIELDS = dict(step=1, num_running=12, num_waiting=3, gpu_blocks_total=20000, gpu_blocks_free=5000,
-              pending_prefill_tokens=40000, ongoing_decode_tokens=90000, num_prefilling=2,
-              max_prefill_remaining=31000, num_preempted=0, flags=0)
 
 
 class JsonFilePublisher:
@@ -40,22 +37,6 @@ class JsonFilePublisher:
         with open(self.tmp, "w") as f:
             json.dump(doc, f)
         os.replace(self.tmp, self.path)
-
-
-def timed(calls: int, fn) -> list[int]:
-    out = []
-    clock = time.perf_counter_ns
-    for _ in range(calls):
-        t0 = clock()
-        fn()
-        out.append(clock() - t0)
-    return out
-
-
-def summary(samples: list[int], overhead: int) -> dict[str, float]:
-    samples = sorted(max(s - overhead, 0) for s in samples)
-    q = lambda p: samples[min(len(samples) - 1, int(p * (len(samples) - 1)))]
-    return {"median_ns": float(q(0.5)), "p99_ns": float(q(0.99)), "mean_ns": statistics.fmean(samples)}
 
 
 def main() -> None:
@@ -74,7 +55,7 @@ def main() -> None:
         timed(1_000, publish)
         baseline = summary(timed(max(args.calls // 20, 1000), publish), overhead)
     result = {
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_implementation()} {platform.python_version()}",
+        "machine": machine(),
         "timer_overhead_ns": overhead,
         "engine_state.Publisher.publish": native,
         "json_file_publisher": baseline,

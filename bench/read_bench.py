@@ -14,31 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import statistics
 import tempfile
 import time
 
+from _timing import FIELDS, machine, summary, timed
 from engine_state import Publisher, Reader
 
-FIELDS = dict(step=1, num_running=12, num_waiting=3, gpu_blocks_total=20000, gpu_blocks_free=5000,
-              pending_prefill_tokens=40000, ongoing_decode_tokens=90000, num_prefilling=2,
-              max_prefill_remaining=31000, num_preempted=0, flags=0)
-
-
-def timed(n: int, fn) -> list[int]:
-    clock, out = time.perf_counter_ns, []
-    for _ in range(n):
-        t0 = clock()
-        fn()
-        out.append(clock() - t0)
-    return out
-
-
-def summary(samples: list[int]) -> dict[str, float]:
-    s = sorted(samples)
-    q = lambda p: s[min(len(s) - 1, int(p * (len(s) - 1)))]
-    return {"median_ns": float(q(0.5)), "p99_ns": float(q(0.99)), "mean_ns": statistics.fmean(s)}
 
 
 def main() -> None:
@@ -75,7 +56,7 @@ def main() -> None:
         for p in pubs:
             p.close()
     result = {
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_implementation()} {platform.python_version()}",
+        "machine": machine(),
         "engines": args.engines,
         "engine_state.Reader.read": native,
         "json_files": baseline,
