@@ -11,7 +11,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use engine_state_publisher::{RedisSink, SinkOp, SinkStats};
+use engine_state_publisher::{InlineSink, SinkOp, SinkStats};
 use engine_state_reader::{
     EngineState, Freshness, ReaderOptions, Reading, RedisRecord, ShmDir, Snapshot, Status,
     STATE_ACTIVE,
@@ -49,8 +49,8 @@ pub struct Relay {
 /// The sink and what was queued to it last, per engine.
 #[derive(Debug)]
 struct Outbox {
-    sink: RedisSink,
-    relayed: HashMap<Arc<str>, Relayed>,
+    sink: InlineSink,
+    relayed: HashMap<Arc<str>, Relayed, foldhash::fast::RandomState>,
     next_seq: u64,
     snapshot_age: metrics::Histogram,
     /// Records of the current pass, handed to the sink at once at its end.
@@ -98,19 +98,20 @@ impl Relay {
             Err(_) => None,
         };
         let lag = metrics::histogram!(telemetry::RELAY_LAG);
-        let sink = RedisSink::start(
+        // Written from the relay thread itself: one wake-up per poll, not
+        // three (see `InlineSink`).
+        let sink = InlineSink::new(
             config.redis.clone(),
             connection,
             Some(Box::new(move |d: Duration| lag.record(d.as_secs_f64()))),
-            "es-agent-sink",
-        )?;
+        );
         Ok(Relay {
             shm,
             reading: Reading::default(),
             changed: Reading::default(),
             outbox: Outbox {
                 sink,
-                relayed: HashMap::new(),
+                relayed: HashMap::default(),
                 // Strictly above anything an earlier run of the agent on this host sent.
                 next_seq: monotonic_ns(),
                 snapshot_age: metrics::histogram!(telemetry::SNAPSHOT_AGE),
@@ -164,21 +165,21 @@ impl Relay {
         for engine in &self.reading.engines {
             report.queued += usize::from(self.outbox.queue(&self.shm, engine, now));
         }
-        self.outbox.send();
-        if self.outbox.known == self.outbox.relayed.len() {
-            return report; // every engine relayed before is still there
+        if self.outbox.known != self.outbox.relayed.len() {
+            // Not every engine relayed before is still there.
+            let reading = &self.reading;
+            let batch = &mut self.outbox.batch;
+            self.outbox.relayed.retain(|id, _| {
+                let present = reading.get(id).is_some();
+                if !present {
+                    // The writer closed (its file is gone): so does its key.
+                    batch.push((id.clone(), SinkOp::Delete));
+                    report.removed += 1;
+                }
+                present
+            });
         }
-        let reading = &self.reading;
-        let sink = &self.outbox.sink;
-        self.outbox.relayed.retain(|id, _| {
-            let present = reading.get(id).is_some();
-            if !present {
-                // The writer closed (its file is gone): so does its key.
-                sink.send(id, SinkOp::Delete);
-                report.removed += 1;
-            }
-            present
-        });
+        self.outbox.send();
         report
     }
 
@@ -203,17 +204,17 @@ impl Relay {
         self.outbox.sink.stats()
     }
 
-    /// Writes what is pending (at most `timeout`) and stops the sink.
+    /// Writes what is pending (at most `timeout`).
     pub fn shutdown(&mut self, timeout: Duration) {
         self.outbox.sink.flush(timeout);
-        self.outbox.sink.stop();
     }
 }
 
 impl Outbox {
-    /// Hands the queued records to the sink: one lock, at most one wake-up.
+    /// Writes the queued records as one pipeline (and collects the replies
+    /// of the previous one); called every pass, with or without records.
     fn send(&mut self) {
-        self.sink.send_all(&mut self.batch);
+        self.sink.submit(&mut self.batch);
     }
 
     /// Queues `engine` (read at `now`) unless it is what was queued last;

@@ -129,11 +129,13 @@ fn relay_loop(
             let now_connected = stats.connected.load(Ordering::Relaxed);
             if now_connected != connected {
                 connected = now_connected;
-                match stats.last_error() {
-                    Some(error) if !connected => {
-                        eprintln!("esagent: {error}; retrying with backoff (50 ms to 5 s)")
-                    }
-                    _ => eprintln!("esagent: connected to Redis at {}", config.redis),
+                if connected {
+                    eprintln!("esagent: connected to Redis at {}", config.redis);
+                } else {
+                    let error = stats.last_error().unwrap_or_else(|| {
+                        format!("Redis at {} is not reachable yet", config.redis)
+                    });
+                    eprintln!("esagent: {error}; retrying with backoff (50 ms to 5 s)");
                 }
             }
             if now >= gauges_at {

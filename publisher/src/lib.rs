@@ -7,8 +7,10 @@
 //!   Python `engine_state.Publisher` and the vLLM hook are thin layers over it.
 //!   With a `redis://` URI it hands records to a [`RedisSink`] instead.
 //! - [`RedisSink`]: the thread that owns a Redis connection and writes the
-//!   latest record of each engine, pipelined, with reconnection backoff; the
-//!   node agent relays through it too.
+//!   latest record of each engine, pipelined, with reconnection backoff.
+//! - [`InlineSink`]: the same writes driven by the caller's own thread, which
+//!   collects each pipeline's replies on its next call (the node agent's relay
+//!   loop, which wakes every millisecond anyway).
 //!
 //! ```
 //! use engine_state_publisher::{Publisher, PublisherConfig};
@@ -27,6 +29,7 @@
 
 mod config;
 mod error;
+mod inline_sink;
 mod publisher;
 mod redis_sink;
 
@@ -34,6 +37,7 @@ pub use crate::config::{
     default_engine_id, PublisherConfig, DEFAULT_PERIOD, ENGINE_ID_ENV, FILE_MODE_ENV, PERIOD_ENV,
 };
 pub use crate::error::Error;
+pub use crate::inline_sink::InlineSink;
 pub use crate::publisher::Publisher;
 pub use crate::redis_sink::{RedisSink, SinkHandle, SinkOp, SinkStats, WrittenObserver};
 

@@ -50,7 +50,7 @@ pub struct SinkStats {
     pub errors: AtomicU64,
     /// Whether the last attempt succeeded.
     pub connected: AtomicBool,
-    last_error: Mutex<Option<String>>,
+    pub(crate) last_error: Mutex<Option<String>>,
 }
 
 impl SinkStats {
@@ -175,18 +175,12 @@ impl RedisSink {
             .stats
             .connected
             .store(connection.is_some(), Ordering::Relaxed);
-        let ttl_ms = target.ttl().as_millis() as u32;
         let worker = Worker {
             shared: shared.clone(),
-            registry: registry_key(target.prefix()),
-            ttl_ms,
-            set_tail: set_tail(ttl_ms),
+            encoder: PipelineEncoder::new(&target),
             target,
             con: connection,
-            engines: HashMap::new(),
             spare: HashMap::new(),
-            request: Vec::new(),
-            sent: Vec::new(),
             backoff: RECONNECT_FIRST,
         };
         let thread = std::thread::Builder::new()
@@ -271,24 +265,39 @@ impl Drop for RedisSink {
 struct Worker {
     shared: Arc<Shared>,
     target: RedisTarget,
+    con: Option<redis::Connection>,
+    encoder: PipelineEncoder,
+    /// The previous batch's map, emptied, swapped into the mailbox next time
+    /// (so neither side reallocates in the steady state).
+    spare: HashMap<Arc<str>, SinkOp>,
+    backoff: Duration,
+}
+
+/// Encodes [`SinkOp`]s as one RESP pipeline, keeping per engine what makes
+/// the next `SET` cheap (its encoded key) and when its id was last added to
+/// the registry. Used by the sink thread and by [`crate::InlineSink`].
+#[derive(Debug)]
+pub(crate) struct PipelineEncoder {
+    prefix: String,
     registry: String,
     ttl_ms: u32,
     /// `PX <ttl>` of every `SET`, encoded once.
     set_tail: Vec<u8>,
-    con: Option<redis::Connection>,
     /// Per engine written: its encoded command prefix and registration time.
-    engines: HashMap<Arc<str>, Written>,
-    /// The previous batch's map, emptied, swapped into the mailbox next time
-    /// (so neither side reallocates in the steady state).
-    spare: HashMap<Arc<str>, SinkOp>,
+    engines: HashMap<Arc<str>, Written, foldhash::fast::RandomState>,
     /// The pipeline being built (kept for its allocation).
-    request: Vec<u8>,
-    /// Heartbeat stamps of the records in the pipeline.
-    sent: Vec<u64>,
-    backoff: Duration,
+    pub(crate) request: Vec<u8>,
+    /// Commands in `request`.
+    pub(crate) commands: usize,
+    /// Heartbeat stamps of the records in `request`.
+    pub(crate) sent: Vec<u64>,
+    /// When the pipeline was begun (both clocks).
+    began: Instant,
+    began_mono_ns: u64,
 }
 
-/// What the worker keeps per engine, so a `SET` costs no formatting.
+/// What the encoder keeps per engine, so a `SET` costs no formatting.
+#[derive(Debug)]
 struct Written {
     /// `*5 $3 SET $n <key> $<RECORD_SIZE>` in RESP, up to the record's bytes.
     set_head: Vec<u8>,
@@ -357,10 +366,7 @@ impl Worker {
                 }
                 Err(error) => {
                     self.con = None;
-                    // A new connection may reach a server that lost the registry.
-                    for written in self.engines.values_mut() {
-                        written.registered = None;
-                    }
+                    self.encoder.connection_lost();
                     self.shared.stats.errors.fetch_add(1, Ordering::Relaxed);
                     self.shared.stats.connected.store(false, Ordering::Relaxed);
                     *lock(&self.shared.stats.last_error) = Some(error.to_string());
@@ -404,79 +410,139 @@ impl Worker {
         if self.con.is_none() {
             self.con = Some(self.target.connect()?);
         }
-        let now = Instant::now();
-        let now_mono = monotonic_ns();
-        let request = &mut self.request;
-        request.clear();
-        self.sent.clear();
-        let mut count = 0;
+        self.encoder.begin();
         for (id, op) in batch {
-            match op {
-                SinkOp::Set(record) => {
-                    let written = self.engines.entry(id.clone()).or_insert_with(|| Written {
-                        set_head: set_head(&engine_key(self.target.prefix(), id)),
-                        registered: None,
-                    });
-                    let mut record = *record;
-                    record.ttl_ms = self.ttl_ms;
-                    record.write_delay_us =
-                        (now_mono.saturating_sub(record.heartbeat_mono_ns) / 1000)
-                            .min(u64::from(u32::MAX)) as u32;
-                    // SET <key> <record> PX <ttl>, from the cached prefix.
-                    request.extend_from_slice(&written.set_head);
-                    request.extend_from_slice(&record.encode());
-                    request.extend_from_slice(&self.set_tail);
-                    count += 1;
-                    let due = written
-                        .registered
-                        .is_none_or(|t| now.duration_since(t) >= REREGISTER_EVERY);
-                    if due {
-                        redis::cmd("SADD")
-                            .arg(&self.registry)
-                            .arg(&**id)
-                            .write_packed_command(request);
-                        count += 1;
-                        written.registered = Some(now);
-                    }
-                    self.sent.push(record.heartbeat_mono_ns);
-                }
-                SinkOp::Delete => {
-                    let key = engine_key(self.target.prefix(), id);
-                    redis::cmd("DEL").arg(&key).write_packed_command(request);
-                    redis::cmd("SREM")
-                        .arg(&self.registry)
-                        .arg(&**id)
-                        .write_packed_command(request);
-                    count += 2;
-                    self.engines.remove(id);
-                }
-            }
+            self.encoder.push(id, op);
         }
         let con = self.con.as_mut().expect("connected above");
         let replies = con
-            .req_packed_commands(request, 0, count)
+            .req_packed_commands(&self.encoder.request, 0, self.encoder.commands)
             .map_err(|e| self.target.error("cannot write engines", &e))?;
-        if let Some(Value::ServerError(e)) =
-            replies.iter().find(|v| matches!(v, Value::ServerError(_)))
-        {
-            let error: redis::RedisError = e.clone().into();
-            return Err(self.target.error("cannot write engines", &error));
-        }
-        self.shared
-            .stats
-            .written
-            .fetch_add(self.sent.len() as u64, Ordering::Relaxed);
-        if let Some(observe) = &self.shared.on_written {
-            let acked = monotonic_ns();
-            for heartbeat in &self.sent {
-                observe(Duration::from_nanos(acked.saturating_sub(*heartbeat)));
-            }
-        }
+        check_replies(&self.target, &replies)?;
+        self.shared.acknowledged(&self.encoder.sent);
         Ok(())
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+impl Shared {
+    /// Counts the records whose heartbeat stamps are `sent` as written.
+    fn acknowledged(&self, sent: &[u64]) {
+        acknowledged(&self.stats, self.on_written.as_ref(), sent);
+    }
+}
+
+/// Counts the records whose heartbeat stamps are `sent` as written and
+/// reports their age to `on_written`.
+pub(crate) fn acknowledged(stats: &SinkStats, on_written: Option<&WrittenObserver>, sent: &[u64]) {
+    stats
+        .written
+        .fetch_add(sent.len() as u64, Ordering::Relaxed);
+    if let Some(observe) = on_written {
+        let acked = monotonic_ns();
+        for heartbeat in sent {
+            observe(Duration::from_nanos(acked.saturating_sub(*heartbeat)));
+        }
+    }
+}
+
+/// The first server error among a pipeline's replies, as an error.
+pub(crate) fn check_replies(
+    target: &RedisTarget,
+    replies: &[Value],
+) -> Result<(), engine_state_reader::Error> {
+    match replies.iter().find(|v| matches!(v, Value::ServerError(_))) {
+        Some(Value::ServerError(e)) => {
+            let error: redis::RedisError = e.clone().into();
+            Err(target.error("cannot write engines", &error))
+        }
+        _ => Ok(()),
+    }
+}
+
+impl PipelineEncoder {
+    pub(crate) fn new(target: &RedisTarget) -> PipelineEncoder {
+        let ttl_ms = target.ttl().as_millis() as u32;
+        PipelineEncoder {
+            prefix: target.prefix().to_owned(),
+            registry: registry_key(target.prefix()),
+            ttl_ms,
+            set_tail: set_tail(ttl_ms),
+            engines: HashMap::default(),
+            request: Vec::new(),
+            commands: 0,
+            sent: Vec::new(),
+            began: Instant::now(),
+            began_mono_ns: 0,
+        }
+    }
+
+    /// Starts a new pipeline.
+    pub(crate) fn begin(&mut self) {
+        self.request.clear();
+        self.commands = 0;
+        self.sent.clear();
+        self.began = Instant::now();
+        self.began_mono_ns = monotonic_ns();
+    }
+
+    /// A new connection may reach a server that lost the registry: register
+    /// every engine again with its next write.
+    pub(crate) fn connection_lost(&mut self) {
+        for written in self.engines.values_mut() {
+            written.registered = None;
+        }
+    }
+
+    /// Appends `op` for `id` to the pipeline.
+    pub(crate) fn push(&mut self, id: &Arc<str>, op: &SinkOp) {
+        match op {
+            SinkOp::Set(record) => {
+                let now = self.began;
+                let prefix = &self.prefix;
+                let written = self.engines.entry(id.clone()).or_insert_with(|| Written {
+                    set_head: set_head(&engine_key(prefix, id)),
+                    registered: None,
+                });
+                let mut record = *record;
+                record.ttl_ms = self.ttl_ms;
+                record.write_delay_us =
+                    (self.began_mono_ns.saturating_sub(record.heartbeat_mono_ns) / 1000)
+                        .min(u64::from(u32::MAX)) as u32;
+                // SET <key> <record> PX <ttl>, from the cached prefix.
+                self.request.extend_from_slice(&written.set_head);
+                self.request.extend_from_slice(&record.encode());
+                self.request.extend_from_slice(&self.set_tail);
+                self.commands += 1;
+                let due = written
+                    .registered
+                    .is_none_or(|t| now.duration_since(t) >= REREGISTER_EVERY);
+                if due {
+                    redis::cmd("SADD")
+                        .arg(&self.registry)
+                        .arg(&**id)
+                        .write_packed_command(&mut self.request);
+                    self.commands += 1;
+                    written.registered = Some(now);
+                }
+                self.sent.push(record.heartbeat_mono_ns);
+            }
+            SinkOp::Delete => {
+                let key = engine_key(&self.prefix, id);
+                redis::cmd("DEL")
+                    .arg(&key)
+                    .write_packed_command(&mut self.request);
+                redis::cmd("SREM")
+                    .arg(&self.registry)
+                    .arg(&**id)
+                    .write_packed_command(&mut self.request);
+                self.commands += 2;
+                self.engines.remove(id);
+            }
+        }
+    }
+}
+
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // Plain data behind the lock: a panic elsewhere leaves it usable.
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }

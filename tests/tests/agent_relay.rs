@@ -226,3 +226,63 @@ fn agent_with_a_wrong_password_fails_clearly_without_leaking_it() {
     assert!(stderr.contains("password"), "{stderr}");
     assert!(!stderr.contains("wrong-pass-456"), "{stderr}");
 }
+
+#[test]
+fn agent_rides_out_a_redis_restart_and_relays_again() {
+    let mut redis = RedisServer::start();
+    let redis_uri = redis.uri("?prefix=outage:");
+    let dir = tempfile::tempdir().unwrap();
+    let script = "import threading, time\n\
+                  def run():\n    \
+                      for step in range(1, 10**7):\n        \
+                          pub.publish(step=step, num_running=1)\n        \
+                          time.sleep(0.01)\n\
+                  threading.Thread(target=run, daemon=True).start()";
+    let _publisher = python_publisher(dir.path(), "steady", script);
+    let (_agent, addr) = agent(dir.path(), &redis_uri, &[]);
+    let mut remote = redis_reader(&redis_uri);
+    let relayed_step = |remote: &mut Box<dyn Source>| {
+        remote.read().ok().and_then(|r| {
+            r.get("steady")
+                .filter(|e| e.is_fresh())
+                .map(|e| e.snapshot.step)
+        })
+    };
+    let mut before = 0;
+    wait_for(
+        || {
+            before = relayed_step(&mut remote).unwrap_or(0);
+            before > 0
+        },
+        "the engine relayed before the outage",
+    );
+
+    redis.kill();
+    wait_for(
+        || sample(&get(&addr, "/metrics").1, "engine_state_redis_connected") == Some(0.0),
+        "the agent to notice the outage",
+    );
+    let (code, health) = get(&addr, "/healthz");
+    assert_eq!(
+        code, 200,
+        "the relay keeps running during the outage: {health}"
+    );
+    assert!(health.contains("redis: unreachable"), "{health}");
+
+    // A restarted server has lost every key and the registry: the agent
+    // reconnects, registers the engine again and relays its newest steps.
+    redis.restart();
+    wait_for(
+        || relayed_step(&mut remote).is_some_and(|step| step > before + 10),
+        "the engine relayed again after the restart",
+    );
+    let metrics = get(&addr, "/metrics").1;
+    wait_for(
+        || sample(&get(&addr, "/metrics").1, "engine_state_redis_connected") == Some(1.0),
+        "the agent to report the connection back",
+    );
+    assert!(
+        sample(&metrics, "engine_state_relay_errors_total").is_some_and(|n| n >= 1.0),
+        "{metrics}"
+    );
+}

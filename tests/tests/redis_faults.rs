@@ -5,8 +5,12 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use engine_state_publisher::{Publisher, PublisherConfig};
-use engine_state_reader::{open, ReaderOptions, Source, StateUri, Status};
+use std::sync::atomic::Ordering;
+
+use engine_state_publisher::{InlineSink, Publisher, PublisherConfig, SinkOp};
+use engine_state_reader::{
+    open, ReaderOptions, RedisRecord, RedisTarget, Source, StateUri, Status,
+};
 use engine_state_shm_format::Snapshot;
 use engine_state_tests::*;
 
@@ -247,4 +251,82 @@ fn an_unreachable_server_does_not_stop_an_engine_from_starting() {
         },
         "the engine once Redis is up",
     );
+}
+
+/// A `SET` of `engine` at `step` for [`InlineSink::submit`].
+fn set_op(engine: &std::sync::Arc<str>, step: u64) -> (std::sync::Arc<str>, SinkOp) {
+    let record = RedisRecord {
+        state: engine_state_reader::STATE_ACTIVE,
+        generation: 1,
+        heartbeat_seq: step,
+        heartbeat_mono_ns: engine_state_shm_format::monotonic_ns(),
+        snapshot: Snapshot {
+            step,
+            ..Snapshot::default()
+        },
+        ..RedisRecord::default()
+    };
+    (engine.clone(), SinkOp::Set(record))
+}
+
+#[test]
+fn inline_sink_keeps_the_newest_record_through_an_outage_and_writes_it_after() {
+    let mut redis = RedisServer::start();
+    let uri = redis.uri("?prefix=inline:");
+    let target = RedisTarget::parse(&uri).unwrap();
+    let mut sink = InlineSink::new(target.clone(), Some(target.connect().unwrap()), None);
+    let (a, b): (std::sync::Arc<str>, std::sync::Arc<str>) = ("a".into(), "b".into());
+    let mut source = reader(&uri, 5000);
+    let steps = |source: &mut Box<dyn Source>| {
+        let reading = source.read().unwrap();
+        let step = |id: &str| reading.get(id).map(|e| e.snapshot.step);
+        (step("a"), step("b"))
+    };
+
+    sink.submit(&mut vec![set_op(&a, 1), set_op(&b, 1)]);
+    assert!(sink.flush(Duration::from_secs(2)));
+    assert_eq!(steps(&mut source), (Some(1), Some(1)));
+    assert_eq!(sink.stats().written.load(Ordering::Relaxed), 2);
+
+    // The pipeline of step 2 is written to a server that dies before its
+    // replies are read: both records are kept. Steps 3 and 4 of `a` arrive
+    // during the outage and replace a's kept record: only 4 is left.
+    sink.submit(&mut vec![set_op(&a, 2), set_op(&b, 2)]);
+    redis.kill();
+    for step in [3, 4] {
+        let t = Instant::now();
+        sink.submit(&mut vec![set_op(&a, step)]);
+        assert!(
+            t.elapsed() < Duration::from_millis(500),
+            "submit waited {:?}",
+            t.elapsed()
+        );
+    }
+    assert!(!sink.stats().connected.load(Ordering::Relaxed));
+    assert!(sink.stats().errors.load(Ordering::Relaxed) >= 1);
+    assert!(sink
+        .stats()
+        .last_error()
+        .is_some_and(|e| e.contains("cannot")));
+    assert_eq!(
+        sink.stats().replaced.load(Ordering::Relaxed),
+        2,
+        "a's unacknowledged step 2, then its step 3, replaced"
+    );
+
+    // Back: the kept records (a at 4, b at 2) are written and registered
+    // again on the empty server.
+    redis.restart();
+    assert!(sink.flush(Duration::from_secs(10)), "{sink:?}");
+    wait_for(
+        || steps(&mut source) == (Some(4), Some(2)),
+        "a at step 4 and b at step 2 on the restarted server (the reader reconnects too)",
+    );
+    assert!(sink.stats().connected.load(Ordering::Relaxed));
+    assert_eq!(sink.stats().last_error(), None);
+
+    // A delete removes the key and the registry entry.
+    sink.submit(&mut vec![(a.clone(), SinkOp::Delete)]);
+    assert!(sink.flush(Duration::from_secs(2)));
+    assert_eq!(steps(&mut source), (None, Some(2)));
 }

@@ -7,8 +7,9 @@
 //!    relay lag.
 //!
 //! Starts its own redis-server on a free port. Usage:
-//! `redis_bench [--seconds N] [--poll-us N]` (default 10 s per latency run;
-//! the agent runs with its defaults unless `--poll-us` is given).
+//! `redis_bench [--seconds N] [--poll-us N] [--only e2e|read|load]` (default
+//! 10 s per latency run; the agent runs with its defaults unless `--poll-us`
+//! is given; `--only` runs one of the three parts).
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -25,6 +26,19 @@ fn flag(name: &str) -> Option<u64> {
         .skip_while(|a| a != name)
         .nth(1)
         .map(|s| s.parse().unwrap_or_else(|_| panic!("{name} N")))
+}
+
+/// Whether part `name` runs (all of them unless `--only` names one).
+fn part(name: &str) -> bool {
+    let only = std::env::args().skip_while(|a| a != "--only").nth(1);
+    match only.as_deref() {
+        None => true,
+        Some(only @ ("e2e" | "read" | "load")) => only == name,
+        Some(other) => {
+            eprintln!("redis_bench: --only takes e2e, read or load, not {other:?}");
+            std::process::exit(2)
+        }
+    }
 }
 
 fn main() {
@@ -46,6 +60,19 @@ fn main() {
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
 
+    if part("e2e") {
+        e2e_part(&redis, seconds, &agent_flags, &agent_label);
+    }
+    if part("read") {
+        read_part(&redis);
+    }
+    if part("load") {
+        println!("\n## {agent_label} relaying 1024 engines published at 20 Hz");
+        agent_load(&redis, 1024, seconds.max(10), &agent_flags);
+    }
+}
+
+fn e2e_part(redis: &RedisServer, seconds: u64, agent_flags: &[String], agent_label: &str) {
     println!("\n## publish -> visible to a reader in another process (loopback)");
     let uri = redis.uri("?prefix=direct:");
     let writer = espublish(&uri, "e2e", 10);
@@ -59,24 +86,23 @@ fn main() {
         let shm_uri = format!("file://{}", dir.path().display());
         let prefix_uri = redis.uri("?prefix=agent:");
         let _writer = espublish(&shm_uri, "e2e", 10);
-        let _agent = esagent(&shm_uri, &prefix_uri, &agent_flags);
+        let _agent = esagent(&shm_uri, &prefix_uri, agent_flags);
         report(
             &format!("via {agent_label}, publisher period 10 ms"),
             &e2e(&prefix_uri, "e2e", seconds),
         );
     }
+}
 
+fn read_part(redis: &RedisServer) {
     println!(
         "\n## one read of N engines (SMEMBERS every 250 ms, MGET + PTTL per key: one round trip)"
     );
     for n in [8, 64, 1024] {
         let uri = redis.uri(&format!("?prefix=read{n}:"));
-        fill(&redis, &format!("read{n}:"), n);
+        fill(redis, &format!("read{n}:"), n);
         report(&format!("{n} engines"), &read_times(&uri, n));
     }
-
-    println!("\n## {agent_label} relaying 1024 engines published at 20 Hz");
-    agent_load(&redis, 1024, seconds.max(10), &agent_flags);
 }
 
 fn sibling(name: &str) -> PathBuf {
@@ -234,24 +260,31 @@ fn agent_load(redis: &RedisServer, n: usize, seconds: u64, flags: &[String]) {
     );
     let stop = Instant::now() + Duration::from_secs(seconds + 2);
     let publisher = std::thread::spawn(move || {
-        // Every engine publishes (and heartbeats) at 20 Hz, spread over the period.
+        // Every engine publishes (and heartbeats) at 20 Hz, spread over the
+        // period as engines with independent clocks are: the period is cut
+        // into 1 ms slices and each slice publishes its share of engines.
+        const SLICES: usize = 50;
         let mut step = 0u64;
+        let per_slice = writers.len().div_ceil(SLICES);
+        let mut next = Instant::now();
         while Instant::now() < stop {
-            let start = Instant::now();
             step += 1;
-            for (i, writer) in writers.iter_mut().enumerate() {
-                let now = monotonic_ns();
-                writer
-                    .publish(&Snapshot {
-                        captured_mono_ns: now,
-                        step,
-                        num_running: (step + i as u64) % 7,
-                        ..Snapshot::default()
-                    })
-                    .unwrap();
-                writer.stamp_heartbeat(now);
+            for (slice, chunk) in writers.chunks_mut(per_slice.max(1)).enumerate() {
+                for (j, writer) in chunk.iter_mut().enumerate() {
+                    let now = monotonic_ns();
+                    writer
+                        .publish(&Snapshot {
+                            captured_mono_ns: now,
+                            step,
+                            num_running: (step + (slice * per_slice + j) as u64) % 7,
+                            ..Snapshot::default()
+                        })
+                        .unwrap();
+                    writer.stamp_heartbeat(now);
+                }
+                next += Duration::from_millis(50) / SLICES as u32;
+                std::thread::sleep(next.saturating_duration_since(Instant::now()));
             }
-            std::thread::sleep(Duration::from_millis(50).saturating_sub(start.elapsed()));
         }
         writers
     });

@@ -1,0 +1,265 @@
+//! A Redis writer driven by its caller's thread, for callers that wake up
+//! periodically anyway (the node agent's relay loop).
+//!
+//! [`RedisSink`](crate::RedisSink) hands every batch to a thread of its own,
+//! which then waits for the replies: two extra context switches per batch.
+//! The agent writes a batch every millisecond, and on a VM each switch costs
+//! tens of microseconds of CPU, so here the caller writes the pipeline itself
+//! and does not wait for its replies: they are collected at the next call
+//! (by then they have arrived; if not, that call waits for them, at most the
+//! network timeout). Nothing but a reconnection ever runs on another thread,
+//! and only while Redis is unreachable.
+//!
+//! While Redis is unreachable the newest op per engine is kept (bounded by
+//! the number of engines) and written as one pipeline once a connection is
+//! back; ops of a pipeline whose replies failed are kept the same way unless
+//! a newer op for the engine replaced them.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use engine_state_reader::{RedisTarget, RECONNECT_CAP, RECONNECT_FIRST};
+
+use crate::redis_sink::{acknowledged, check_replies, lock, PipelineEncoder};
+use crate::{SinkOp, SinkStats, WrittenObserver};
+
+type Connecting = JoinHandle<Result<redis::Connection, engine_state_reader::Error>>;
+
+/// Writes pipelines from the caller's thread and collects their replies on
+/// the next call (see the module docs).
+pub struct InlineSink {
+    target: RedisTarget,
+    encoder: PipelineEncoder,
+    con: Option<redis::Connection>,
+    /// A connection attempt running on a helper thread.
+    connecting: Option<Connecting>,
+    /// No attempt before this.
+    next_attempt: Instant,
+    backoff: Duration,
+    /// Ops not yet written (no connection), newest per engine.
+    pending: HashMap<Arc<str>, SinkOp>,
+    /// The pipeline sent and not yet acknowledged: its ops, its command count
+    /// and the heartbeat stamps of its records.
+    in_flight: Vec<(Arc<str>, SinkOp)>,
+    in_flight_commands: usize,
+    in_flight_sent: Vec<u64>,
+    stats: SinkStats,
+    on_written: Option<WrittenObserver>,
+}
+
+impl std::fmt::Debug for InlineSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InlineSink")
+            .field("target", &self.target.to_string())
+            .field("connected", &self.con.is_some())
+            .field("pending", &self.pending.len())
+            .field("in_flight", &self.in_flight.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl InlineSink {
+    /// A sink for `target`. `connection`: an already open connection (None:
+    /// the first [`InlineSink::submit`] starts connecting).
+    pub fn new(
+        target: RedisTarget,
+        connection: Option<redis::Connection>,
+        on_written: Option<WrittenObserver>,
+    ) -> InlineSink {
+        let stats = SinkStats::default();
+        stats
+            .connected
+            .store(connection.is_some(), Ordering::Relaxed);
+        InlineSink {
+            encoder: PipelineEncoder::new(&target),
+            target,
+            con: connection,
+            connecting: None,
+            next_attempt: Instant::now(),
+            backoff: RECONNECT_FIRST,
+            pending: HashMap::new(),
+            in_flight: Vec::new(),
+            in_flight_commands: 0,
+            in_flight_sent: Vec::new(),
+            stats,
+            on_written,
+        }
+    }
+
+    /// Collects the replies of the previous pipeline, then writes `ops`
+    /// (emptied) and anything still pending as one pipeline, without waiting
+    /// for its replies. Call it regularly, with or without ops: it also
+    /// drives reconnection.
+    pub fn submit(&mut self, ops: &mut Vec<(Arc<str>, SinkOp)>) {
+        self.collect();
+        if self.con.is_none() {
+            self.keep(ops.drain(..));
+            self.drive_connection();
+            if self.con.is_none() {
+                return;
+            }
+        }
+        if ops.is_empty() && self.pending.is_empty() {
+            return;
+        }
+        self.encoder.begin();
+        let pending = std::mem::take(&mut self.pending);
+        for (id, op) in pending.into_iter().chain(ops.drain(..)) {
+            self.encoder.push(&id, &op);
+            self.in_flight.push((id, op));
+        }
+        let con = self.con.as_mut().expect("connected above");
+        match con.send_packed_command(&self.encoder.request) {
+            Ok(()) => {
+                self.in_flight_commands = self.encoder.commands;
+                std::mem::swap(&mut self.in_flight_sent, &mut self.encoder.sent);
+            }
+            Err(e) => {
+                let error = self.target.error("cannot write engines", &e);
+                self.failed(error);
+            }
+        }
+    }
+
+    /// Waits until everything submitted so far is acknowledged, connecting
+    /// if needed, at most `timeout` (plus one network timeout); true when
+    /// nothing is left.
+    pub fn flush(&mut self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        self.next_attempt = Instant::now();
+        loop {
+            self.submit(&mut Vec::new());
+            self.collect();
+            if self.pending.is_empty() && self.in_flight.is_empty() {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// The sink's counters.
+    pub fn stats(&self) -> &SinkStats {
+        &self.stats
+    }
+
+    /// Reads the replies of the pipeline in flight (waiting for them if they
+    /// have not arrived yet, at most the network timeout).
+    fn collect(&mut self) {
+        if self.in_flight.is_empty() {
+            return;
+        }
+        let Some(con) = self.con.as_mut() else {
+            return;
+        };
+        let mut replies = Vec::with_capacity(self.in_flight_commands);
+        let mut result = Ok(());
+        for _ in 0..self.in_flight_commands {
+            match con.recv_response() {
+                Ok(reply) => replies.push(reply),
+                Err(e) => {
+                    result = Err(self.target.error("cannot write engines", &e));
+                    break;
+                }
+            }
+        }
+        match result.and_then(|()| check_replies(&self.target, &replies)) {
+            Ok(()) => {
+                self.in_flight.clear();
+                acknowledged(&self.stats, self.on_written.as_ref(), &self.in_flight_sent);
+                self.in_flight_sent.clear();
+                self.backoff = RECONNECT_FIRST;
+                self.stats.connected.store(true, Ordering::Relaxed);
+                *lock(&self.stats.last_error) = None;
+            }
+            Err(error) => self.failed(error),
+        }
+    }
+
+    /// After a failed write or reply: drop the connection (its replies can
+    /// no longer be matched to commands), keep the ops, back off.
+    fn failed(&mut self, error: engine_state_reader::Error) {
+        self.con = None;
+        self.encoder.connection_lost();
+        let in_flight = std::mem::take(&mut self.in_flight);
+        self.keep_older(in_flight);
+        self.in_flight_sent.clear();
+        self.stats.errors.fetch_add(1, Ordering::Relaxed);
+        self.stats.connected.store(false, Ordering::Relaxed);
+        *lock(&self.stats.last_error) = Some(error.to_string());
+        self.next_attempt = Instant::now() + self.backoff;
+        self.backoff = (self.backoff * 2).min(RECONNECT_CAP);
+    }
+
+    /// Keeps `ops` for later; each replaces what is pending for its engine.
+    fn keep(&mut self, ops: impl IntoIterator<Item = (Arc<str>, SinkOp)>) {
+        for (id, op) in ops {
+            if self.pending.insert(id, op).is_some() {
+                self.stats.replaced.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Keeps `ops` for later unless a newer op for the engine is pending.
+    fn keep_older(&mut self, ops: Vec<(Arc<str>, SinkOp)>) {
+        for (id, op) in ops {
+            self.pending.entry(id).or_insert(op);
+        }
+    }
+
+    /// Starts a connection attempt on a helper thread when one is due, and
+    /// takes its connection when it has finished.
+    fn drive_connection(&mut self) {
+        if let Some(attempt) = self.connecting.take_if(|a| a.is_finished()) {
+            let result = attempt.join().unwrap_or_else(|_| {
+                Err(engine_state_reader::Error::Redis {
+                    uri: self.target.to_string(),
+                    error: "the connection attempt panicked".to_owned(),
+                    hint: "report this as a bug",
+                })
+            });
+            match result {
+                Ok(con) => {
+                    self.con = Some(con);
+                    self.stats.connected.store(true, Ordering::Relaxed);
+                    *lock(&self.stats.last_error) = None;
+                }
+                Err(error) => {
+                    self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                    self.stats.connected.store(false, Ordering::Relaxed);
+                    *lock(&self.stats.last_error) = Some(error.to_string());
+                    self.next_attempt = Instant::now() + self.backoff;
+                    self.backoff = (self.backoff * 2).min(RECONNECT_CAP);
+                }
+            }
+            return;
+        }
+        if self.connecting.is_none() && Instant::now() >= self.next_attempt {
+            let target = self.target.clone();
+            let attempt = std::thread::Builder::new()
+                .name("es-redis-connect".to_owned())
+                .spawn(move || target.connect());
+            match attempt {
+                Ok(handle) => self.connecting = Some(handle),
+                Err(e) => {
+                    *lock(&self.stats.last_error) =
+                        Some(format!("cannot start a connection attempt: {e}"));
+                    self.next_attempt = Instant::now() + self.backoff;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for InlineSink {
+    fn drop(&mut self) {
+        // A connection attempt in progress ends within the network timeout;
+        // nobody waits for it.
+        drop(self.connecting.take());
+    }
+}
