@@ -68,6 +68,9 @@ struct Relayed {
     generation: u64,
     heartbeat_mono_ns: u64,
     snapshot: Snapshot,
+    /// From the file's header (fixed for a generation).
+    writer_pid: u32,
+    publish_period_us: u32,
 }
 
 impl Relay {
@@ -235,32 +238,45 @@ impl Outbox {
             return false;
         }
         let heartbeat_mono_ns = now.saturating_sub(engine.heartbeat_age.as_nanos() as u64);
-        let current = Relayed {
-            generation: engine.generation,
-            heartbeat_mono_ns,
-            snapshot: engine.snapshot,
-        };
-        match last {
+        let current = match last {
             Some(last)
-                if last.generation == current.generation
-                    && last.snapshot == current.snapshot
+                if last.generation == engine.generation
+                    && last.snapshot == engine.snapshot
                     && heartbeat_mono_ns.saturating_sub(last.heartbeat_mono_ns)
                         < self.heartbeat_step_ns =>
             {
                 return false
             }
-            Some(last) => *last = current,
-            None => {
-                self.relayed.insert(engine.engine_id.clone(), current);
+            Some(last) if last.generation == engine.generation => {
+                last.heartbeat_mono_ns = heartbeat_mono_ns;
+                last.snapshot = engine.snapshot;
+                *last
             }
-        }
-        let header = shm.header(&engine.engine_id);
+            last => {
+                // A new engine or a new run of it: its header, once.
+                let header = shm.header(&engine.engine_id);
+                let current = Relayed {
+                    generation: engine.generation,
+                    heartbeat_mono_ns,
+                    snapshot: engine.snapshot,
+                    writer_pid: header.map_or(0, |h| h.writer_pid),
+                    publish_period_us: header.map_or(0, |h| h.publish_period_us),
+                };
+                match last {
+                    Some(last) => *last = current,
+                    None => {
+                        self.relayed.insert(engine.engine_id.clone(), current);
+                    }
+                }
+                current
+            }
+        };
         self.next_seq += 1;
         let record = RedisRecord {
-            writer_pid: header.map_or(0, |h| h.writer_pid),
-            publish_period_us: header.map_or(0, |h| h.publish_period_us),
+            writer_pid: current.writer_pid,
+            publish_period_us: current.publish_period_us,
             state: STATE_ACTIVE,
-            generation: engine.generation,
+            generation: current.generation,
             heartbeat_seq: self.next_seq,
             heartbeat_mono_ns,
             snapshot: engine.snapshot,

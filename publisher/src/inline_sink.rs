@@ -106,11 +106,16 @@ impl InlineSink {
             return;
         }
         self.encoder.begin();
-        let pending = std::mem::take(&mut self.pending);
-        for (id, op) in pending.into_iter().chain(ops.drain(..)) {
+        // Kept records first, so that a newer op of the same engine in `ops`
+        // is written after them.
+        for (id, op) in std::mem::take(&mut self.pending) {
             self.encoder.push(&id, &op);
             self.in_flight.push((id, op));
         }
+        for (id, op) in ops.iter() {
+            self.encoder.push(id, op);
+        }
+        self.in_flight.append(ops);
         let con = self.con.as_mut().expect("connected above");
         match con.send_packed_command(&self.encoder.request) {
             Ok(()) => {
