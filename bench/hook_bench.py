@@ -13,8 +13,9 @@ waiting) it measures:
    p99 over many repetitions;
 2. boundary: one wrapped step boundary when no capture is due (wrapper +
    clock + three len());
-3. hook per step: a 20 ms decode step emulated for ``--steps`` steps (the
-   scheduler thread sleeps, GIL released, as while it waits for the GPU),
+3. hook per step: a 20 ms decode step emulated for ``--steps`` steps (while
+   "the GPU works" the scheduler thread busy-waits on ``sched_yield()`` as
+   vLLM 0.33 does, or with ``--forward sleep`` sleeps, an idle core),
    calling the hook after schedule() and after update_from_output() with the
    real 50 ms rate limit; the time spent in the hook, per step and as a share
    of 20 ms;
@@ -244,6 +245,26 @@ def time_calls(fn, repeat: int) -> list[float]:
     return samples
 
 
+def forward_sleep() -> None:
+    """The forward pass as an idle wait: the thread sleeps (GIL released)."""
+    time.sleep(STEP_MS / 1000)
+
+
+def forward_spin() -> None:
+    """The forward pass as vLLM 0.33 waits for it: its shared-memory message
+    queue reader busy-loops on ``sched_yield()`` for up to 1 s after a read
+    (``distributed/device_communicators/shm_broadcast.py``, ``wait()``), and
+    a CUDA stream sync spins by default, so the engine core's CPU stays busy
+    while the GPU works. The GIL is released between iterations."""
+    end = time.perf_counter_ns() + int(STEP_MS * 1_000_000)
+    while time.perf_counter_ns() < end:
+        os.sched_yield()
+
+
+FORWARD = {"sleep": forward_sleep, "spin": forward_spin}
+forward = forward_sleep
+
+
 def emulate_steps(scheduler, hook, steps: int, use_hook: bool):
     """One emulated engine step: schedule() (reads every running request),
     hook, the forward pass (20 ms sleep, GIL released), update_from_output()
@@ -270,7 +291,7 @@ def emulate_steps(scheduler, hook, steps: int, use_hook: bool):
         work.append(time.perf_counter_ns() - t0)
         if use_hook:
             call(hook.after_schedule)
-        time.sleep(STEP_MS / 1000)  # the forward pass: GIL released
+        forward()  # the forward pass
         t0 = time.perf_counter_ns()
         decode_step(scheduler)
         work[-1] = (work[-1] + time.perf_counter_ns() - t0) / 1000
@@ -368,14 +389,24 @@ def main() -> int:
     parser.add_argument("--vllm", action="store_true", help="use vLLM's real Scheduler/Requests")
     parser.add_argument("--steps", type=int, default=150, help="emulated 20 ms steps per run")
     parser.add_argument("--sizes", default="64,512,1024")
+    parser.add_argument(
+        "--forward",
+        choices=sorted(FORWARD),
+        default="spin",
+        help="how the thread waits during the emulated forward pass: spin (sched_yield loop, "
+        "as vLLM 0.33's message-queue reader and CUDA syncs do; default) or sleep (an idle core)",
+    )
     args = parser.parse_args()
+    global forward
+    forward = FORWARD[args.forward]
     os.environ["AGENTIC_ENGINE_STATE_URI"] = f"file://{tempfile.mkdtemp(prefix='es-hook-bench-')}"
     os.environ["AGENTIC_ENGINE_STATE_PERIOD_MS"] = str(PERIOD_MS)
     os.environ.pop("AGENTIC_WORKER_ID", None)
     setup = vllm_setup if args.vllm else double_setup
     kind = "vLLM 0.33 Scheduler + Request" if args.vllm else "vLLM-shaped doubles"
     print(f"# hook cost on the scheduler thread ({kind}); {os.cpu_count()} cores; "
-          f"step {STEP_MS:.0f} ms, period {PERIOD_MS} ms, {args.steps} steps per run; times in µs")
+          f"step {STEP_MS:.0f} ms (forward pass: {args.forward}), period {PERIOD_MS} ms, "
+          f"{args.steps} steps per run; times in µs")
     print("| live requests | capture+publish median (p99) | same capture in Python | "
           "boundary, no capture due | capture in the step loop, median | "
           "hook per step: mean (captures/step) | share of 20 ms | from medians | share | "
