@@ -110,6 +110,19 @@ impl RedisServer {
         }
     }
 
+    /// Freezes (`true`, SIGSTOP) or thaws (`false`, SIGCONT) the server: it
+    /// keeps its connections and stops answering, like an overloaded or
+    /// paused server.
+    pub fn freeze(&self, frozen: bool) {
+        let proc = self.proc.as_ref().expect("a running server");
+        let signal = if frozen {
+            nix::sys::signal::Signal::SIGSTOP
+        } else {
+            nix::sys::signal::Signal::SIGCONT
+        };
+        nix::sys::signal::kill(proc.pid(), signal).expect("signal redis-server");
+    }
+
     /// (Re)starts the server on the same port, empty, and waits for PING.
     pub fn restart(&mut self) {
         self.kill();

@@ -286,3 +286,59 @@ fn agent_rides_out_a_redis_restart_and_relays_again() {
         "{metrics}"
     );
 }
+
+#[test]
+fn a_redis_that_stops_answering_holds_the_relay_at_most_the_network_timeout() {
+    let redis = RedisServer::start();
+    let redis_uri = redis.uri("?prefix=frozen:");
+    let dir = tempfile::tempdir().unwrap();
+    let script = "import threading, time\n\
+                  def run():\n    \
+                      for step in range(1, 10**7):\n        \
+                          pub.publish(step=step, num_running=1)\n        \
+                          time.sleep(0.01)\n\
+                  threading.Thread(target=run, daemon=True).start()";
+    let _publisher = python_publisher(dir.path(), "steady", script);
+    let (_agent, addr) = agent(dir.path(), &redis_uri, &[]);
+    let mut remote = redis_reader(&redis_uri);
+    let mut before = 0;
+    wait_for(
+        || {
+            before = remote
+                .read()
+                .ok()
+                .and_then(|r| r.get("steady").map(|e| e.snapshot.step))
+                .unwrap_or(0);
+            before > 0
+        },
+        "the engine relayed",
+    );
+
+    // Frozen for 3 s: the relay waits for the pipeline's replies for at most
+    // the 1 s network timeout, then reconnects in the background, so the
+    // agent stays healthy (it tolerates 2 s without a relay period).
+    redis.freeze(true);
+    let frozen_until = std::time::Instant::now() + Duration::from_secs(3);
+    while std::time::Instant::now() < frozen_until {
+        let (code, health) = get(&addr, "/healthz");
+        assert_eq!(code, 200, "{health}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (_, health) = get(&addr, "/healthz");
+    assert!(health.contains("redis: unreachable"), "{health}");
+    redis.freeze(false);
+    wait_for(
+        || {
+            remote
+                .read()
+                .ok()
+                .and_then(|r| {
+                    r.get("steady")
+                        .filter(|e| e.is_fresh())
+                        .map(|e| e.snapshot.step)
+                })
+                .is_some_and(|step| step > before + 100)
+        },
+        "the engine relayed again after the thaw",
+    );
+}
