@@ -168,7 +168,14 @@ fn relay_loop(
         if next_poll <= now {
             next_poll = now + poll; // late (a long tick, or descheduled): do not catch up
         }
-        std::thread::sleep(next_poll.min(next_tick).saturating_duration_since(now));
+        // With no engines there is nothing to poll: new ones are found by
+        // the directory listing of a full pass anyway (every 250 ms at most).
+        let wake = if relay.reading().engines.is_empty() {
+            next_tick
+        } else {
+            next_poll.min(next_tick)
+        };
+        std::thread::sleep(wake.saturating_duration_since(now));
     }
     relay.shutdown(SHUTDOWN_FLUSH);
 }

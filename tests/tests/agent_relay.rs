@@ -238,8 +238,10 @@ fn agent_rides_out_a_redis_restart_and_relays_again() {
                           pub.publish(step=step, num_running=1)\n        \
                           time.sleep(0.01)\n\
                   threading.Thread(target=run, daemon=True).start()";
-    let _publisher = python_publisher(dir.path(), "steady", script);
+    // The agent starts on an empty directory (it polls only once an engine
+    // is there) and finds the engine when it appears.
     let (_agent, addr) = agent(dir.path(), &redis_uri, &[]);
+    let _publisher = python_publisher(dir.path(), "steady", script);
     let mut remote = redis_reader(&redis_uri);
     let relayed_step = |remote: &mut Box<dyn Source>| {
         remote.read().ok().and_then(|r| {
