@@ -72,22 +72,53 @@ impl InstanceShadow {
 
     /// Tokens covered by the longest run of leading blocks in the cache.
     ///
-    /// Found by binary search, which is exact because the cached blocks of
-    /// any prompt always form a leading run: [`remember_prefix`] touches a
-    /// prefix's blocks last to first, and block hashes chain, so every touch
-    /// of a block is followed by a touch of its predecessor; a block is thus
-    /// always used more recently than any successor, and LRU eviction removes
-    /// successors first. (Past a miss, a later block present could only be a
-    /// 64-bit collision.) On a 200k-token prompt this is 9 lookups, not 390
-    /// cache-missing ones.
+    /// The cached blocks of any prompt always form a leading run:
+    /// [`remember_prefix`] touches a prefix's blocks last to first, and block
+    /// hashes chain, so every touch of a block is followed by a touch of its
+    /// predecessor; a block is thus always used more recently than any
+    /// successor, and LRU eviction removes successors first. (Past a miss, a
+    /// later block present could only be a 64-bit collision.) "Block `i` is
+    /// cached" is thus true up to the run's end and false after it, and the
+    /// end can be searched for instead of scanned to.
+    ///
+    /// The search gallops from the start: it probes blocks 1, 3, 7, 15, …
+    /// (and the last block) until one misses, then bisects the last gap.
+    /// That is about `2 log2(run)` lookups instead of `log2(blocks)`: most
+    /// instances share only a short head with a prompt (a system prompt, a
+    /// tool list), and on a 200k-token prompt they cost 3 lookups, not 9.
+    /// The instance holding the whole conversation costs at most twice a
+    /// plain bisection's lookups, and the same when its run covers the
+    /// prompt.
     ///
     /// [`remember_prefix`]: InstanceShadow::remember_prefix
     pub(crate) fn cache_hit_tokens(&self, blocks: &[u64]) -> u64 {
-        let run = blocks.partition_point(|&hash| self.cache.contains(hash));
-        (run * BLOCK_TOKENS) as u64
+        let cached = |index: usize| self.cache.contains(blocks[index]);
+        // Blocks before `start` are cached; block `end` (if any) is not.
+        let (mut start, mut end) = (0, blocks.len());
+        let mut probe = 1;
+        while start < end {
+            let index = probe.min(end - 1);
+            if cached(index) {
+                start = index + 1;
+                probe = 2 * probe + 1;
+            } else {
+                end = index;
+                break;
+            }
+        }
+        // Bisect the gap between the last probe that hit and the one that missed.
+        while start < end {
+            let middle = start + (end - start) / 2;
+            if cached(middle) {
+                start = middle + 1;
+            } else {
+                end = middle;
+            }
+        }
+        (start * BLOCK_TOKENS) as u64
     }
 
-    /// The same by a linear scan, to check the binary search against.
+    /// The same by a linear scan, to check the search against.
     #[cfg(test)]
     fn cache_hit_tokens_linear(&self, blocks: &[u64]) -> u64 {
         let run = blocks
@@ -218,10 +249,11 @@ mod tests {
         assert_eq!(shadow.cache_hit_tokens(&[]), 0);
     }
 
-    /// Chained prompts over a shared tree of prefixes, a small cache, many
-    /// evictions: the binary search always equals the linear scan.
+    /// Chained prompts over a shared tree of prefixes, later turns that
+    /// extend earlier prompts, a small cache, many evictions: the search
+    /// always equals the linear scan.
     #[test]
-    fn binary_search_matches_the_linear_scan_under_eviction() {
+    fn search_matches_the_linear_scan_under_eviction() {
         use crate::blocks::block_hashes;
         let mut state = 0x2545_f491_4f6c_dd1d_u64;
         let mut next = move |bound: u64| {
@@ -230,17 +262,33 @@ mod tests {
             state ^= state << 17;
             state % bound
         };
-        for capacity in [1, 3, 8, 20] {
+        for (capacity, max_len, arity) in [
+            (1, 12, 4),
+            (3, 12, 4),
+            (8, 12, 4),
+            (20, 12, 4),
+            (20, 40, 2),
+            (64, 40, 2),
+        ] {
             let mut shadow = InstanceShadow::new(capacity);
+            let mut earlier: Vec<Vec<u32>> = Vec::new();
             for _ in 0..2000 {
-                // Blocks from a 4-ary tree of prefixes: lots of shared heads.
-                let len = next(12) as usize;
-                let tokens: Vec<u32> = (0..len as u32)
-                    .flat_map(|block| {
-                        let choice = block * 4 + next(4) as u32;
-                        std::iter::repeat_n(choice, BLOCK_TOKENS)
-                    })
-                    .collect();
+                let tokens: Vec<u32> = if !earlier.is_empty() && next(3) == 0 {
+                    // A later turn: an earlier prompt plus up to 3 blocks.
+                    let mut tokens = earlier[next(earlier.len() as u64) as usize].clone();
+                    let extra = next(4) as u32 * BLOCK_TOKENS as u32;
+                    tokens.extend((0..extra).map(|i| i ^ next(2) as u32));
+                    tokens
+                } else {
+                    // Blocks from a tree of prefixes: lots of shared heads.
+                    let len = next(max_len) as u32;
+                    (0..len)
+                        .flat_map(|block| {
+                            let choice = block * arity + next(u64::from(arity)) as u32;
+                            std::iter::repeat_n(choice, BLOCK_TOKENS)
+                        })
+                        .collect()
+                };
                 let blocks = block_hashes(&tokens);
                 assert_eq!(
                     shadow.cache_hit_tokens(&blocks),
@@ -249,6 +297,29 @@ mod tests {
                 if next(2) == 0 {
                     shadow.remember_prefix(&blocks);
                 }
+                earlier.push(tokens);
+                if earlier.len() > 30 {
+                    earlier.swap_remove(next(30) as usize);
+                }
+            }
+        }
+    }
+
+    /// Every run length in every prompt length, across the galloping
+    /// search's probe positions (1, 3, 7, … and the last block).
+    #[test]
+    fn search_finds_every_run_length() {
+        let prompt: Vec<u64> = (1..=70).collect();
+        for run in 0..=prompt.len() {
+            let mut shadow = InstanceShadow::new(100);
+            shadow.remember_prefix(&prompt[..run]);
+            for len in 0..=prompt.len() {
+                let want = (run.min(len) * BLOCK_TOKENS) as u64;
+                assert_eq!(
+                    shadow.cache_hit_tokens(&prompt[..len]),
+                    want,
+                    "run {run}, prompt {len} blocks"
+                );
             }
         }
     }
