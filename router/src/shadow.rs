@@ -36,6 +36,8 @@ pub(crate) struct Load {
 /// Counters plus the prefix-block cache of one instance.
 #[derive(Debug)]
 pub(crate) struct InstanceShadow {
+    /// `max_prefill_remaining` included: kept current by every change to
+    /// `prefills`, since every decision reads every instance's counters.
     counters: ShadowCounters,
     /// Multiset of pending prefills, for `max_prefill_remaining`.
     prefills: BTreeMap<u64, u32>,
@@ -64,10 +66,7 @@ impl InstanceShadow {
     }
 
     pub(crate) fn counters(&self) -> ShadowCounters {
-        ShadowCounters {
-            max_prefill_remaining: self.prefills.keys().next_back().copied().unwrap_or(0),
-            ..self.counters
-        }
+        self.counters
     }
 
     /// Tokens covered by the longest run of leading blocks in the cache.
@@ -149,6 +148,7 @@ impl InstanceShadow {
         c.ongoing_tokens += load.input_len;
         c.pending_prefill_tokens += load.new_prefill;
         c.num_prefilling += 1;
+        c.max_prefill_remaining = c.max_prefill_remaining.max(load.new_prefill);
         *self.prefills.entry(load.new_prefill).or_insert(0) += 1;
     }
 
@@ -176,6 +176,8 @@ impl InstanceShadow {
         match self.prefills.get_mut(&load.new_prefill) {
             Some(1) => {
                 self.prefills.remove(&load.new_prefill);
+                self.counters.max_prefill_remaining =
+                    self.prefills.keys().next_back().copied().unwrap_or(0);
             }
             Some(count) => *count -= 1,
             None => debug_assert!(false, "released a prefill that was never reserved"),
