@@ -157,17 +157,19 @@ impl EffectiveState {
     /// reserved must count before the engine has seen it.
     pub fn merge(shadow: &ShadowCounters, real: Option<&RealState>) -> EffectiveState {
         match real.filter(|real| real.fresh) {
-            Some(real) => EffectiveState::merge_fresh(shadow, &real.snapshot, real.capture_age),
+            Some(real) => {
+                EffectiveState::merge_fresh(shadow, &RealLoad::of(&real.snapshot), real.capture_age)
+            }
             None => EffectiveState::shadow_only(shadow),
         }
     }
 
-    /// The merge with a snapshot known to be fresh, taken by reference: the
-    /// router calls this for every instance on every decision, and copying
-    /// 128-byte snapshots around was a quarter of a 256-instance decision.
+    /// The merge with the load of a snapshot known to be fresh: the router
+    /// calls this for every instance on every decision, so the snapshot is
+    /// reduced to a [`RealLoad`] once, when it is stored.
     pub(crate) fn merge_fresh(
         shadow: &ShadowCounters,
-        snap: &Snapshot,
+        real: &RealLoad,
         age: Duration,
     ) -> EffectiveState {
         let mut effective = EffectiveState::shadow_only(shadow);
@@ -178,38 +180,62 @@ impl EffectiveState {
                 fields.0 |= flag.0;
             }
         };
-        let real_requests = snap.num_running.saturating_add(snap.num_waiting);
         take_max(
             &mut effective.num_requests,
-            real_requests,
+            real.num_requests,
             RealFields::NUM_REQUESTS,
         );
         take_max(
             &mut effective.pending_prefill_tokens,
-            snap.pending_prefill_tokens,
+            real.pending_prefill_tokens,
             RealFields::PENDING_PREFILL_TOKENS,
         );
         take_max(
             &mut effective.ongoing_decode_tokens,
-            snap.ongoing_decode_tokens,
+            real.ongoing_decode_tokens,
             RealFields::ONGOING_DECODE_TOKENS,
         );
         take_max(
             &mut effective.num_prefilling,
-            snap.num_prefilling,
+            real.num_prefilling,
             RealFields::NUM_PREFILLING,
         );
         take_max(
             &mut effective.max_prefill_remaining,
-            snap.max_prefill_remaining,
+            real.max_prefill_remaining,
             RealFields::MAX_PREFILL_REMAINING,
         );
-        effective.kv_used_frac = snap.gpu_kv_used_frac();
+        effective.kv_used_frac = real.kv_used_frac;
         if effective.kv_used_frac.is_some() {
             fields.0 |= RealFields::KV_USED_FRAC.0;
         }
         effective.real = Some(RealUsed { age, fields });
         effective
+    }
+}
+
+/// The fields of a snapshot that enter the merge, in the merge's terms
+/// (`num_requests` = running + waiting, the KV fraction divided out).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct RealLoad {
+    num_requests: u64,
+    pending_prefill_tokens: u64,
+    ongoing_decode_tokens: u64,
+    num_prefilling: u64,
+    max_prefill_remaining: u64,
+    kv_used_frac: Option<f64>,
+}
+
+impl RealLoad {
+    pub(crate) fn of(snap: &Snapshot) -> RealLoad {
+        RealLoad {
+            num_requests: snap.num_running.saturating_add(snap.num_waiting),
+            pending_prefill_tokens: snap.pending_prefill_tokens,
+            ongoing_decode_tokens: snap.ongoing_decode_tokens,
+            num_prefilling: snap.num_prefilling,
+            max_prefill_remaining: snap.max_prefill_remaining,
+            kv_used_frac: snap.gpu_kv_used_frac(),
+        }
     }
 }
 

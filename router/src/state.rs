@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 
-use crate::effective::{EffectiveState, RealState};
+use crate::effective::{EffectiveState, RealLoad, RealState};
 use crate::error::Error;
 use crate::lru::Lru;
 use crate::policy::{Candidate, RoundRobin};
@@ -21,8 +21,19 @@ pub(crate) struct Instance {
     /// new one's counters.
     pub uid: u64,
     pub shadow: InstanceShadow,
-    /// The last real state given and when it was given.
-    pub real: Option<(RealState, Instant)>,
+    /// The last real state given, if it was fresh (state that is not fresh
+    /// is never merged, so it is stored as `None`).
+    pub real: Option<StoredReal>,
+}
+
+/// Fresh real state as stored: reduced to what the merge reads, and stamped
+/// in nanoseconds since the router's epoch, so that a decision ages every
+/// instance's state with a subtraction rather than an `Instant` difference.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StoredReal {
+    load: RealLoad,
+    capture_age: Duration,
+    given_ns: u64,
 }
 
 /// Counts for [`crate::RouterStats`].
@@ -37,6 +48,8 @@ pub(crate) struct Counts {
 #[derive(Debug)]
 pub(crate) struct RouterState {
     pub instances: Vec<Instance>,
+    /// Time zero of [`StoredReal::given_ns`].
+    epoch: Instant,
     positions: HashMap<String, usize>,
     /// Session id hash → instance uid.
     sessions: Lru<u64>,
@@ -62,6 +75,7 @@ impl RouterState {
     pub(crate) fn new(settings: &RouterSettings) -> RouterState {
         RouterState {
             instances: Vec::new(),
+            epoch: Instant::now(),
             positions: HashMap::new(),
             sessions: Lru::new(settings.max_sessions),
             rr: RoundRobin::default(),
@@ -118,10 +132,21 @@ impl RouterState {
         Ok(())
     }
 
+    /// Nanoseconds from the epoch to `now` (exact: `Instant`s are whole
+    /// nanoseconds, and u64 nanoseconds last 584 years).
+    fn since_epoch_ns(&self, now: Instant) -> u64 {
+        u64::try_from(now.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
+    }
+
     pub(crate) fn set_real_state(&mut self, id: &str, real: RealState, now: Instant) -> bool {
+        let stored = real.fresh.then(|| StoredReal {
+            load: RealLoad::of(&real.snapshot),
+            capture_age: real.capture_age,
+            given_ns: self.since_epoch_ns(now),
+        });
         match self.positions.get(id) {
             Some(&position) => {
-                self.instances[position].real = Some((real, now));
+                self.instances[position].real = stored;
                 true
             }
             None => false,
@@ -135,15 +160,25 @@ impl RouterState {
         now: Instant,
         expiry: Duration,
     ) -> EffectiveState {
+        self.effective_at(position, consult_real, self.since_epoch_ns(now), expiry)
+    }
+
+    fn effective_at(
+        &self,
+        position: usize,
+        consult_real: bool,
+        now_ns: u64,
+        expiry: Duration,
+    ) -> EffectiveState {
         let instance = &self.instances[position];
         let shadow = instance.shadow.counters();
         // Stored state is fresh only within `expiry` of being given, and ages
-        // meanwhile; matched by reference, so no 128-byte snapshot is copied.
+        // meanwhile.
         match &instance.real {
-            Some((real, given)) if consult_real && real.fresh => {
-                let since = now.saturating_duration_since(*given);
+            Some(real) if consult_real => {
+                let since = Duration::from_nanos(now_ns.saturating_sub(real.given_ns));
                 if since <= expiry {
-                    EffectiveState::merge_fresh(&shadow, &real.snapshot, real.capture_age + since)
+                    EffectiveState::merge_fresh(&shadow, &real.load, real.capture_age + since)
                 } else {
                     EffectiveState::shadow_only(&shadow)
                 }
@@ -162,10 +197,11 @@ impl RouterState {
         now: Instant,
         expiry: Duration,
     ) {
+        let now_ns = self.since_epoch_ns(now);
         let mut candidates = std::mem::take(&mut self.candidates);
         candidates.clear();
         candidates.extend((0..self.instances.len()).map(|position| Candidate {
-            state: self.effective(position, consult_real, now, expiry),
+            state: self.effective_at(position, consult_real, now_ns, expiry),
             cache_hit_tokens: blocks.map_or(0, |blocks| {
                 self.instances[position].shadow.cache_hit_tokens(blocks)
             }),
