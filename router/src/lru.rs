@@ -158,6 +158,25 @@ impl<V> Lru<V> {
         }
     }
 
+    /// Move the segment from `first` (its newest entry) to `last` to the
+    /// newest end, keeping its order.
+    fn move_to_front(&mut self, first: u32, last: u32) {
+        let newer = self.nodes[first as usize].newer;
+        if newer == NIL {
+            return; // already there
+        }
+        let older = self.nodes[last as usize].older;
+        self.nodes[newer as usize].older = older;
+        match older {
+            NIL => self.oldest = newer,
+            o => self.nodes[o as usize].newer = newer,
+        }
+        self.nodes[last as usize].older = self.newest;
+        self.nodes[self.newest as usize].newer = last;
+        self.nodes[first as usize].newer = NIL;
+        self.newest = first;
+    }
+
     fn push_newest(&mut self, slot: u32) {
         let node = &mut self.nodes[slot as usize];
         node.newer = NIL;
@@ -167,6 +186,68 @@ impl<V> Lru<V> {
             n => self.nodes[n as usize].newer = slot,
         }
         self.newest = slot;
+    }
+}
+
+impl Lru<()> {
+    /// Insert every key, the last first, so that `keys[0]` ends up newest:
+    /// exactly `for &key in keys.iter().rev() { self.insert(key, ()) }`.
+    ///
+    /// Faster when a leading run of `keys` is already the newest entries in
+    /// that order (the prompt routed here last, which a later turn of the
+    /// same conversation extends): those are moved as one segment instead of
+    /// one hash lookup and relink each, and when the run is all of `keys`
+    /// nothing changes at all.
+    pub(crate) fn insert_run(&mut self, keys: &[u64]) {
+        // The newest `run` entries are keys[..run], in order.
+        let mut run = 0;
+        let mut slot = self.newest;
+        while run < keys.len() && slot != NIL && self.nodes[slot as usize].key == keys[run] {
+            slot = self.nodes[slot as usize].older;
+            run += 1;
+        }
+        if run == keys.len() {
+            return;
+        }
+        if run == 0 {
+            for &key in keys.iter().rev() {
+                self.insert(key, ());
+            }
+            return;
+        }
+        let first = self.newest;
+        for &key in keys[run..].iter().rev() {
+            self.insert(key, ());
+        }
+        // Those inserts moved the run back but, unless one of them was a
+        // duplicate of a run key or evicted one, left it whole and in order;
+        // moving it to the front is then what inserting its keys last to
+        // first would do. Checked rather than assumed: keys are the caller's.
+        match self.segment_end(first, &keys[..run]) {
+            Some(last) => self.move_to_front(first, last),
+            None => {
+                for &key in keys[..run].iter().rev() {
+                    self.insert(key, ());
+                }
+            }
+        }
+    }
+
+    /// The last slot of the segment that starts at `first` and holds `keys`
+    /// in order, newest first; `None` if there is no such segment.
+    fn segment_end(&self, first: u32, keys: &[u64]) -> Option<u32> {
+        let mut slot = first;
+        let mut last = NIL;
+        for &key in keys {
+            // Every slot reached is a live entry (nothing was freed since
+            // `first` was the newest), so its key is in the map.
+            if slot == NIL || self.nodes[slot as usize].key != key {
+                return None;
+            }
+            last = slot;
+            slot = self.nodes[slot as usize].older;
+        }
+        (last != NIL).then_some(last)
     }
 }
 
@@ -214,6 +295,64 @@ mod tests {
         lru.insert(40, 4); // full: evicts 20
         assert!(!lru.contains(20));
         assert_eq!(lru.peek(40), Some(&4));
+    }
+
+    /// Keys from newest to oldest, checked against the links both ways.
+    fn order<V>(lru: &Lru<V>) -> Vec<u64> {
+        let mut keys = Vec::new();
+        let mut slot = lru.newest;
+        let mut newer = NIL;
+        while slot != NIL {
+            let node = &lru.nodes[slot as usize];
+            assert_eq!(node.newer, newer, "broken newer link");
+            assert_eq!(lru.map.get(&node.key), Some(&slot));
+            keys.push(node.key);
+            newer = slot;
+            slot = node.older;
+        }
+        assert_eq!(lru.oldest, newer);
+        assert_eq!(keys.len(), lru.len());
+        keys
+    }
+
+    /// `insert_run` against one `insert` per key, last first: random runs
+    /// over a small key space (duplicates, evictions, a cache smaller than
+    /// the run), repeats and extensions of the last run, and removals.
+    #[test]
+    fn insert_run_is_inserting_each_key_last_first() {
+        let mut state = 0x9E37_79B9_7F4A_7C15_u64;
+        let mut next = move |bound: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % bound
+        };
+        for capacity in [1, 2, 3, 5, 8, 30] {
+            let (mut fast, mut plain) = (Lru::new(capacity), Lru::new(capacity));
+            let mut last: Vec<u64> = Vec::new();
+            for _ in 0..5000 {
+                let keys: Vec<u64> = match next(4) {
+                    0 => last.clone(),
+                    1 => {
+                        let mut keys = last.clone();
+                        keys.truncate(next(keys.len() as u64 + 1) as usize);
+                        keys.extend((0..next(4)).map(|_| next(40)));
+                        keys
+                    }
+                    _ => (0..next(12)).map(|_| next(40)).collect(),
+                };
+                if next(10) == 0 {
+                    let key = next(40);
+                    assert_eq!(fast.remove(key), plain.remove(key));
+                }
+                fast.insert_run(&keys);
+                for &key in keys.iter().rev() {
+                    plain.insert(key, ());
+                }
+                assert_eq!(order(&fast), order(&plain), "after {keys:?}");
+                last = keys;
+            }
+        }
     }
 
     #[test]

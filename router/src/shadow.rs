@@ -133,9 +133,7 @@ impl InstanceShadow {
     /// used and a full cache evicts prefixes from the tail (as vLLM frees
     /// them): this keeps every prompt's cached part a leading run.
     pub(crate) fn remember_prefix(&mut self, blocks: &[u64]) {
-        for &hash in blocks.iter().rev() {
-            self.cache.insert(hash, ());
-        }
+        self.cache.insert_run(blocks);
     }
 
     pub(crate) fn cached_blocks(&self) -> usize {
