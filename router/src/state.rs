@@ -51,8 +51,9 @@ pub(crate) struct RouterState {
     /// Time zero of [`StoredReal::given_ns`].
     epoch: Instant,
     positions: HashMap<String, usize>,
-    /// Session id hash → instance uid.
-    sessions: Lru<u64>,
+    /// Session id hash → instance uid, and the instance's position when
+    /// bound (a hint: positions only shift when an instance is removed).
+    sessions: Lru<(u64, usize)>,
     pub rr: RoundRobin,
     next_uid: u64,
     /// Effective state of every instance for the decision in progress; kept
@@ -211,12 +212,13 @@ impl RouterState {
 
     /// The position of the session's instance, if it is bound to one still routed to.
     pub(crate) fn bound(&self, session: u64) -> Option<usize> {
-        let uid = *self.sessions.peek(session)?;
-        self.position_of_uid(uid, 0)
+        let &(uid, hint) = self.sessions.peek(session)?;
+        self.position_of_uid(uid, hint)
     }
 
     pub(crate) fn bind(&mut self, session: u64, position: usize) {
-        self.sessions.insert(session, self.instances[position].uid);
+        self.sessions
+            .insert(session, (self.instances[position].uid, position));
     }
 
     pub(crate) fn end_session(&mut self, session: u64) -> bool {
