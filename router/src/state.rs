@@ -36,6 +36,28 @@ pub(crate) struct StoredReal {
     given_ns: u64,
 }
 
+impl Instance {
+    /// Its effective state at `now_ns` (since the router's epoch). Inlined
+    /// into the loop over every instance that each decision runs.
+    #[inline]
+    fn effective(&self, consult_real: bool, now_ns: u64, expiry: Duration) -> EffectiveState {
+        let shadow = self.shadow.counters();
+        // Stored state is fresh only within `expiry` of being given, and ages
+        // meanwhile.
+        match &self.real {
+            Some(real) if consult_real => {
+                let since = Duration::from_nanos(now_ns.saturating_sub(real.given_ns));
+                if since <= expiry {
+                    EffectiveState::merge_fresh(&shadow, &real.load, real.capture_age + since)
+                } else {
+                    EffectiveState::shadow_only(&shadow)
+                }
+            }
+            _ => EffectiveState::shadow_only(&shadow),
+        }
+    }
+}
+
 /// Counts for [`crate::RouterStats`].
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Counts {
@@ -161,31 +183,7 @@ impl RouterState {
         now: Instant,
         expiry: Duration,
     ) -> EffectiveState {
-        self.effective_at(position, consult_real, self.since_epoch_ns(now), expiry)
-    }
-
-    fn effective_at(
-        &self,
-        position: usize,
-        consult_real: bool,
-        now_ns: u64,
-        expiry: Duration,
-    ) -> EffectiveState {
-        let instance = &self.instances[position];
-        let shadow = instance.shadow.counters();
-        // Stored state is fresh only within `expiry` of being given, and ages
-        // meanwhile.
-        match &instance.real {
-            Some(real) if consult_real => {
-                let since = Duration::from_nanos(now_ns.saturating_sub(real.given_ns));
-                if since <= expiry {
-                    EffectiveState::merge_fresh(&shadow, &real.load, real.capture_age + since)
-                } else {
-                    EffectiveState::shadow_only(&shadow)
-                }
-            }
-            _ => EffectiveState::shadow_only(&shadow),
-        }
+        self.instances[position].effective(consult_real, self.since_epoch_ns(now), expiry)
     }
 
     /// Fill `candidates` for one decision. Cache hits are only estimated when
@@ -199,15 +197,13 @@ impl RouterState {
         expiry: Duration,
     ) {
         let now_ns = self.since_epoch_ns(now);
-        let mut candidates = std::mem::take(&mut self.candidates);
-        candidates.clear();
-        candidates.extend((0..self.instances.len()).map(|position| Candidate {
-            state: self.effective_at(position, consult_real, now_ns, expiry),
-            cache_hit_tokens: blocks.map_or(0, |blocks| {
-                self.instances[position].shadow.cache_hit_tokens(blocks)
-            }),
-        }));
-        self.candidates = candidates;
+        self.candidates.clear();
+        self.candidates
+            .extend(self.instances.iter().map(|instance| Candidate {
+                state: instance.effective(consult_real, now_ns, expiry),
+                cache_hit_tokens:
+                    blocks.map_or(0, |blocks| instance.shadow.cache_hit_tokens(blocks)),
+            }));
     }
 
     /// The position of the session's instance, if it is bound to one still routed to.
