@@ -6,7 +6,8 @@
 //! and `engine_state_status` (label `status`, 1 for the current one).
 //! Agent-wide: histograms `engine_state_snapshot_age_seconds` (capture age of
 //! each relayed record) and `engine_state_relay_lag_seconds` (engine's
-//! heartbeat stamp → Redis acknowledged), counters
+//! heartbeat stamp → Redis's acknowledgement read, at the pass after the
+//! write: up to one poll interval later than Redis sent it), counters
 //! `engine_state_read_errors_total`, `engine_state_relay_errors_total`,
 //! `engine_state_relayed_total`, gauges `engine_state_engines` and
 //! `engine_state_redis_connected`.
@@ -68,7 +69,7 @@ fn describe() {
     metrics::describe_histogram!(
         RELAY_LAG,
         metrics::Unit::Seconds,
-        "Engine heartbeat stamp to Redis acknowledgement, per relayed record"
+        "Engine heartbeat stamp to Redis acknowledgement (read at the relay pass after the write), per relayed record"
     );
     metrics::describe_counter!(
         READ_ERRORS,
