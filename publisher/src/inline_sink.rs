@@ -210,9 +210,10 @@ impl InlineSink {
         }
     }
 
-    /// Keeps `ops` for later unless a newer op for the engine is pending.
+    /// Keeps `ops` (oldest first; an engine may appear more than once) for
+    /// later: per engine the newest of them, unless a newer op is pending.
     fn keep_older(&mut self, ops: Vec<(Arc<str>, SinkOp)>) {
-        for (id, op) in ops {
+        for (id, op) in ops.into_iter().rev() {
             self.pending.entry(id).or_insert(op);
         }
     }

@@ -330,3 +330,29 @@ fn inline_sink_keeps_the_newest_record_through_an_outage_and_writes_it_after() {
     assert!(sink.flush(Duration::from_secs(2)));
     assert_eq!(steps(&mut source), (None, Some(2)));
 }
+
+#[test]
+fn inline_sink_keeps_the_newest_record_of_a_pipeline_that_failed() {
+    let mut redis = RedisServer::start();
+    let uri = redis.uri("?prefix=failed:");
+    let target = RedisTarget::parse(&uri).unwrap();
+    let mut sink = InlineSink::new(target.clone(), Some(target.connect().unwrap()), None);
+    let a: std::sync::Arc<str> = "a".into();
+    redis.kill();
+    // One pipeline with two records of `a`, sent to a server that is gone:
+    // the send or the replies fail, and of the two records the newer is kept.
+    sink.submit(&mut vec![set_op(&a, 1), set_op(&a, 2)]);
+    sink.submit(&mut Vec::new());
+    assert!(!sink.stats().connected.load(Ordering::Relaxed), "{sink:?}");
+    redis.restart();
+    assert!(sink.flush(Duration::from_secs(10)), "{sink:?}");
+    let mut source = reader(&uri, 5000);
+    wait_for(
+        || {
+            source
+                .read()
+                .is_ok_and(|r| r.get("a").map(|e| e.snapshot.step) == Some(2))
+        },
+        "a at step 2 after the restart",
+    );
+}
