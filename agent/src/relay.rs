@@ -100,7 +100,6 @@ impl Relay {
             // of CPU per second saved at 1024 engines. New engines are found
             // within a second; replaced files are reopened at once anyway.
             rescan_interval: RESCAN_INTERVAL,
-            ..ReaderOptions::default()
         };
         let shm = ShmDir::open(&config.shm_dir, options)?;
         let connection = match config.redis.connect() {
