@@ -169,7 +169,7 @@ fn relay_loop(
             next_poll = now + poll; // late (a long tick, or descheduled): do not catch up
         }
         // With no engines there is nothing to poll: new ones are found by
-        // the directory listing of a full pass anyway (every 250 ms at most).
+        // the directory listing of a full pass anyway (once a second).
         let wake = if relay.reading().engines.is_empty() {
             next_tick
         } else {
