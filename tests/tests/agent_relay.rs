@@ -227,29 +227,36 @@ fn agent_with_a_wrong_password_fails_clearly_without_leaking_it() {
     assert!(!stderr.contains("wrong-pass-456"), "{stderr}");
 }
 
-#[test]
-fn agent_rides_out_a_redis_restart_and_relays_again() {
-    let mut redis = RedisServer::start();
-    let redis_uri = redis.uri("?prefix=outage:");
-    let dir = tempfile::tempdir().unwrap();
+/// A Python publisher of engine "steady": step 1, 2, … every 10 ms, from a thread.
+fn steady_publisher(dir: &std::path::Path) -> Proc {
     let script = "import threading, time\n\
                   def run():\n    \
                       for step in range(1, 10**7):\n        \
                           pub.publish(step=step, num_running=1)\n        \
                           time.sleep(0.01)\n\
                   threading.Thread(target=run, daemon=True).start()";
+    python_publisher(dir, "steady", script)
+}
+
+/// The step of engine "steady" as a Redis reader sees it, when fresh.
+fn relayed_step(remote: &mut Box<dyn Source>) -> Option<u64> {
+    remote.read().ok().and_then(|r| {
+        r.get("steady")
+            .filter(|e| e.is_fresh())
+            .map(|e| e.snapshot.step)
+    })
+}
+
+#[test]
+fn agent_rides_out_a_redis_restart_and_relays_again() {
+    let mut redis = RedisServer::start();
+    let redis_uri = redis.uri("?prefix=outage:");
+    let dir = tempfile::tempdir().unwrap();
     // The agent starts on an empty directory (it polls only once an engine
     // is there) and finds the engine when it appears.
     let (_agent, addr) = agent(dir.path(), &redis_uri, &[]);
-    let _publisher = python_publisher(dir.path(), "steady", script);
+    let _publisher = steady_publisher(dir.path());
     let mut remote = redis_reader(&redis_uri);
-    let relayed_step = |remote: &mut Box<dyn Source>| {
-        remote.read().ok().and_then(|r| {
-            r.get("steady")
-                .filter(|e| e.is_fresh())
-                .map(|e| e.snapshot.step)
-        })
-    };
     let mut before = 0;
     wait_for(
         || {
@@ -294,23 +301,13 @@ fn a_redis_that_stops_answering_holds_the_relay_at_most_the_network_timeout() {
     let redis = RedisServer::start();
     let redis_uri = redis.uri("?prefix=frozen:");
     let dir = tempfile::tempdir().unwrap();
-    let script = "import threading, time\n\
-                  def run():\n    \
-                      for step in range(1, 10**7):\n        \
-                          pub.publish(step=step, num_running=1)\n        \
-                          time.sleep(0.01)\n\
-                  threading.Thread(target=run, daemon=True).start()";
-    let _publisher = python_publisher(dir.path(), "steady", script);
+    let _publisher = steady_publisher(dir.path());
     let (_agent, addr) = agent(dir.path(), &redis_uri, &[]);
     let mut remote = redis_reader(&redis_uri);
     let mut before = 0;
     wait_for(
         || {
-            before = remote
-                .read()
-                .ok()
-                .and_then(|r| r.get("steady").map(|e| e.snapshot.step))
-                .unwrap_or(0);
+            before = relayed_step(&mut remote).unwrap_or(0);
             before > 0
         },
         "the engine relayed",
@@ -330,17 +327,7 @@ fn a_redis_that_stops_answering_holds_the_relay_at_most_the_network_timeout() {
     assert!(health.contains("redis: unreachable"), "{health}");
     redis.freeze(false);
     wait_for(
-        || {
-            remote
-                .read()
-                .ok()
-                .and_then(|r| {
-                    r.get("steady")
-                        .filter(|e| e.is_fresh())
-                        .map(|e| e.snapshot.step)
-                })
-                .is_some_and(|step| step > before + 100)
-        },
+        || relayed_step(&mut remote).is_some_and(|step| step > before + 100),
         "the engine relayed again after the thaw",
     );
 }
