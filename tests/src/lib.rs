@@ -116,6 +116,19 @@ pub fn python_publisher_at(uri: &str, engine_id: &str, body: &str) -> Proc {
     proc
 }
 
+/// `esdump --json --uri <uri>`, asserted to succeed: its JSON and its stderr.
+pub fn esdump_json(uri: &str) -> (serde_json::Value, String) {
+    let out = Command::new(bin("esdump"))
+        .args(["--json", "--uri", uri])
+        .output()
+        .expect("run esdump");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "esdump --json failed: {stderr}");
+    let json = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("esdump printed no JSON ({e}): {stderr}"));
+    (json, stderr)
+}
+
 /// Polls `condition` every 5 ms for up to 10 s; panics naming `what` on timeout.
 pub fn wait_for(mut condition: impl FnMut() -> bool, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);

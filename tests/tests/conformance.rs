@@ -323,16 +323,7 @@ fn esdump_json_shows_the_same_engines(backend: &impl Backend) {
         },
         "both engines",
     );
-    let out = Command::new(bin("esdump"))
-        .args(["--json", "--uri", &backend.uri()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let value: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (value, _) = esdump_json(&backend.uri());
     let engines = value.as_array().unwrap();
     let got: Vec<(&str, u64, &str)> = engines
         .iter()

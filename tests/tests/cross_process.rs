@@ -1,6 +1,5 @@
 //! Python publisher ↔ Rust reader and esdump, across processes.
 
-use std::process::Command;
 use std::time::Duration;
 
 use engine_state_reader::{ReaderOptions, ShmDir, Source, Status};
@@ -77,20 +76,7 @@ fn heartbeat_needs_no_gil() {
 fn esdump_json_reads_a_python_publisher() {
     let dir = tempfile::tempdir().unwrap();
     let _py = python_publisher(dir.path(), "py-json", PUBLISH);
-    let out = Command::new(bin("esdump"))
-        .args([
-            "--json",
-            "--uri",
-            &format!("file://{}", dir.path().display()),
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let value: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (value, _) = esdump_json(&format!("file://{}", dir.path().display()));
     let engines = value.as_array().unwrap();
     assert_eq!(engines.len(), 1);
     let e = engines[0].as_object().unwrap();

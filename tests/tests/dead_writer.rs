@@ -77,11 +77,6 @@ fn writer_killed_mid_write_reads_as_torn_within_the_bound() {
         "bounded retries, took {:?}",
         started.elapsed()
     );
-    let out = Command::new(bin("esdump"))
-        .args(["--json", "--uri", &uri])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let value: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (value, _) = esdump_json(&uri);
     assert_eq!(value[0]["status"], "torn");
 }

@@ -129,14 +129,8 @@ fn foreign_values_and_other_versions_are_per_engine_errors() {
     assert_eq!(reading.errors.len(), 5, "{:?}", reading.errors);
 
     // esdump shows the same: the engines, and each error on stderr.
-    let out = Command::new(bin("esdump"))
-        .args(["--json", "--uri", &uri])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (value, stderr) = esdump_json(&uri);
     assert!(stderr.contains("layout version 2"), "{stderr}");
-    let value: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(value[0]["engine_id"], "good");
     assert_eq!(value[0]["num_running"], 3);
 }

@@ -54,16 +54,7 @@ fn python_publisher_to_rust_reader_esdump_and_python_reader() {
     );
     assert_eq!(e.gpu_kv_used_frac(), Some(0.75));
 
-    let out = Command::new(bin("esdump"))
-        .args(["--json", "--uri", &uri])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let dumped: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (dumped, _) = esdump_json(&uri);
 
     let script = format!(
         "import json\nfrom engine_state import Reader\n\
