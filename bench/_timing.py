@@ -23,11 +23,17 @@ def timed(calls: int, fn) -> list[int]:
     return out
 
 
+def percentile(values, q: float):
+    """The `q` quantile (0..1) of `values`, nearest rank."""
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * (len(s) - 1)))]
+
+
 def summary(samples: list[int], overhead: int = 0) -> dict[str, float]:
     """Median, p99 and mean in ns, with the timer's own cost subtracted."""
-    s = sorted(max(x - overhead, 0) for x in samples)
-    q = lambda p: s[min(len(s) - 1, int(p * (len(s) - 1)))]
-    return {"median_ns": float(q(0.5)), "p99_ns": float(q(0.99)), "mean_ns": statistics.fmean(s)}
+    s = [max(x - overhead, 0) for x in samples]
+    return {"median_ns": float(percentile(s, 0.5)), "p99_ns": float(percentile(s, 0.99)),
+            "mean_ns": statistics.fmean(s)}
 
 
 def machine() -> str:

@@ -41,80 +41,42 @@ import sys
 import tempfile
 import threading
 import time
-from collections import deque
+import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from _timing import percentile, timed  # noqa: E402
 STEP_MS = 20.0
 PERIOD_MS = 50
 
 
 # ---- vLLM-shaped doubles (no vLLM needed) -----------------------------------
-
-
-class _Status(int):
-    pass
-
-
-WAITING, RUNNING, PREEMPTED = _Status(1), _Status(5), _Status(6)
-
-
-class DoubleRequest:
-    """The attributes the hook reads, plus ~40 more, as vLLM's Request has."""
-
-    def __init__(self, i: int, prompt: int) -> None:
-        for k in range(40):
-            setattr(self, f"attr_{k}", k)
-        self.request_id = f"r{i}"
-        self.num_prompt_tokens = prompt
-        self._output_token_ids: list[int] = []
-        self._all_token_ids = [i % 1000] * prompt
-        self.num_computed_tokens = 0
-        self.num_output_placeholders = 0
-        self.status = WAITING
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self._all_token_ids)
-
-    @property
-    def num_output_tokens(self) -> int:
-        return len(self._output_token_ids)
-
-    def append_output_token_ids(self, token: int) -> None:
-        self._output_token_ids.append(token)
-        self._all_token_ids.append(token)
-
-
-class DoubleScheduler:
-    class _Pool:
-        num_gpu_blocks = 65_537
-
-        def get_num_free_blocks(self) -> int:
-            return 12_345
-
-    class _Manager:
-        def __init__(self) -> None:
-            self.block_pool = DoubleScheduler._Pool()
-
-    class _Parallel:
-        data_parallel_index = 0
-        data_parallel_size = 1
-
-    def __init__(self) -> None:
-        self.running: list = []
-        self.waiting: deque = deque()
-        self.kv_holding_waiting: deque = deque()
-        self.kv_cache_manager = self._Manager()
-        self.parallel_config = self._Parallel()
+# The hook's unit-test doubles (publisher-py/tests/vllm_doubles.py: vLLM 0.33's
+# attribute names), with vLLM's object size and nothing of its scheduling.
 
 
 def double_setup(n: int):
+    sys.path.insert(0, os.path.join(HERE, "..", "publisher-py", "tests"))
+    import vllm_doubles as d
     from engine_state.vllm import _hook
 
-    scheduler = DoubleScheduler()
-    fill(scheduler, n, lambda i, p: DoubleRequest(i, p), RUNNING, WAITING, PREEMPTED)
-    hook = _hook.attach(scheduler, PREEMPTED)
-    return scheduler, hook, PREEMPTED
+    def make(i: int, prompt: int):
+        request = d.Request(f"r{i}", prompt)
+        for k in range(40):  # vLLM's Request has ~40 more attributes
+            setattr(request, f"attr_{k}", k)
+        return request
+
+    scheduler = types.SimpleNamespace(
+        running=[],
+        waiting=d.FCFSRequestQueue(),
+        kv_holding_waiting=d.FCFSRequestQueue(),
+        kv_cache_manager=d.KVCacheManager(d.BlockPool(65_537)),
+        parallel_config=d.ParallelConfig(),
+    )
+    status = d.RequestStatus
+    fill(scheduler, n, make, status.RUNNING, status.WAITING, status.PREEMPTED)
+    hook = _hook.attach(scheduler, status.PREEMPTED)
+    return scheduler, hook, status.PREEMPTED
 
 
 # ---- vLLM's real scheduler and requests -------------------------------------
@@ -231,18 +193,9 @@ def python_capture(scheduler, preempted) -> dict:
     )
 
 
-def percentile(values, q):
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
-
-
 def time_calls(fn, repeat: int) -> list[float]:
-    samples = []
-    for _ in range(repeat):
-        t0 = time.perf_counter_ns()
-        fn()
-        samples.append((time.perf_counter_ns() - t0) / 1000)
-    return samples
+    """µs of each of `repeat` calls of `fn`."""
+    return [ns / 1000 for ns in timed(repeat, fn)]
 
 
 def forward_sleep() -> None:
