@@ -129,6 +129,25 @@ pub fn esdump_json(uri: &str) -> (serde_json::Value, String) {
     (json, stderr)
 }
 
+/// Waits (as [`wait_for`]) until `source` reads engine `id` with `num_running`.
+pub fn wait_for_running(
+    source: &mut dyn engine_state_reader::Source,
+    id: &str,
+    num_running: u64,
+    what: &str,
+) {
+    wait_for(
+        || {
+            source
+                .read()
+                .unwrap()
+                .get(id)
+                .is_some_and(|s| s.snapshot.num_running == num_running)
+        },
+        what,
+    );
+}
+
 /// Polls `condition` every 5 ms for up to 10 s; panics naming `what` on timeout.
 pub fn wait_for(mut condition: impl FnMut() -> bool, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);

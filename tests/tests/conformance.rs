@@ -231,16 +231,7 @@ fn bad_entries_are_per_engine_errors_and_healthy_engines_still_read(backend: &im
     backend.put_foreign("junk");
     backend.put_other_version("future");
     let mut source = reader(backend, Duration::from_secs(2));
-    wait_for(
-        || {
-            source
-                .read()
-                .unwrap()
-                .get("good")
-                .is_some_and(|s| s.snapshot.num_running == 3)
-        },
-        "the healthy engine",
-    );
+    wait_for_running(&mut *source, "good", 3, "the healthy engine");
     let reading = source.read().unwrap();
     assert_eq!(reading.engines.len(), 1, "{:?}", reading.engines);
     let mut names: Vec<&str> = reading.errors.iter().map(|e| e.name.as_str()).collect();

@@ -170,16 +170,7 @@ fn passwords_work_and_wrong_ones_are_clear_errors_that_never_show_the_password()
         })
         .unwrap();
     let mut source = reader(&good, 2000);
-    wait_for(
-        || {
-            source
-                .read()
-                .unwrap()
-                .get("secure")
-                .is_some_and(|s| s.snapshot.num_running == 9)
-        },
-        "the engine behind a password",
-    );
+    wait_for_running(&mut *source, "secure", 9, "the engine behind a password");
     assert!(!source.uri().contains("right-pass-123"), "{}", source.uri());
     assert!(!format!("{publisher:?}").contains("right-pass-123"));
 
@@ -241,16 +232,7 @@ fn an_unreachable_server_does_not_stop_an_engine_from_starting() {
         })
         .unwrap();
     let mut source = reader(&uri, 2000);
-    wait_for(
-        || {
-            source
-                .read()
-                .unwrap()
-                .get("early")
-                .is_some_and(|s| s.snapshot.num_running == 4)
-        },
-        "the engine once Redis is up",
-    );
+    wait_for_running(&mut *source, "early", 4, "the engine once Redis is up");
 }
 
 /// A `SET` of `engine` at `step` for [`InlineSink::submit`].
