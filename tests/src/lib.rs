@@ -67,6 +67,16 @@ impl Proc {
         )
     }
 
+    /// The first line the child printed on its stdout (spawned piped);
+    /// waits for it. The pipe is closed afterwards.
+    pub fn first_line(&mut self) -> String {
+        let stdout = self.0.stdout.take().expect("a piped stdout");
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)
+            .expect("read the child's stdout");
+        line
+    }
+
     /// The child's pid.
     pub fn pid(&self) -> nix::unistd::Pid {
         nix::unistd::Pid::from_raw(self.0.id() as i32)
@@ -105,10 +115,7 @@ pub fn python_publisher_at(uri: &str, engine_id: &str, body: &str) -> Proc {
             .arg(script)
             .stdout(Stdio::piped()),
     );
-    let mut line = String::new();
-    let stdout = proc.0.stdout.take().expect("piped stdout");
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)
-        .expect("read child stdout");
+    let line = proc.first_line();
     assert_eq!(
         line, "ready\n",
         "the Python publisher did not start (its stderr is above)"

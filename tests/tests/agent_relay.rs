@@ -2,7 +2,7 @@
 //! to a real redis-server, a Redis reader sees the same snapshots, and
 //! /metrics and /healthz answer over HTTP with the right values.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -28,10 +28,7 @@ fn agent(dir: &std::path::Path, redis_uri: &str, extra: &[&str]) -> (Proc, Strin
             .stdout(Stdio::piped())
             .stderr(Stdio::piped()),
     );
-    let mut line = String::new();
-    BufReader::new(proc.0.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let line = proc.first_line();
     let addr = line
         .rsplit("http://")
         .next()
@@ -247,6 +244,19 @@ fn relayed_step(remote: &mut Box<dyn Source>) -> Option<u64> {
     })
 }
 
+/// Waits (as [`wait_for`]) until engine "steady" is relayed fresh; its step.
+fn wait_relayed(remote: &mut Box<dyn Source>, what: &str) -> u64 {
+    let mut step = 0;
+    wait_for(
+        || {
+            step = relayed_step(remote).unwrap_or(0);
+            step > 0
+        },
+        what,
+    );
+    step
+}
+
 #[test]
 fn agent_rides_out_a_redis_restart_and_relays_again() {
     let mut redis = RedisServer::start();
@@ -257,14 +267,7 @@ fn agent_rides_out_a_redis_restart_and_relays_again() {
     let (_agent, addr) = agent(dir.path(), &redis_uri, &[]);
     let _publisher = steady_publisher(dir.path());
     let mut remote = redis_reader(&redis_uri);
-    let mut before = 0;
-    wait_for(
-        || {
-            before = relayed_step(&mut remote).unwrap_or(0);
-            before > 0
-        },
-        "the engine relayed before the outage",
-    );
+    let before = wait_relayed(&mut remote, "the engine relayed before the outage");
 
     redis.kill();
     wait_for(
@@ -304,14 +307,7 @@ fn a_redis_that_stops_answering_holds_the_relay_at_most_the_network_timeout() {
     let _publisher = steady_publisher(dir.path());
     let (_agent, addr) = agent(dir.path(), &redis_uri, &[]);
     let mut remote = redis_reader(&redis_uri);
-    let mut before = 0;
-    wait_for(
-        || {
-            before = relayed_step(&mut remote).unwrap_or(0);
-            before > 0
-        },
-        "the engine relayed",
-    );
+    let before = wait_relayed(&mut remote, "the engine relayed");
 
     // Frozen for 3 s: the relay waits for the pipeline's replies for at most
     // the 1 s network timeout, then reconnects in the background, so the

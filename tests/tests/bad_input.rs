@@ -23,9 +23,7 @@ fn espublish(uri: &str, id: &str) -> Proc {
             ])
             .stdout(Stdio::piped()),
     );
-    let mut line = String::new();
-    let stdout = proc.0.stdout.take().expect("piped stdout");
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).unwrap();
+    let line = proc.first_line();
     assert!(
         line.contains("publishing"),
         "espublish did not start: {line:?}"

@@ -261,9 +261,7 @@ fn a_killed_writer_turns_dead(backend: &impl Backend) {
             .args(["--period-ms", "20", "--set", "num_running=7"])
             .stdout(Stdio::piped()),
     );
-    let mut line = String::new();
-    let stdout = writer.0.stdout.take().unwrap();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).unwrap();
+    let line = writer.first_line();
     assert!(line.contains("publishing doomed"), "{line}");
     let mut source = reader(backend, Duration::from_millis(200));
     wait_for(

@@ -142,12 +142,7 @@ fn espublish(uri: &str, id: &str, period_ms: u64) -> Proc {
             .args(["--set", "num_running=1"])
             .stdout(Stdio::piped()),
     );
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(proc.0.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
+    proc.first_line();
     proc
 }
 
@@ -159,12 +154,7 @@ fn esagent(shm_uri: &str, redis_uri: &str, flags: &[String]) -> Proc {
             .args(["--listen", &format!("127.0.0.1:{}", free_port())])
             .stdout(Stdio::piped()),
     );
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(proc.0.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
+    proc.first_line();
     proc
 }
 
