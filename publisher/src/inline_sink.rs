@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use engine_state_reader::{RedisTarget, RECONNECT_CAP, RECONNECT_FIRST};
 
-use crate::redis_sink::{acknowledged, check_replies, lock, PipelineEncoder};
+use crate::redis_sink::{acknowledged, check_replies, PipelineEncoder};
 use crate::{SinkOp, SinkStats, WrittenObserver};
 
 type Connecting = JoinHandle<Result<redis::Connection, engine_state_reader::Error>>;
@@ -179,8 +179,7 @@ impl InlineSink {
                 acknowledged(&self.stats, self.on_written.as_ref(), &self.in_flight_sent);
                 self.in_flight_sent.clear();
                 self.backoff = RECONNECT_FIRST;
-                self.stats.connected.store(true, Ordering::Relaxed);
-                *lock(&self.stats.last_error) = None;
+                self.stats.succeeded();
             }
             Err(error) => self.failed(error),
         }
@@ -194,9 +193,13 @@ impl InlineSink {
         let in_flight = std::mem::take(&mut self.in_flight);
         self.keep_older(in_flight);
         self.in_flight_sent.clear();
-        self.stats.errors.fetch_add(1, Ordering::Relaxed);
-        self.stats.connected.store(false, Ordering::Relaxed);
-        *lock(&self.stats.last_error) = Some(error.to_string());
+        self.stats.failed(&error);
+        self.back_off();
+    }
+
+    /// No connection attempt before the backoff has passed; the next one
+    /// waits twice as long (up to the cap).
+    fn back_off(&mut self) {
         self.next_attempt = Instant::now() + self.backoff;
         self.backoff = (self.backoff * 2).min(RECONNECT_CAP);
     }
@@ -232,15 +235,11 @@ impl InlineSink {
             match result {
                 Ok(con) => {
                     self.con = Some(con);
-                    self.stats.connected.store(true, Ordering::Relaxed);
-                    *lock(&self.stats.last_error) = None;
+                    self.stats.succeeded();
                 }
                 Err(error) => {
-                    self.stats.errors.fetch_add(1, Ordering::Relaxed);
-                    self.stats.connected.store(false, Ordering::Relaxed);
-                    *lock(&self.stats.last_error) = Some(error.to_string());
-                    self.next_attempt = Instant::now() + self.backoff;
-                    self.backoff = (self.backoff * 2).min(RECONNECT_CAP);
+                    self.stats.failed(&error);
+                    self.back_off();
                 }
             }
             return;
@@ -253,9 +252,9 @@ impl InlineSink {
             match attempt {
                 Ok(handle) => self.connecting = Some(handle),
                 Err(e) => {
-                    *lock(&self.stats.last_error) =
-                        Some(format!("cannot start a connection attempt: {e}"));
-                    self.next_attempt = Instant::now() + self.backoff;
+                    self.stats
+                        .failed(&format!("cannot start a connection attempt: {e}"));
+                    self.back_off();
                 }
             }
         }

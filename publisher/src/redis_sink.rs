@@ -50,13 +50,26 @@ pub struct SinkStats {
     pub errors: AtomicU64,
     /// Whether the last attempt succeeded.
     pub connected: AtomicBool,
-    pub(crate) last_error: Mutex<Option<String>>,
+    last_error: Mutex<Option<String>>,
 }
 
 impl SinkStats {
     /// The last error (password hidden), cleared by the next success.
     pub fn last_error(&self) -> Option<String> {
         lock(&self.last_error).clone()
+    }
+
+    /// Records a successful connection or write.
+    pub(crate) fn succeeded(&self) {
+        self.connected.store(true, Ordering::Relaxed);
+        *lock(&self.last_error) = None;
+    }
+
+    /// Records a failed connection attempt or write.
+    pub(crate) fn failed(&self, error: &dyn std::fmt::Display) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        self.connected.store(false, Ordering::Relaxed);
+        *lock(&self.last_error) = Some(error.to_string());
     }
 }
 
@@ -361,15 +374,12 @@ impl Worker {
             match result {
                 Ok(()) => {
                     self.backoff = RECONNECT_FIRST;
-                    self.shared.stats.connected.store(true, Ordering::Relaxed);
-                    *lock(&self.shared.stats.last_error) = None;
+                    self.shared.stats.succeeded();
                 }
                 Err(error) => {
                     self.con = None;
                     self.encoder.connection_lost();
-                    self.shared.stats.errors.fetch_add(1, Ordering::Relaxed);
-                    self.shared.stats.connected.store(false, Ordering::Relaxed);
-                    *lock(&self.shared.stats.last_error) = Some(error.to_string());
+                    self.shared.stats.failed(&error);
                     if stopping || self.sleep_unless_stopped(self.backoff) {
                         lock(&self.shared.mailbox).pending.clear();
                         self.shared.drained.notify_all();
@@ -542,7 +552,7 @@ impl PipelineEncoder {
     }
 }
 
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // Plain data behind the lock: a panic elsewhere leaves it usable.
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
