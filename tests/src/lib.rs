@@ -136,23 +136,15 @@ pub fn esdump_json(uri: &str) -> (serde_json::Value, String) {
     (json, stderr)
 }
 
-/// Waits (as [`wait_for`]) until `source` reads engine `id` with `num_running`.
-pub fn wait_for_running(
+/// Waits (as [`wait_for`]) until `source` reads engine `id` in a state that
+/// passes `test`.
+pub fn wait_for_engine(
     source: &mut dyn engine_state_reader::Source,
     id: &str,
-    num_running: u64,
     what: &str,
+    test: impl Fn(&engine_state_reader::EngineState) -> bool,
 ) {
-    wait_for(
-        || {
-            source
-                .read()
-                .unwrap()
-                .get(id)
-                .is_some_and(|s| s.snapshot.num_running == num_running)
-        },
-        what,
-    );
+    wait_for(|| source.read().unwrap().get(id).is_some_and(&test), what);
 }
 
 /// Polls `condition` every 5 ms for up to 10 s; panics naming `what` on timeout.

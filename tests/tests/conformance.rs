@@ -168,16 +168,9 @@ fn sees_every_update(backend: &impl Backend) {
             ..Snapshot::default()
         })
         .unwrap();
-        wait_for(
-            || {
-                source
-                    .read()
-                    .unwrap()
-                    .get("u")
-                    .is_some_and(|s| s.snapshot.step == step && s.snapshot.num_waiting == step * 10)
-            },
-            "the latest snapshot",
-        );
+        wait_for_engine(&mut *source, "u", "the latest snapshot", |s| {
+            s.snapshot.step == step && s.snapshot.num_waiting == step * 10
+        });
     }
 }
 
@@ -205,16 +198,9 @@ fn stale_threshold_is_a_reader_setting(backend: &impl Backend) {
     let mut p = publisher(backend, "slow", 1000);
     p.publish(running(1)).unwrap();
     let mut source = reader(backend, Duration::from_millis(50));
-    wait_for(
-        || {
-            source
-                .read()
-                .unwrap()
-                .get("slow")
-                .is_some_and(|s| s.status == Status::Fresh && s.snapshot.num_running == 1)
-        },
-        "fresh right after a publish",
-    );
+    wait_for_engine(&mut *source, "slow", "fresh right after a publish", |s| {
+        s.status == Status::Fresh && s.snapshot.num_running == 1
+    });
     std::thread::sleep(Duration::from_millis(150));
     let reading = source.read().unwrap();
     let state = reading.get("slow").unwrap();
@@ -231,7 +217,9 @@ fn bad_entries_are_per_engine_errors_and_healthy_engines_still_read(backend: &im
     backend.put_foreign("junk");
     backend.put_other_version("future");
     let mut source = reader(backend, Duration::from_secs(2));
-    wait_for_running(&mut *source, "good", 3, "the healthy engine");
+    wait_for_engine(&mut *source, "good", "the healthy engine", |s| {
+        s.snapshot.num_running == 3
+    });
     let reading = source.read().unwrap();
     assert_eq!(reading.engines.len(), 1, "{:?}", reading.engines);
     let mut names: Vec<&str> = reading.errors.iter().map(|e| e.name.as_str()).collect();
@@ -264,26 +252,15 @@ fn a_killed_writer_turns_dead(backend: &impl Backend) {
     let line = writer.first_line();
     assert!(line.contains("publishing doomed"), "{line}");
     let mut source = reader(backend, Duration::from_millis(200));
-    wait_for(
-        || {
-            source
-                .read()
-                .unwrap()
-                .get("doomed")
-                .is_some_and(|s| s.status == Status::Fresh && s.snapshot.num_running == 7)
-        },
-        "the writer to be fresh",
-    );
+    wait_for_engine(&mut *source, "doomed", "the writer to be fresh", |s| {
+        s.status == Status::Fresh && s.snapshot.num_running == 7
+    });
     writer.kill();
-    wait_for(
-        || {
-            source
-                .read()
-                .unwrap()
-                .get("doomed")
-                .is_some_and(|s| s.status == Status::Dead)
-        },
+    wait_for_engine(
+        &mut *source,
+        "doomed",
         "the killed writer to turn dead",
+        |s| s.status == Status::Dead,
     );
     let reading = source.read().unwrap();
     assert_eq!(

@@ -81,7 +81,9 @@ fn foreign_values_and_other_versions_are_per_engine_errors() {
         .unwrap();
 
     let mut source = test_reader(&uri, DEFAULT_STALE_AFTER);
-    wait_for_running(&mut *source, "good", 3, "the healthy engine");
+    wait_for_engine(&mut *source, "good", "the healthy engine", |s| {
+        s.snapshot.num_running == 3
+    });
     let reading = source.read().unwrap();
     let ids: Vec<&str> = reading.engines.iter().map(|e| &*e.engine_id).collect();
     assert_eq!(
@@ -201,7 +203,9 @@ fn rediss_tls_round_trip() {
         })
         .unwrap();
     let mut source = test_reader(&uri, DEFAULT_STALE_AFTER);
-    wait_for_running(&mut *source, "secure", 11, "the engine over TLS");
+    wait_for_engine(&mut *source, "secure", "the engine over TLS", |s| {
+        s.snapshot.num_running == 11
+    });
     // Plain redis:// against the TLS port is refused, clearly.
     let plain = uri
         .replace("rediss://", "redis://")

@@ -54,16 +54,9 @@ fn redis_killed_and_restarted_publish_stays_fast_readers_go_stale_then_fresh() {
     let mut step = 0;
 
     let normal = publish_timed(&mut publisher, &mut step, 1500);
-    wait_for(
-        || {
-            source
-                .read()
-                .unwrap()
-                .get("survivor")
-                .is_some_and(|s| s.status == Status::Fresh && s.snapshot.step == step)
-        },
-        "fresh before the outage",
-    );
+    wait_for_engine(&mut *source, "survivor", "fresh before the outage", |s| {
+        s.status == Status::Fresh && s.snapshot.step == step
+    });
 
     redis.kill();
     let outage = publish_timed(&mut publisher, &mut step, 1500);
@@ -84,15 +77,11 @@ fn redis_killed_and_restarted_publish_stays_fast_readers_go_stale_then_fresh() {
 
     redis.restart();
     let after = publish_timed(&mut publisher, &mut step, 200);
-    wait_for(
-        || {
-            source
-                .read()
-                .unwrap()
-                .get("survivor")
-                .is_some_and(|s| s.status == Status::Fresh && s.snapshot.step == step)
-        },
+    wait_for_engine(
+        &mut *source,
+        "survivor",
         "fresh again after the restart",
+        |s| s.status == Status::Fresh && s.snapshot.step == step,
     );
     assert!(publisher
         .redis_stats()
@@ -129,16 +118,9 @@ fn an_engine_that_stops_turns_stale_then_expires_dead() {
             .stdout(Stdio::null()),
     );
     let mut source = reader(&uri, 200);
-    wait_for(
-        || {
-            source
-                .read()
-                .unwrap()
-                .get("quitter")
-                .is_some_and(|s| s.status == Status::Fresh)
-        },
-        "fresh",
-    );
+    wait_for_engine(&mut *source, "quitter", "fresh", |s| {
+        s.status == Status::Fresh
+    });
     writer.kill();
     let mut seen = Vec::new();
     wait_for(
@@ -170,7 +152,12 @@ fn passwords_work_and_wrong_ones_are_clear_errors_that_never_show_the_password()
         })
         .unwrap();
     let mut source = reader(&good, 2000);
-    wait_for_running(&mut *source, "secure", 9, "the engine behind a password");
+    wait_for_engine(
+        &mut *source,
+        "secure",
+        "the engine behind a password",
+        |s| s.snapshot.num_running == 9,
+    );
     assert!(!source.uri().contains("right-pass-123"), "{}", source.uri());
     assert!(!format!("{publisher:?}").contains("right-pass-123"));
 
@@ -232,7 +219,9 @@ fn an_unreachable_server_does_not_stop_an_engine_from_starting() {
         })
         .unwrap();
     let mut source = reader(&uri, 2000);
-    wait_for_running(&mut *source, "early", 4, "the engine once Redis is up");
+    wait_for_engine(&mut *source, "early", "the engine once Redis is up", |s| {
+        s.snapshot.num_running == 4
+    });
 }
 
 /// A `SET` of `engine` at `step` for [`InlineSink::submit`].
