@@ -28,8 +28,9 @@ const REOPEN_BACKOFF: Duration = Duration::from_millis(20);
 /// at most every [`ReaderOptions::rescan_interval`]; between listings a read
 /// touches only the mappings: a seqlock read and two loads per engine. A file
 /// that its writer retired (replaced by a restarted engine) is reopened at once.
-/// [`ShmDir::read_changed_at`] is cheaper still: one load of the sequence word
-/// per engine, and a full read only of the engines that published since.
+/// [`ShmDir::read_changed_at`] is cheaper still: two loads from one cache line
+/// per engine (sequence and heartbeat words), and a full read only of the
+/// engines that published (or heartbeat) since.
 #[derive(Debug)]
 pub struct ShmDir {
     dir: PathBuf,
@@ -53,6 +54,8 @@ struct Entry {
     /// The sequence of the last snapshot read from this file ([`NOT_SEEN`]:
     /// none yet).
     seen_seq: u64,
+    /// The heartbeat stamp the last read reported.
+    seen_heartbeat_ns: u64,
 }
 
 /// No snapshot read yet (odd, so never equal to a published sequence).
@@ -180,19 +183,33 @@ impl ShmDir {
     }
 
     /// Like [`ShmDir::read_at`], but reads only the engines that published a
-    /// snapshot this reader has not read yet (by any read). The test costs
-    /// one Relaxed load of the sequence word per engine — no clock read, no
-    /// system call — so it can run every millisecond over a thousand engines.
-    /// Heartbeat-only changes, retirements, dead writers and unreadable files
-    /// are not reported here (`out.errors` stays empty): a periodic
-    /// [`ShmDir::read_at`] sees those.
-    pub fn read_changed_at(&mut self, out: &mut Reading, now_mono_ns: u64) -> Result<(), Error> {
+    /// snapshot this reader has not read yet (by any read) or, with
+    /// `heartbeat_step`, whose heartbeat stamp is at least that much newer
+    /// than the one last read. The test costs two Relaxed loads from one
+    /// cache line per engine (sequence and heartbeat words) — no clock read,
+    /// no system call — so it can run every millisecond over a thousand
+    /// engines. Retirements, dead writers (their heartbeat stops) and
+    /// unreadable files are not reported here (`out.errors` stays empty): a
+    /// periodic [`ShmDir::read_at`] sees those.
+    pub fn read_changed_at(
+        &mut self,
+        out: &mut Reading,
+        now_mono_ns: u64,
+        heartbeat_step: Option<Duration>,
+    ) -> Result<(), Error> {
         out.clear();
         self.rescan_if_due(now_mono_ns)?;
+        let step_ns = heartbeat_step.map_or(u64::MAX, |d| d.as_nanos() as u64);
         for entry in &mut self.engines {
             let seq = entry.file.seq();
             // Odd: a write is in progress; the next call sees it finished.
-            if seq != entry.seen_seq && seq % 2 == 0 {
+            let published = seq != entry.seen_seq && seq % 2 == 0;
+            let beat = entry
+                .file
+                .heartbeat_mono_ns()
+                .saturating_sub(entry.seen_heartbeat_ns)
+                >= step_ns;
+            if published || beat {
                 out.engines
                     .push(entry.read(&self.dir, now_mono_ns, &self.options));
             }
@@ -232,6 +249,7 @@ impl Entry {
             file,
             next_reopen: Instant::now(),
             seen_seq: NOT_SEEN,
+            seen_heartbeat_ns: 0,
         }
     }
 
@@ -249,7 +267,8 @@ impl Entry {
             }
             Err(_) => (Snapshot::default(), true),
         };
-        let heartbeat_ns = now.saturating_sub(self.file.heartbeat_mono_ns());
+        self.seen_heartbeat_ns = self.file.heartbeat_mono_ns();
+        let heartbeat_ns = now.saturating_sub(self.seen_heartbeat_ns);
         // A live writer stamps every period, so the pid (a system call) is only
         // checked when the heartbeat is late, and then at most every 10 ms.
         if heartbeat_ns > self.late_after_ns

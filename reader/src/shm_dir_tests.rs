@@ -172,7 +172,7 @@ fn read_changed_returns_only_engines_that_published_since_the_last_read() {
             .collect::<Vec<_>>()
     };
     source
-        .read_changed_at(&mut changed, monotonic_ns())
+        .read_changed_at(&mut changed, monotonic_ns(), None)
         .unwrap();
     assert_eq!(
         ids(&changed),
@@ -180,12 +180,12 @@ fn read_changed_returns_only_engines_that_published_since_the_last_read() {
         "nothing read yet: everything is new"
     );
     source
-        .read_changed_at(&mut changed, monotonic_ns())
+        .read_changed_at(&mut changed, monotonic_ns(), None)
         .unwrap();
     assert!(changed.engines.is_empty(), "{changed:?}");
     a.stamp_heartbeat(monotonic_ns());
     source
-        .read_changed_at(&mut changed, monotonic_ns())
+        .read_changed_at(&mut changed, monotonic_ns(), None)
         .unwrap();
     assert!(
         changed.engines.is_empty(),
@@ -198,7 +198,7 @@ fn read_changed_returns_only_engines_that_published_since_the_last_read() {
     };
     a.publish(&snap).unwrap();
     source
-        .read_changed_at(&mut changed, monotonic_ns())
+        .read_changed_at(&mut changed, monotonic_ns(), None)
         .unwrap();
     assert_eq!(ids(&changed), ["a"]);
     assert_eq!(changed.engines[0].snapshot.num_running, 9);
@@ -206,7 +206,51 @@ fn read_changed_returns_only_engines_that_published_since_the_last_read() {
     a.publish(&snap).unwrap();
     source.read().unwrap();
     source
-        .read_changed_at(&mut changed, monotonic_ns())
+        .read_changed_at(&mut changed, monotonic_ns(), None)
         .unwrap();
     assert!(changed.engines.is_empty(), "{changed:?}");
+}
+
+#[test]
+fn read_changed_with_a_heartbeat_step_reports_heartbeats_that_moved_that_far() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = writer(dir.path(), "a", 1);
+    let b = writer(dir.path(), "b", 2);
+    let mut source = ShmDir::open(dir.path(), fast()).unwrap();
+    let mut changed = Reading::default();
+    let step = Some(Duration::from_millis(25));
+    let base = monotonic_ns();
+    a.stamp_heartbeat(base);
+    b.stamp_heartbeat(base);
+    source.read_changed_at(&mut changed, base, step).unwrap();
+    assert_eq!(
+        changed.engines.len(),
+        2,
+        "nothing read yet: everything is new"
+    );
+
+    // Less than a step newer: not worth a read.
+    a.stamp_heartbeat(base + 24_999_999);
+    source.read_changed_at(&mut changed, base, step).unwrap();
+    assert!(changed.engines.is_empty(), "{changed:?}");
+
+    // A full step newer than what was last read: reported, with its age.
+    a.stamp_heartbeat(base + 25_000_000);
+    let now = base + 30_000_000;
+    source.read_changed_at(&mut changed, now, step).unwrap();
+    assert_eq!(changed.engines.len(), 1, "{changed:?}");
+    assert_eq!(&*changed.engines[0].engine_id, "a");
+    assert_eq!(changed.engines[0].heartbeat_age, Duration::from_millis(5));
+
+    // Measured from the heartbeat last read, not from the first one.
+    a.stamp_heartbeat(base + 40_000_000);
+    source.read_changed_at(&mut changed, now, step).unwrap();
+    assert!(changed.engines.is_empty(), "{changed:?}");
+
+    // Without a step only snapshots count, however old the heartbeat read.
+    b.stamp_heartbeat(base + 60_000_000);
+    source.read_changed_at(&mut changed, now, None).unwrap();
+    assert!(changed.engines.is_empty(), "{changed:?}");
+    source.read_changed_at(&mut changed, now, step).unwrap();
+    assert_eq!(&*changed.engines[0].engine_id, "b");
 }
