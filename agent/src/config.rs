@@ -16,10 +16,11 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
 /// to Redis, so engines need no network client of their own; serve Prometheus
 /// metrics about them.
 ///
-/// Every poll interval the agent checks each engine's sequence word (one
-/// load, lock-free like any reader) and relays the snapshots that changed at
-/// once; every period it reads the whole directory and relays heartbeat-only
-/// changes too. Each batch goes to Redis as one pipeline. Engines whose
+/// Every poll interval the agent checks each engine's sequence and heartbeat
+/// words (one cache line, lock-free like any reader) and relays at once the
+/// snapshots that changed and heartbeats half a period newer than the last
+/// relayed; every 500 ms (or period, when longer) it reads the whole
+/// directory. Each batch goes to Redis as one pipeline. Engines whose
 /// heartbeat stops are no longer written, so their keys expire and Redis
 /// readers see them dead. HTTP: GET /metrics
 /// (Prometheus text format), GET /healthz. Stops cleanly on SIGTERM or SIGINT.
@@ -36,9 +37,10 @@ pub struct Args {
     /// engine's last heartbeat (default 2000).
     #[arg(long, env = "AGENTIC_ENGINE_STATE_REDIS_URI", hide_env_values = true)]
     pub redis: String,
-    /// How often the whole directory is read and heartbeat-only changes are
-    /// relayed (what keeps the keys alive), in ms; use the engines' publish
-    /// period.
+    /// The engines' publish (and heartbeat) period, in ms: a heartbeat half
+    /// a period newer than the one relayed is relayed (what keeps the keys
+    /// alive). The whole directory is read every 500 ms, or every period
+    /// when that is longer.
     #[arg(long, env = "AGENTIC_ENGINE_STATE_PERIOD_MS", default_value_t = 50,
           value_parser = clap::value_parser!(u64).range(1..=60_000))]
     pub period_ms: u64,
@@ -80,9 +82,11 @@ pub struct AgentConfig {
     pub shm_dir: PathBuf,
     /// The Redis server, database and key prefix to relay to.
     pub redis: RedisTarget,
-    /// Full-read period: heartbeat-only changes, removals, errors, gauges.
+    /// The engines' period: heartbeats half of it newer than the relayed
+    /// one are relayed; the full read runs at least this seldom.
     pub period: Duration,
-    /// Change-detection interval (new snapshots are relayed within it).
+    /// Change-detection interval (new snapshots and heartbeats are relayed
+    /// within it).
     pub poll: Duration,
     /// Address of `/metrics` and `/healthz`.
     pub listen: SocketAddr,

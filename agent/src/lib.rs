@@ -4,12 +4,13 @@
 //!
 //! - [`Args`] → [`AgentConfig`]: flags and environment (DESIGN §9).
 //! - [`Agent`] / [`run`]: binds `/metrics` and `/healthz`, then, on a relay
-//!   thread, every poll interval (1 ms) probes each engine's sequence word
-//!   through the reader crate's `ShmDir` and relays new snapshots at once,
-//!   and every period (50 ms) reads the whole directory and relays
-//!   heartbeat-only changes, writing them through the publisher crate's
-//!   `InlineSink` from that same thread (one pipeline per pass, its replies
-//!   collected on the next pass; reconnects with capped backoff).
+//!   thread, every poll interval (1 ms) probes each engine's sequence and
+//!   heartbeat words through the reader crate's `ShmDir` and relays new
+//!   snapshots and heartbeats at once, and every 500 ms reads the whole
+//!   directory (restarts, removals, errors, gauges), writing through the
+//!   publisher crate's `InlineSink` from that same thread (one pipeline per
+//!   pass, its replies collected on the next pass; reconnects with capped
+//!   backoff).
 //!   Stops when its [`CancellationToken`] is cancelled.
 //! - [`Relay`]: the two passes ([`Relay::poll`], [`Relay::tick`]), usable on their own.
 //! - [`Cleanup`]: optional removal of files whose writer is gone.

@@ -2,10 +2,13 @@
 //! Redis sink.
 //!
 //! Two passes, so that latency does not cost CPU: [`Relay::poll`] (every
-//! `--poll-us`) probes only each engine's seqlock sequence word and reads and
-//! queues just the engines that published; [`Relay::tick`] (every
-//! `--period-ms`) reads everything, queues heartbeat-only changes (which keep
-//! the keys alive), deletes the keys of engines that left and counts errors.
+//! `--poll-us`) probes only each engine's sequence and heartbeat words (one
+//! cache line) and reads and queues just the engines that published a
+//! snapshot or whose heartbeat moved half a period (what keeps their keys
+//! alive); [`Relay::tick`] (every [`FULL_PASS_INTERVAL`], or every period
+//! when that is longer) reads everything: it relays what a probe cannot see
+//! (a file replaced by a restarted engine), deletes the keys of engines that
+//! left and counts errors.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -24,6 +27,13 @@ use crate::telemetry;
 
 /// How often the agent lists the directory (see [`Relay::new`]).
 pub const RESCAN_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How often the agent reads every engine ([`Relay::tick`]) unless the
+/// period is longer. The polls relay snapshots and heartbeats; a full read
+/// costs ~1 µs per engine (cold cache lines after a poll interval), 2 % of a
+/// core at 1024 engines every 50 ms, for what changes rarely: restarts,
+/// removals, unreadable files, the gauges.
+pub const FULL_PASS_INTERVAL: Duration = Duration::from_millis(500);
 
 /// What one relay period did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -134,11 +144,17 @@ impl Relay {
     }
 
     /// The fast pass: queues the engines that published a snapshot since
-    /// they were last read, at the cost of one load per engine when nothing
+    /// they were last read, or whose heartbeat is half a period newer, at
+    /// the cost of two loads from one cache line per engine when nothing
     /// changed. Returns how many records were queued.
     pub fn poll(&mut self) -> usize {
         let now = monotonic_ns();
-        if self.shm.read_changed_at(&mut self.changed, now).is_err() {
+        let step = Some(Duration::from_nanos(self.outbox.heartbeat_step_ns));
+        if self
+            .shm
+            .read_changed_at(&mut self.changed, now, step)
+            .is_err()
+        {
             return 0; // the next tick reports it
         }
         let mut queued = 0;
@@ -149,7 +165,9 @@ impl Relay {
         queued
     }
 
-    /// One period: read every engine and queue what changed.
+    /// The full pass: read every engine and queue what the polls did not
+    /// (a replaced file's new generation), delete the keys of engines that
+    /// left, count unreadable files.
     pub fn tick(&mut self) -> TickReport {
         let now = monotonic_ns();
         let mut report = TickReport::default();

@@ -13,12 +13,9 @@ use crate::cleanup::Cleanup;
 use crate::config::AgentConfig;
 use crate::error::Error;
 use crate::health::Health;
-use crate::relay::Relay;
+use crate::relay::{Relay, FULL_PASS_INTERVAL};
 use crate::telemetry;
 
-/// How often the per-engine gauges are refreshed (they cost a registry
-/// lookup each; the relay itself runs every period).
-const GAUGE_INTERVAL: Duration = Duration::from_millis(500);
 /// How often the exporter drains histogram samples and drops idle gauges.
 const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 /// How long shutdown waits for pending writes.
@@ -93,7 +90,8 @@ impl Agent {
     }
 }
 
-/// Polls every `config.poll`, ticks every `config.period`, until `shutdown`.
+/// Polls every `config.poll`, reads everything (and refreshes gauges and
+/// health) every [`FULL_PASS_INTERVAL`] or period, until `shutdown`.
 fn relay_loop(
     config: AgentConfig,
     mut relay: Relay,
@@ -104,9 +102,10 @@ fn relay_loop(
     let mut cleanup = config.cleanup_grace.map(Cleanup::new);
     let mut gauges = telemetry::EngineGauges::default();
     let poll = config.poll.min(config.period);
+    let full_pass = config.period.max(FULL_PASS_INTERVAL);
     let start = Instant::now();
     let (mut next_poll, mut next_tick) = (start, start);
-    let (mut gauges_at, mut upkeep_at) = (start, start);
+    let mut upkeep_at = start;
     let mut connected = true;
     let mut relay_errors = 0;
     while !shutdown.is_cancelled() {
@@ -115,9 +114,9 @@ fn relay_loop(
             relay.poll();
         } else {
             // Like tokio's `MissedTickBehavior::Skip`: a late tick is not caught up.
-            next_tick += config.period;
+            next_tick += full_pass;
             if next_tick <= now {
-                next_tick = now + config.period;
+                next_tick = now + full_pass;
             }
             let report = relay.tick();
             let stats = relay.sink_stats();
@@ -138,12 +137,9 @@ fn relay_loop(
                     eprintln!("esagent: {error}; retrying with backoff (50 ms to 5 s)");
                 }
             }
-            if now >= gauges_at {
-                gauges_at = now + GAUGE_INTERVAL;
-                gauges.record(relay.reading(), connected);
-                metrics::counter!(telemetry::RELAYED)
-                    .absolute(stats.written.load(Ordering::Relaxed));
-            }
+            gauges.record(relay.reading(), connected, now);
+            let relayed = stats.written.load(Ordering::Relaxed);
+            metrics::counter!(telemetry::RELAYED).absolute(relayed);
             if now >= upkeep_at {
                 upkeep_at = now + UPKEEP_INTERVAL;
                 metrics.run_upkeep();
@@ -152,9 +148,9 @@ fn relay_loop(
                 cleanup.run(relay.shm_dir(), relay.reading(), now);
             }
             health.tick(format!(
-                "engines: {}\nqueued: {}\nunreadable: {}\nredis: {}\n",
+                "engines: {}\nrelayed: {}\nunreadable: {}\nredis: {}\n",
                 report.engines,
-                report.queued,
+                relayed,
                 report.read_errors,
                 if connected {
                     "connected"

@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use engine_state_reader::{millis, Reading, Snapshot, Status};
 use metrics::Gauge;
@@ -34,6 +34,10 @@ pub const RELAYED: &str = "engine_state_relayed_total";
 
 /// Gauges of engines that stopped being updated disappear after this long.
 const GAUGE_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Between refreshes of every gauge only the changed ones are set; a
+/// refresh keeps unchanged gauges from idling out.
+const GAUGE_REFRESH: Duration = Duration::from_secs(10);
 
 const STATUSES: [Status; 4] = [Status::Fresh, Status::Stale, Status::Dead, Status::Torn];
 
@@ -82,14 +86,23 @@ fn describe() {
 /// The per-engine gauges, registered once per engine: a registry lookup
 /// (key formatting, label allocation, hashing) per gauge and refresh would
 /// cost more than the relay itself at a thousand engines.
+///
+/// A gauge is set only when its value changed (each set is an atomic
+/// read-modify-write on a cold line: 20 gauges of a thousand engines twice a
+/// second would cost more than their relaying), and all of them every
+/// [`GAUGE_REFRESH`].
 #[derive(Debug, Default)]
 pub struct EngineGauges {
     engines: HashMap<Arc<str>, Gauges>,
+    /// When every gauge was last set (None: never).
+    refreshed: Option<Instant>,
 }
 
 #[derive(Debug)]
 struct Gauges {
     fields: Vec<Gauge>,
+    /// The snapshot and status the gauges hold (None: not set yet).
+    last: Option<(Snapshot, Status)>,
     /// Registered only once the engine reports KV blocks.
     gpu_kv_used_frac: Option<Gauge>,
     heartbeat_age: Gauge,
@@ -105,6 +118,7 @@ impl Gauges {
                 .iter()
                 .map(|name| metrics::gauge!(format!("engine_state_{name}"), "engine" => id.clone()))
                 .collect(),
+            last: None,
             gpu_kv_used_frac: None,
             heartbeat_age: metrics::gauge!("engine_state_heartbeat_age_seconds", "engine" => id.clone()),
             capture_age: metrics::gauge!("engine_state_capture_age_seconds", "engine" => id.clone()),
@@ -116,8 +130,14 @@ impl Gauges {
 }
 
 impl EngineGauges {
-    /// Sets the per-engine gauges from one reading.
-    pub fn record(&mut self, reading: &Reading, redis_connected: bool) {
+    /// Sets the per-engine gauges from one reading taken at `now`.
+    pub fn record(&mut self, reading: &Reading, redis_connected: bool, now: Instant) {
+        let refresh = self
+            .refreshed
+            .is_none_or(|t| now.duration_since(t) >= GAUGE_REFRESH);
+        if refresh {
+            self.refreshed = Some(now);
+        }
         metrics::gauge!("engine_state_engines").set(reading.engines.len() as f64);
         metrics::gauge!("engine_state_redis_connected").set(if redis_connected {
             1.0
@@ -132,11 +152,35 @@ impl EngineGauges {
                 .engines
                 .entry(engine.engine_id.clone())
                 .or_insert_with(|| Gauges::new(&engine.engine_id));
-            let words = engine.snapshot.to_words();
-            for (gauge, value) in gauges.fields.iter().zip(words) {
-                gauge.set(value as f64);
+            // Everything is set on a refresh, as if nothing had been before.
+            let last = gauges
+                .last
+                .replace((engine.snapshot, engine.status))
+                .filter(|_| !refresh);
+            let last_words = last.map(|(snapshot, _)| snapshot.to_words());
+            for (i, (gauge, value)) in gauges
+                .fields
+                .iter()
+                .zip(engine.snapshot.to_words())
+                .enumerate()
+            {
+                if last_words.is_none_or(|w| w[i] != value) {
+                    gauge.set(value as f64);
+                }
             }
-            if let Some(frac) = engine.gpu_kv_used_frac() {
+            if last.is_none_or(|(_, status)| status != engine.status) {
+                for (gauge, status) in gauges.status.iter().zip(STATUSES) {
+                    gauge.set(if engine.status == status { 1.0 } else { 0.0 });
+                }
+            }
+            let kv_changed = last.is_none_or(|(snapshot, _)| {
+                (snapshot.gpu_blocks_total, snapshot.gpu_blocks_free)
+                    != (
+                        engine.snapshot.gpu_blocks_total,
+                        engine.snapshot.gpu_blocks_free,
+                    )
+            });
+            if let Some(frac) = engine.gpu_kv_used_frac().filter(|_| kv_changed) {
                 gauges
                     .gpu_kv_used_frac
                     .get_or_insert_with(|| {
@@ -144,13 +188,79 @@ impl EngineGauges {
                     })
                     .set(frac);
             }
+            // The ages move with every reading.
             gauges
                 .heartbeat_age
                 .set(millis(engine.heartbeat_age) / 1000.0);
             gauges.capture_age.set(millis(engine.capture_age) / 1000.0);
-            for (gauge, status) in gauges.status.iter().zip(STATUSES) {
-                gauge.set(if engine.status == status { 1.0 } else { 0.0 });
-            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use engine_state_reader::EngineState;
+
+    fn engine(id: &str, status: Status, running: u64, free: u64) -> EngineState {
+        EngineState {
+            engine_id: Arc::from(id),
+            status,
+            snapshot: Snapshot {
+                num_running: running,
+                gpu_blocks_total: 100,
+                gpu_blocks_free: free,
+                ..Snapshot::default()
+            },
+            heartbeat_age: Duration::from_millis(20),
+            capture_age: Duration::from_millis(30),
+            generation: 1,
+        }
+    }
+
+    fn value(text: &str, series: &str) -> Option<f64> {
+        text.lines().find_map(|line| {
+            let (name, value) = line.rsplit_once(' ')?;
+            (name == series).then(|| value.parse().ok())?
+        })
+    }
+
+    #[test]
+    fn gauges_follow_changes_between_refreshes() {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            let mut gauges = EngineGauges::default();
+            let t0 = Instant::now();
+            let mut reading = Reading {
+                engines: vec![engine("a", Status::Fresh, 1, 75)],
+                ..Reading::default()
+            };
+            gauges.record(&reading, true, t0);
+            let text = handle.render();
+            assert_eq!(
+                value(&text, r#"engine_state_num_running{engine="a"}"#),
+                Some(1.0)
+            );
+            assert_eq!(
+                value(&text, r#"engine_state_gpu_kv_used_frac{engine="a"}"#),
+                Some(0.25)
+            );
+
+            // Well before the next refresh: what changed is set, the rest kept.
+            reading.engines = vec![engine("a", Status::Dead, 4, 50)];
+            gauges.record(&reading, false, t0 + Duration::from_millis(500));
+            let text = handle.render();
+            for (series, expected) in [
+                (r#"engine_state_num_running{engine="a"}"#, 4.0),
+                (r#"engine_state_gpu_blocks_total{engine="a"}"#, 100.0),
+                (r#"engine_state_gpu_kv_used_frac{engine="a"}"#, 0.5),
+                (r#"engine_state_status{engine="a",status="dead"}"#, 1.0),
+                (r#"engine_state_status{engine="a",status="fresh"}"#, 0.0),
+                ("engine_state_redis_connected", 0.0),
+            ] {
+                assert_eq!(value(&text, series), Some(expected), "{series}\n{text}");
+            }
+        });
     }
 }

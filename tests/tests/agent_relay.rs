@@ -173,6 +173,30 @@ fn agent_relays_shared_memory_to_redis_and_serves_metrics() {
         remote.read().unwrap().get("py-2").unwrap().status,
         Status::Fresh
     );
+    // Gauges follow a change (they are set only when their value changed).
+    wait_for(
+        || {
+            metrics = get(&addr, "/metrics").1;
+            sample(
+                &metrics,
+                r#"engine_state_status{engine="py-1",status="dead"}"#,
+            ) == Some(1.0)
+                && sample(
+                    &metrics,
+                    r#"engine_state_status{engine="py-1",status="fresh"}"#,
+                ) == Some(0.0)
+        },
+        "py-1 dead in the status gauges",
+    );
+    assert_eq!(
+        sample(&metrics, "engine_state_engines"),
+        Some(2.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(&metrics, r#"engine_state_num_running{engine="py-2"}"#),
+        Some(3.0)
+    );
 
     // SIGTERM: a clean stop.
     nix::sys::signal::kill(agent.pid(), nix::sys::signal::Signal::SIGTERM).unwrap();
