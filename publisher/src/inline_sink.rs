@@ -162,18 +162,23 @@ impl InlineSink {
         let Some(con) = self.con.as_mut() else {
             return;
         };
-        let mut replies = Vec::with_capacity(self.in_flight_commands);
+        // Every reply is read (the connection stays in step); the first
+        // server error among them fails the pipeline.
         let mut result = Ok(());
         for _ in 0..self.in_flight_commands {
             match con.recv_response() {
-                Ok(reply) => replies.push(reply),
+                Ok(reply) => {
+                    if result.is_ok() {
+                        result = check_replies(&self.target, std::slice::from_ref(&reply));
+                    }
+                }
                 Err(e) => {
                     result = Err(self.target.error("cannot write engines", &e));
                     break;
                 }
             }
         }
-        match result.and_then(|()| check_replies(&self.target, &replies)) {
+        match result {
             Ok(()) => {
                 self.in_flight.clear();
                 acknowledged(&self.stats, self.on_written.as_ref(), &self.in_flight_sent);

@@ -327,3 +327,38 @@ fn inline_sink_keeps_the_newest_record_of_a_pipeline_that_failed() {
         "a at step 2 after the restart",
     );
 }
+
+#[test]
+fn inline_sink_reports_a_server_error_among_the_replies_and_writes_after() {
+    let redis = RedisServer::start();
+    let uri = redis.uri("?prefix=oom:");
+    let target = RedisTarget::parse(&uri).unwrap();
+    let mut sink = InlineSink::new(target.clone(), Some(target.connect().unwrap()), None);
+    let (a, b): (std::sync::Arc<str>, std::sync::Arc<str>) = ("a".into(), "b".into());
+    sink.submit(&mut vec![set_op(&a, 1)]);
+    assert!(sink.flush(Duration::from_secs(2)), "{sink:?}");
+    // A server out of memory refuses writes: SET answers with an error.
+    let mut admin = redis.connection();
+    let config = |con: &mut redis::Connection, key: &str, value: &str| {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(key)
+            .arg(value)
+            .query(con)
+            .unwrap();
+    };
+    config(&mut admin, "maxmemory-policy", "noeviction");
+    config(&mut admin, "maxmemory", "1");
+    sink.submit(&mut vec![set_op(&a, 2), set_op(&b, 2)]);
+    sink.submit(&mut Vec::new()); // reads the replies
+    let error = sink.stats().last_error().unwrap_or_default();
+    assert!(error.contains("OOM"), "{error:?} {sink:?}");
+    assert!(sink.stats().errors.load(Ordering::Relaxed) >= 1);
+    // Memory back: both records are written (kept, not lost).
+    config(&mut admin, "maxmemory", "0");
+    assert!(sink.flush(Duration::from_secs(10)), "{sink:?}");
+    let mut source = reader(&uri, 5000);
+    let reading = source.read().unwrap();
+    let step = |id: &str| reading.get(id).map(|e| e.snapshot.step);
+    assert_eq!((step("a"), step("b")), (Some(2), Some(2)), "{reading:?}");
+}
