@@ -19,8 +19,7 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
 /// Every poll interval the agent checks each engine's sequence and heartbeat
 /// words (one cache line, lock-free like any reader) and relays at once the
 /// snapshots that changed and heartbeats half a period newer than the last
-/// relayed; every 500 ms (or period, when longer) it reads the whole
-/// directory. Each batch goes to Redis as one pipeline. Engines whose
+/// relayed; every 500 ms it reads the whole directory. Each batch goes to Redis as one pipeline. Engines whose
 /// heartbeat stops are no longer written, so their keys expire and Redis
 /// readers see them dead. HTTP: GET /metrics
 /// (Prometheus text format), GET /healthz. Stops cleanly on SIGTERM or SIGINT.
@@ -39,14 +38,14 @@ pub struct Args {
     pub redis: String,
     /// The engines' publish (and heartbeat) period, in ms: a heartbeat half
     /// a period newer than the one relayed is relayed (what keeps the keys
-    /// alive). The whole directory is read every 500 ms, or every period
-    /// when that is longer.
+    /// alive). The whole directory is read every 500 ms.
     #[arg(long, env = "AGENTIC_ENGINE_STATE_PERIOD_MS", default_value_t = 50,
           value_parser = clap::value_parser!(u64).range(1..=60_000))]
     pub period_ms: u64,
     /// How often the engines are checked for a new snapshot, in µs: at most
-    /// this much is added to publish → visible latency. A check costs one
-    /// memory load per engine; only changed engines are read and relayed.
+    /// this much is added to publish → visible latency. A check costs two
+    /// loads from one cache line per engine; only changed engines are read
+    /// and relayed.
     /// Values above the period act as the period.
     #[arg(long, env = "AGENTIC_ENGINE_STATE_AGENT_POLL_US", default_value_t = DEFAULT_POLL_US,
           value_parser = clap::value_parser!(u64).range(100..=60_000_000))]
@@ -83,7 +82,7 @@ pub struct AgentConfig {
     /// The Redis server, database and key prefix to relay to.
     pub redis: RedisTarget,
     /// The engines' period: heartbeats half of it newer than the relayed
-    /// one are relayed; the full read runs at least this seldom.
+    /// one are relayed.
     pub period: Duration,
     /// Change-detection interval (new snapshots and heartbeats are relayed
     /// within it).

@@ -21,7 +21,7 @@ impl Health {
     pub fn new(period: Duration) -> Health {
         Health {
             last_tick_ns: AtomicU64::new(0),
-            max_silence: (period * 10).max(Duration::from_secs(2)),
+            max_silence: (period * 4).max(Duration::from_secs(2)),
             summary: Mutex::new(String::new()),
         }
     }

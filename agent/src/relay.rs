@@ -5,10 +5,10 @@
 //! `--poll-us`) probes only each engine's sequence and heartbeat words (one
 //! cache line) and reads and queues just the engines that published a
 //! snapshot or whose heartbeat moved half a period (what keeps their keys
-//! alive); [`Relay::tick`] (every [`FULL_PASS_INTERVAL`], or every period
-//! when that is longer) reads everything: it relays what a probe cannot see
-//! (a file replaced by a restarted engine), deletes the keys of engines that
-//! left and counts errors.
+//! alive), and the new file of a restarted engine once the old file's
+//! heartbeat is late; [`Relay::tick`] (every [`FULL_PASS_INTERVAL`]) reads
+//! everything: it deletes the keys of engines that left, counts errors and
+//! relays anything the polls missed.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -28,19 +28,20 @@ use crate::telemetry;
 /// How often the agent lists the directory (see [`Relay::new`]).
 pub const RESCAN_INTERVAL: Duration = Duration::from_secs(1);
 
-/// How often the agent reads every engine ([`Relay::tick`]) unless the
-/// period is longer. The polls relay snapshots and heartbeats; a full read
-/// costs ~1 µs per engine (cold cache lines after a poll interval), 2 % of a
-/// core at 1024 engines every 50 ms, for what changes rarely: restarts,
-/// removals, unreadable files, the gauges.
+/// How often the agent reads every engine ([`Relay::tick`]). The polls relay
+/// snapshots, heartbeats and replaced files; a full read costs ~1 µs per
+/// engine (cold cache lines after a poll interval), 2 % of a core at 1024
+/// engines every 50 ms, for what changes rarely: removals, unreadable files,
+/// the gauges, /healthz. (Under 30 s whatever the period: the exporter drops
+/// gauges not set for that long.)
 pub const FULL_PASS_INTERVAL: Duration = Duration::from_millis(500);
 
-/// What one relay period did.
+/// What one full pass did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TickReport {
     /// Engines read from the directory.
     pub engines: usize,
-    /// Records queued for Redis (changed heartbeat or snapshot).
+    /// Records queued for Redis: what the polls had not relayed (rare).
     pub queued: usize,
     /// Engines that left the directory (their keys are deleted).
     pub removed: usize,
@@ -165,9 +166,8 @@ impl Relay {
         queued
     }
 
-    /// The full pass: read every engine and queue what the polls did not
-    /// (a replaced file's new generation), delete the keys of engines that
-    /// left, count unreadable files.
+    /// The full pass: read every engine and queue what the polls did not,
+    /// delete the keys of engines that left, count unreadable files.
     pub fn tick(&mut self) -> TickReport {
         let now = monotonic_ns();
         let mut report = TickReport::default();
@@ -192,6 +192,7 @@ impl Relay {
         self.outbox.known = 0;
         for engine in &self.reading.engines {
             report.queued += usize::from(self.outbox.queue(&self.shm, engine, now));
+            self.outbox.refresh_header(&self.shm, engine);
         }
         if self.outbox.known != self.outbox.relayed.len() {
             // Not every engine relayed before is still there.
@@ -239,6 +240,20 @@ impl Relay {
 }
 
 impl Outbox {
+    /// Takes the writer pid and period from `engine`'s file again: a file
+    /// replaced after a clean close starts at the same generation, so the
+    /// header cached per generation may be the previous writer's (the next
+    /// record carries the new one).
+    fn refresh_header(&mut self, shm: &ShmDir, engine: &EngineState) {
+        if let (Some(last), Some(header)) = (
+            self.relayed.get_mut(&engine.engine_id),
+            shm.header(&engine.engine_id),
+        ) {
+            last.writer_pid = header.writer_pid;
+            last.publish_period_us = header.publish_period_us;
+        }
+    }
+
     /// Writes the queued records as one pipeline (and collects the replies
     /// of the previous one); called every pass, with or without records.
     fn send(&mut self) {

@@ -70,7 +70,7 @@ impl Agent {
             relay,
             metrics,
         } = self;
-        let health = Arc::new(Health::new(config.period));
+        let health = Arc::new(Health::new(crate::relay::FULL_PASS_INTERVAL));
         let server = tokio::spawn(crate::http::serve(
             listener,
             metrics.clone(),
@@ -91,7 +91,7 @@ impl Agent {
 }
 
 /// Polls every `config.poll`, reads everything (and refreshes gauges and
-/// health) every [`FULL_PASS_INTERVAL`] or period, until `shutdown`.
+/// health) every [`FULL_PASS_INTERVAL`], until `shutdown`.
 fn relay_loop(
     config: AgentConfig,
     mut relay: Relay,
@@ -102,7 +102,7 @@ fn relay_loop(
     let mut cleanup = config.cleanup_grace.map(Cleanup::new);
     let mut gauges = telemetry::EngineGauges::default();
     let poll = config.poll.min(config.period);
-    let full_pass = config.period.max(FULL_PASS_INTERVAL);
+    let full_pass = FULL_PASS_INTERVAL;
     let start = Instant::now();
     let (mut next_poll, mut next_tick) = (start, start);
     let mut upkeep_at = start;
@@ -164,10 +164,12 @@ fn relay_loop(
         if next_poll <= now {
             next_poll = now + poll; // late (a long tick, or descheduled): do not catch up
         }
-        // With no engines there is nothing to poll: new ones are found by
-        // the directory listing of a full pass anyway (once a second).
+        // With no engines there is nothing to poll every millisecond: one
+        // poll a period finds the first engine at the next listing (once a
+        // second) and notices a shutdown.
         let wake = if relay.reading().engines.is_empty() {
-            next_tick
+            // A poll of no engine only checks whether a listing is due.
+            next_tick.min(now + config.period)
         } else {
             next_poll.min(next_tick)
         };

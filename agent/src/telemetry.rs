@@ -180,13 +180,17 @@ impl EngineGauges {
                         engine.snapshot.gpu_blocks_free,
                     )
             });
-            if let Some(frac) = engine.gpu_kv_used_frac().filter(|_| kv_changed) {
-                gauges
+            match engine.gpu_kv_used_frac() {
+                Some(frac) if kv_changed => gauges
                     .gpu_kv_used_frac
                     .get_or_insert_with(|| {
                         metrics::gauge!("engine_state_gpu_kv_used_frac", "engine" => engine.engine_id.to_string())
                     })
-                    .set(frac);
+                    .set(frac),
+                Some(_) => {}
+                // No KV blocks (yet): the gauge idles out; a handle kept past
+                // that would no longer be exported, so register it anew then.
+                None => gauges.gpu_kv_used_frac = None,
             }
             // The ages move with every reading.
             gauges

@@ -30,7 +30,7 @@ const REOPEN_BACKOFF: Duration = Duration::from_millis(20);
 /// that its writer retired (replaced by a restarted engine) is reopened at once.
 /// [`ShmDir::read_changed_at`] is cheaper still: two loads from one cache line
 /// per engine (sequence and heartbeat words), and a full read only of the
-/// engines that published (or heartbeat) since.
+/// engines that published (or heartbeat) since, or whose file was replaced.
 #[derive(Debug)]
 pub struct ShmDir {
     dir: PathBuf,
@@ -188,7 +188,10 @@ impl ShmDir {
     /// than the one last read. The test costs two Relaxed loads from one
     /// cache line per engine (sequence and heartbeat words) — no clock read,
     /// no system call — so it can run every millisecond over a thousand
-    /// engines. Retirements, dead writers (their heartbeat stops) and
+    /// engines. An engine whose heartbeat is late (two periods) is also
+    /// checked for retirement: when a restarted engine replaced its file,
+    /// the new file is opened and reported (its first snapshot). Dead
+    /// writers (their heartbeat stops), files retired by a clean close and
     /// unreadable files are not reported here (`out.errors` stays empty): a
     /// periodic [`ShmDir::read_at`] sees those.
     pub fn read_changed_at(
@@ -204,12 +207,15 @@ impl ShmDir {
             let seq = entry.file.seq();
             // Odd: a write is in progress; the next call sees it finished.
             let published = seq != entry.seen_seq && seq % 2 == 0;
-            let beat = entry
-                .file
-                .heartbeat_mono_ns()
-                .saturating_sub(entry.seen_heartbeat_ns)
-                >= step_ns;
-            if published || beat {
+            let heartbeat = entry.file.heartbeat_mono_ns();
+            let beat = heartbeat.saturating_sub(entry.seen_heartbeat_ns) >= step_ns;
+            // A writer that stopped may have retired its file for a restarted
+            // engine's new one (the old file never changes again).
+            let replaced = !published
+                && !beat
+                && now_mono_ns.saturating_sub(heartbeat) > entry.late_after_ns
+                && entry.replaced(&self.dir);
+            if published || beat || replaced {
                 out.engines
                     .push(entry.read(&self.dir, now_mono_ns, &self.options));
             }
@@ -296,6 +302,17 @@ impl Entry {
             capture_age,
             generation: self.file.generation(),
         }
+    }
+
+    /// Whether the file is retired and a replacement was opened now (see
+    /// [`Entry::reopen_if_replaced`]).
+    fn replaced(&mut self, dir: &Path) -> bool {
+        if !self.file.is_retired() {
+            return false;
+        }
+        let inode = self.file.inode();
+        self.reopen_if_replaced(dir);
+        self.file.inode() != inode
     }
 
     /// A retired file may have been replaced by a restarted writer: switch to

@@ -254,3 +254,40 @@ fn read_changed_with_a_heartbeat_step_reports_heartbeats_that_moved_that_far() {
     source.read_changed_at(&mut changed, now, step).unwrap();
     assert_eq!(&*changed.engines[0].engine_id, "b");
 }
+
+#[test]
+fn read_changed_finds_a_replaced_file_once_the_old_heartbeat_is_late() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = ReaderOptions {
+        rescan_interval: Duration::from_secs(3600), // only the probe can find it
+        ..ReaderOptions::default()
+    };
+    let mut old = writer(dir.path(), "e", 1);
+    let mut source = ShmDir::open(dir.path(), options).unwrap();
+    let mut changed = Reading::default();
+    let step = Some(Duration::from_millis(25));
+    source
+        .read_changed_at(&mut changed, monotonic_ns(), step)
+        .unwrap();
+    assert_eq!(changed.engines.len(), 1);
+
+    // A clean close: retired and removed, nothing replaces it.
+    old.retire();
+    let late = || monotonic_ns() + 1_000_000_000; // far past two periods
+    source.read_changed_at(&mut changed, late(), step).unwrap();
+    assert!(changed.engines.is_empty(), "{changed:?}");
+
+    // A restarted engine's new file: not looked for while the old heartbeat
+    // is recent, found (and read) once it is late.
+    let _new = writer(dir.path(), "e", 5);
+    std::thread::sleep(Duration::from_millis(25)); // past the reopen backoff
+    source
+        .read_changed_at(&mut changed, monotonic_ns(), step)
+        .unwrap();
+    assert!(changed.engines.is_empty(), "{changed:?}");
+    source.read_changed_at(&mut changed, late(), step).unwrap();
+    assert_eq!(changed.engines.len(), 1, "{changed:?}");
+    assert_eq!(changed.engines[0].snapshot.num_running, 5);
+    source.read_changed_at(&mut changed, late(), step).unwrap();
+    assert!(changed.engines.is_empty(), "read once: {changed:?}");
+}
