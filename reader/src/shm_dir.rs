@@ -188,9 +188,9 @@ impl ShmDir {
     /// than the one last read. The test costs two Relaxed loads from one
     /// cache line per engine (sequence and heartbeat words) — no clock read,
     /// no system call — so it can run every millisecond over a thousand
-    /// engines. An engine whose heartbeat is late (two periods) is also
-    /// checked for retirement: when a restarted engine replaced its file,
-    /// the new file is opened and reported (its first snapshot). Dead
+    /// engines. With a step, an engine whose heartbeat is late (four steps)
+    /// is also checked for retirement: when a restarted engine replaced its
+    /// file, the new file is opened and reported (its first snapshot). Dead
     /// writers (their heartbeat stops), files retired by a clean close and
     /// unreadable files are not reported here (`out.errors` stays empty): a
     /// periodic [`ShmDir::read_at`] sees those.
@@ -203,6 +203,10 @@ impl ShmDir {
         out.clear();
         self.rescan_if_due(now_mono_ns)?;
         let step_ns = heartbeat_step.map_or(u64::MAX, |d| d.as_nanos() as u64);
+        // Late: four steps (two periods at a half-period step) without a
+        // heartbeat. From the step, not from each entry's own period: one
+        // load fewer per engine and poll.
+        let late_ns = step_ns.saturating_mul(4);
         for entry in &mut self.engines {
             let seq = entry.file.seq();
             // Odd: a write is in progress; the next call sees it finished.
@@ -213,7 +217,7 @@ impl ShmDir {
             // engine's new one (the old file never changes again).
             let replaced = !published
                 && !beat
-                && now_mono_ns.saturating_sub(heartbeat) > entry.late_after_ns
+                && now_mono_ns.saturating_sub(heartbeat) > late_ns
                 && entry.replaced(&self.dir);
             if published || beat || replaced {
                 out.engines
