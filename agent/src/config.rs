@@ -18,7 +18,7 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
 ///
 /// Every poll interval the agent checks each engine's sequence and heartbeat
 /// words (one cache line, lock-free like any reader) and relays at once the
-/// snapshots that changed and heartbeats half a period newer than the last
+/// snapshots that changed and heartbeats nearly a period newer than the last
 /// relayed; every 500 ms it reads the whole directory. Each batch goes to Redis as one pipeline. Engines whose
 /// heartbeat stops are no longer written, so their keys expire and Redis
 /// readers see them dead. HTTP: GET /metrics
@@ -36,8 +36,8 @@ pub struct Args {
     /// engine's last heartbeat (default 2000).
     #[arg(long, env = "AGENTIC_ENGINE_STATE_REDIS_URI", hide_env_values = true)]
     pub redis: String,
-    /// The engines' publish (and heartbeat) period, in ms: a heartbeat half
-    /// a period newer than the one relayed is relayed (what keeps the keys
+    /// The engines' publish (and heartbeat) period, in ms: a heartbeat nine
+    /// tenths of a period newer than the one relayed is relayed (what keeps the keys
     /// alive). The whole directory is read every 500 ms.
     #[arg(long, env = "AGENTIC_ENGINE_STATE_PERIOD_MS", default_value_t = 50,
           value_parser = clap::value_parser!(u64).range(1..=60_000))]
@@ -81,7 +81,7 @@ pub struct AgentConfig {
     pub shm_dir: PathBuf,
     /// The Redis server, database and key prefix to relay to.
     pub redis: RedisTarget,
-    /// The engines' period: heartbeats half of it newer than the relayed
+    /// The engines' period: heartbeats 9/10 of it newer than the relayed
     /// one are relayed.
     pub period: Duration,
     /// Change-detection interval (new snapshots and heartbeats are relayed

@@ -4,7 +4,7 @@
 //! Two passes, so that latency does not cost CPU: [`Relay::poll`] (every
 //! `--poll-us`) probes only each engine's sequence and heartbeat words (one
 //! cache line) and reads and queues just the engines that published a
-//! snapshot or whose heartbeat moved half a period (what keeps their keys
+//! snapshot or whose heartbeat moved nine tenths of a period (what keeps their keys
 //! alive), and the new file of a restarted engine once the old file's
 //! heartbeat is late; [`Relay::tick`] (every [`FULL_PASS_INTERVAL`]) reads
 //! everything: it deletes the keys of engines that left, counts errors and
@@ -69,8 +69,9 @@ struct Outbox {
     snapshot_age: metrics::Histogram,
     /// Records of the current pass, handed to the sink at once at its end.
     batch: Vec<(Arc<str>, SinkOp)>,
-    /// A heartbeat newer than the relayed one by less than this (half a
-    /// period) is not worth a write of its own (see [`Outbox::queue`]).
+    /// A heartbeat newer than the relayed record by less than this (nine
+    /// tenths of a period) is not worth a write of its own (see
+    /// [`Outbox::queue`]).
     heartbeat_step_ns: u64,
     /// Engines of the current pass that were relayed before (when a tick
     /// counts all of `relayed`, none left the directory).
@@ -137,7 +138,9 @@ impl Relay {
                 next_seq: monotonic_ns(),
                 snapshot_age: metrics::histogram!(telemetry::SNAPSHOT_AGE),
                 batch: Vec::new(),
-                heartbeat_step_ns: config.period.as_nanos() as u64 / 2,
+                // Nine tenths: an idle engine's every heartbeat (timers
+                // jitter), not one between two publishes of a busy engine.
+                heartbeat_step_ns: config.period.as_nanos() as u64 / 10 * 9,
                 known: 0,
             },
             known_errors: HashSet::new(),
@@ -145,7 +148,7 @@ impl Relay {
     }
 
     /// The fast pass: queues the engines that published a snapshot since
-    /// they were last read, or whose heartbeat is half a period newer, at
+    /// they were last read, or whose heartbeat is nearly a period newer, at
     /// the cost of two loads from one cache line per engine when nothing
     /// changed. Returns how many records were queued.
     pub fn poll(&mut self) -> usize {
@@ -264,11 +267,11 @@ impl Outbox {
     /// true when queued.
     ///
     /// A new generation or snapshot is always queued. A heartbeat alone is
-    /// queued only when it is at least half a period newer than the one
-    /// relayed: a stopped heartbeat lets the key expire, and a heartbeat
-    /// stamped just after a snapshot that was relayed on its own (the fast
-    /// pass can see the publish a moment before the stamp) is not worth a
-    /// second write — the next period's refresh carries it.
+    /// queued only when it is at least nine tenths of a period newer than
+    /// the record relayed last: an idle engine's key is refreshed once a
+    /// period, a stopped heartbeat lets the key expire, and a busy engine,
+    /// whose publishes already carry its heartbeat (and whose heartbeat
+    /// thread ticks at its own phase), costs one record a period, not two.
     fn queue(&mut self, shm: &ShmDir, engine: &EngineState, now: u64) -> bool {
         let last = self.relayed.get_mut(&engine.engine_id);
         self.known += usize::from(last.is_some());
@@ -326,5 +329,63 @@ impl Outbox {
             .push((engine.engine_id.clone(), SinkOp::Set(record)));
         self.snapshot_age.record(engine.capture_age.as_secs_f64());
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use engine_state_shm_format::{EngineId, ShmWriter, WriterOptions};
+
+    /// A relay of `dir` whose Redis is unreachable (records are kept, not
+    /// written: what is queued is what the relay decided to send).
+    fn relay(dir: &std::path::Path) -> Relay {
+        let args = crate::Args::parse_from([
+            "esagent",
+            "--uri",
+            &format!("file://{}", dir.display()),
+            "--redis",
+            "redis://127.0.0.1:1/0",
+            "--period-ms",
+            "50",
+        ]);
+        Relay::new(&args.into_config().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn heartbeats_are_relayed_once_a_period_not_between_publishes() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = EngineId::new("busy").unwrap();
+        let ms = 1_000_000;
+        // All stamps in the past, so that ages are exact.
+        let t0 = monotonic_ns() - 1_000 * ms;
+        let snap = |step| Snapshot {
+            captured_mono_ns: t0,
+            step,
+            ..Snapshot::default()
+        };
+        let mut w =
+            ShmWriter::create(dir.path(), &id, &WriterOptions::default(), &snap(1)).unwrap();
+        w.stamp_heartbeat(t0);
+        let mut relay = relay(dir.path());
+        assert_eq!(relay.poll(), 1, "a new engine");
+        assert_eq!(relay.poll(), 0, "nothing new");
+
+        // The heartbeat thread ticks between two publishes: not worth a record.
+        w.stamp_heartbeat(t0 + 30 * ms);
+        assert_eq!(relay.poll(), 0);
+        // A publish (its heartbeat stamped with it) is always relayed.
+        w.publish(&snap(2)).unwrap();
+        w.stamp_heartbeat(t0 + 50 * ms);
+        assert_eq!(relay.poll(), 1);
+        // An idle engine: each heartbeat a period later is relayed (with
+        // some timer jitter), which keeps its key alive.
+        w.stamp_heartbeat(t0 + 98 * ms);
+        assert_eq!(relay.poll(), 1);
+        w.stamp_heartbeat(t0 + 110 * ms);
+        assert_eq!(relay.poll(), 0);
+        w.stamp_heartbeat(t0 + 150 * ms);
+        assert_eq!(relay.poll(), 1);
     }
 }

@@ -203,7 +203,7 @@ impl ShmDir {
         out.clear();
         self.rescan_if_due(now_mono_ns)?;
         let step_ns = heartbeat_step.map_or(u64::MAX, |d| d.as_nanos() as u64);
-        // Late: four steps (two periods at a half-period step) without a
+        // Late: four steps (a few periods at a caller's step) without a
         // heartbeat. From the step, not from each entry's own period: one
         // load fewer per engine and poll.
         let late_ns = step_ns.saturating_mul(4);
