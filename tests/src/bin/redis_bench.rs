@@ -4,12 +4,14 @@
 //!    the agent (p50/p99, loopback);
 //! 2. reading 8, 64 and 1024 engines in one round trip;
 //! 3. the agent relaying 1024 engines published at 20 Hz: its CPU use and
-//!    relay lag.
+//!    relay lag;
+//! 4. records the agent writes per engine and period for engines that run a
+//!    real `Publisher` (heartbeat thread ticking between publishes).
 //!
 //! Starts its own redis-server on a free port. Usage:
-//! `redis_bench [--seconds N] [--poll-us N] [--only e2e|read|load]` (default
-//! 10 s per latency run; the agent runs with its defaults unless `--poll-us`
-//! is given; `--only` runs one of the three parts).
+//! `redis_bench [--seconds N] [--poll-us N] [--only e2e|read|load|beats]`
+//! (default 10 s per latency run; the agent runs with its defaults unless
+//! `--poll-us` is given; `--only` runs one of the parts).
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -33,9 +35,9 @@ fn part(name: &str) -> bool {
     let only = std::env::args().skip_while(|a| a != "--only").nth(1);
     match only.as_deref() {
         None => true,
-        Some(only @ ("e2e" | "read" | "load")) => only == name,
+        Some(only @ ("e2e" | "read" | "load" | "beats")) => only == name,
         Some(other) => {
-            eprintln!("redis_bench: --only takes e2e, read or load, not {other:?}");
+            eprintln!("redis_bench: --only takes e2e, read, load or beats, not {other:?}");
             std::process::exit(2)
         }
     }
@@ -70,6 +72,48 @@ fn main() {
         println!("\n## {agent_label} relaying 1024 engines published at 20 Hz");
         agent_load(&redis, 1024, seconds.max(10), &agent_flags);
     }
+    if part("beats") {
+        heartbeat_records(&redis, seconds, &agent_flags);
+    }
+}
+
+/// Records per engine and period that the agent writes for engines running
+/// the real `Publisher` (`espublish`): each publish stamps the heartbeat, and
+/// the heartbeat thread stamps it again at its own phase between publishes.
+/// 1.00 is one record per publish and nothing else.
+fn heartbeat_records(redis: &RedisServer, seconds: u64, flags: &[String]) {
+    const ENGINES: usize = 16;
+    const PERIOD_MS: u64 = 50;
+    println!(
+        "\n## records per engine and period: {ENGINES} espublish processes \
+         (publish and heartbeat every {PERIOD_MS} ms), esagent relaying"
+    );
+    let dir = tempfile::tempdir_in("/dev/shm").expect("tmp dir in /dev/shm");
+    let shm_uri = format!("file://{}", dir.path().display());
+    let _writers: Vec<Proc> = (0..ENGINES)
+        .map(|i| espublish(&shm_uri, &format!("beat-{i:02}"), PERIOD_MS))
+        .collect();
+    let port = free_port();
+    let mut agent = Proc::spawn(
+        Command::new(sibling("esagent"))
+            .args(["--uri", &shm_uri, "--redis", &redis.uri("?prefix=beats:")])
+            .args(flags)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .stdout(Stdio::piped()),
+    );
+    agent.first_line();
+    std::thread::sleep(Duration::from_secs(2)); // every engine found and relayed
+    let series = "engine_state_relay_lag_seconds_count";
+    let (before, t0) = (metric(&scrape(port), series), Instant::now());
+    std::thread::sleep(Duration::from_secs(seconds));
+    let (after, elapsed) = (metric(&scrape(port), series), t0.elapsed());
+    let periods = elapsed.as_secs_f64() * 1000.0 / PERIOD_MS as f64;
+    println!(
+        "{:.2} records per engine and period ({:.0} records over {:.0} s)",
+        (after - before) / ENGINES as f64 / periods,
+        after - before,
+        elapsed.as_secs_f64()
+    );
 }
 
 fn e2e_part(redis: &RedisServer, seconds: u64, agent_flags: &[String], agent_label: &str) {
