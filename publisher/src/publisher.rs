@@ -79,8 +79,13 @@ impl Publisher {
                 let first = stamp(Snapshot::default());
                 let writer = ShmWriter::create(dir, &config.engine_id, &options, &first)?;
                 let beat = writer.heartbeat();
-                let heartbeat =
-                    HeartbeatThread::spawn(move || beat.beat(), config.period, &config.engine_id)?;
+                // A stamp younger than a period is a publish's: left alone.
+                let period = config.period;
+                let heartbeat = HeartbeatThread::spawn(
+                    move || beat.beat_unless_younger(period),
+                    config.period,
+                    &config.engine_id,
+                )?;
                 (Backend::Shm(writer), heartbeat)
             }
             StateUri::Redis { url } => {
@@ -112,9 +117,10 @@ impl Publisher {
                 sink.send(&engine_id, SinkOp::Set(*lock(&record)));
                 let (handle, beat_record, beat_id) =
                     (sink.handle(), record.clone(), engine_id.clone());
+                let period = config.period;
                 let heartbeat = HeartbeatThread::spawn(
                     move || {
-                        heartbeat_redis(&handle, &beat_id, &beat_record);
+                        heartbeat_redis(&handle, &beat_id, &beat_record, period);
                         true
                     },
                     config.period,
@@ -273,12 +279,23 @@ fn create_dir(dir: &PathBuf) -> Result<(), Error> {
     })
 }
 
-/// One Redis heartbeat: the latest record again, with the next heartbeat.
-fn heartbeat_redis(sink: &SinkHandle, engine_id: &Arc<str>, record: &Mutex<RedisRecord>) {
+/// One Redis heartbeat: the latest record again, with the next heartbeat —
+/// unless a publish sent one less than `period` ago (a busy engine's
+/// publishes keep its key alive; a second write per period would not).
+fn heartbeat_redis(
+    sink: &SinkHandle,
+    engine_id: &Arc<str>,
+    record: &Mutex<RedisRecord>,
+    period: Duration,
+) {
     let record = {
         let mut record = lock(record);
+        let now = monotonic_ns();
+        if now.saturating_sub(record.heartbeat_mono_ns) < period.as_nanos() as u64 {
+            return;
+        }
         record.heartbeat_seq += 1;
-        record.heartbeat_mono_ns = monotonic_ns();
+        record.heartbeat_mono_ns = now;
         *record
     };
     sink.send(engine_id, SinkOp::Set(record));

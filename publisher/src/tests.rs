@@ -102,3 +102,48 @@ fn uncreatable_directory_is_a_clear_error() {
         "{err}"
     );
 }
+
+/// The heartbeat word (`CLOCK_MONOTONIC` ns) of `id` in `dir`, read directly.
+fn heartbeat_word(dir: &std::path::Path, id: &str) -> u64 {
+    engine_state_shm_format::ShmFile::open(dir.join(id))
+        .unwrap()
+        .heartbeat_mono_ns()
+}
+
+#[test]
+fn heartbeat_thread_leaves_a_busy_engines_stamp_to_its_publishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut publisher = start(dir.path(), "busy", 20);
+    let mut source = ShmDir::open(dir.path(), ReaderOptions::default()).unwrap();
+    // Publishing every 2 ms for ~300 ms (15 heartbeat periods): just before
+    // each publish the stamp is still the previous publish's, unless this
+    // thread was descheduled for a whole period (then a stamp is due).
+    publisher.publish(Snapshot::default()).unwrap();
+    let mut last = source.read().unwrap().engines[0].snapshot.captured_mono_ns;
+    let mut thread_stamps = 0;
+    for _ in 0..150 {
+        std::thread::sleep(Duration::from_millis(2));
+        let stamped = heartbeat_word(dir.path(), "busy") != last;
+        let gap = Duration::from_nanos(engine_state_shm_format::monotonic_ns() - last);
+        thread_stamps += usize::from(stamped && gap < Duration::from_millis(15));
+        publisher.publish(Snapshot::default()).unwrap();
+        last = source.read().unwrap().engines[0].snapshot.captured_mono_ns;
+        assert_eq!(
+            heartbeat_word(dir.path(), "busy"),
+            last,
+            "a publish stamps it"
+        );
+    }
+    assert_eq!(
+        thread_stamps, 0,
+        "the heartbeat thread stamped between publishes"
+    );
+    // Idle: the thread stamps again within about a period.
+    std::thread::sleep(Duration::from_millis(60));
+    assert!(
+        heartbeat_word(dir.path(), "busy") > last,
+        "an idle engine's heartbeat stopped"
+    );
+    let age = source.read().unwrap().engines[0].heartbeat_age;
+    assert!(age < Duration::from_millis(45), "{age:?}");
+}

@@ -84,6 +84,27 @@ impl Heartbeat {
             .store(monotonic_ns(), Ordering::Relaxed);
         true
     }
+
+    /// Like [`Heartbeat::beat`], but stores nothing while the stamp is
+    /// younger than `max_age` (a publish stamped it): a heartbeat thread that
+    /// ticks every period then leaves a busy engine's stamp to its publishes,
+    /// and relays see one change per publish instead of two, while the stamp
+    /// never gets much older than `max_age` plus one tick.
+    pub fn beat_unless_younger(&self, max_age: std::time::Duration) -> bool {
+        if fork_generation() != self.fork_generation {
+            return false;
+        }
+        if self.map.word(STATE_WORD * 8).load(Ordering::Relaxed) != STATE_ACTIVE {
+            return false;
+        }
+        let word = self.map.word(HEARTBEAT_OFFSET);
+        let now = monotonic_ns();
+        // Only this process stores it (publish and this thread): Relaxed.
+        if now.saturating_sub(word.load(Ordering::Relaxed)) >= max_age.as_nanos() as u64 {
+            word.store(now, Ordering::Relaxed);
+        }
+        true
+    }
 }
 
 impl ShmWriter {
