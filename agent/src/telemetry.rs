@@ -100,14 +100,37 @@ pub struct EngineGauges {
 
 #[derive(Debug)]
 struct Gauges {
-    fields: Vec<Gauge>,
-    /// The snapshot and status the gauges hold (None: not set yet).
-    last: Option<(Snapshot, Status)>,
+    fields: Vec<Kept>,
     /// Registered only once the engine reports KV blocks.
-    gpu_kv_used_frac: Option<Gauge>,
-    heartbeat_age: Gauge,
-    capture_age: Gauge,
-    status: [Gauge; STATUSES.len()],
+    gpu_kv_used_frac: Option<Kept>,
+    heartbeat_age: Kept,
+    capture_age: Kept,
+    status: [Kept; STATUSES.len()],
+}
+
+/// A gauge and the value it was last set to: set again only when the value
+/// changed, or when `refresh` asks for it.
+#[derive(Debug)]
+struct Kept {
+    gauge: Gauge,
+    value: f64,
+}
+
+impl Kept {
+    fn new(gauge: Gauge) -> Kept {
+        // NaN equals nothing: the first `set` always goes through.
+        Kept {
+            gauge,
+            value: f64::NAN,
+        }
+    }
+
+    fn set(&mut self, value: f64, refresh: bool) {
+        if refresh || value != self.value {
+            self.gauge.set(value);
+            self.value = value;
+        }
+    }
 }
 
 impl Gauges {
@@ -116,14 +139,21 @@ impl Gauges {
         Gauges {
             fields: Snapshot::FIELD_NAMES
                 .iter()
-                .map(|name| metrics::gauge!(format!("engine_state_{name}"), "engine" => id.clone()))
+                .map(|name| {
+                    Kept::new(metrics::gauge!(format!("engine_state_{name}"), "engine" => id.clone()))
+                })
                 .collect(),
-            last: None,
             gpu_kv_used_frac: None,
-            heartbeat_age: metrics::gauge!("engine_state_heartbeat_age_seconds", "engine" => id.clone()),
-            capture_age: metrics::gauge!("engine_state_capture_age_seconds", "engine" => id.clone()),
+            heartbeat_age: Kept::new(
+                metrics::gauge!("engine_state_heartbeat_age_seconds", "engine" => id.clone()),
+            ),
+            capture_age: Kept::new(
+                metrics::gauge!("engine_state_capture_age_seconds", "engine" => id.clone()),
+            ),
             status: STATUSES.map(|status| {
-                metrics::gauge!("engine_state_status", "engine" => id.clone(), "status" => status.as_str())
+                Kept::new(
+                    metrics::gauge!("engine_state_status", "engine" => id.clone(), "status" => status.as_str()),
+                )
             }),
         }
     }
@@ -152,51 +182,32 @@ impl EngineGauges {
                 .engines
                 .entry(engine.engine_id.clone())
                 .or_insert_with(|| Gauges::new(&engine.engine_id));
-            // Everything is set on a refresh, as if nothing had been before.
-            let last = gauges
-                .last
-                .replace((engine.snapshot, engine.status))
-                .filter(|_| !refresh);
-            let last_words = last.map(|(snapshot, _)| snapshot.to_words());
-            for (i, (gauge, value)) in gauges
-                .fields
-                .iter()
-                .zip(engine.snapshot.to_words())
-                .enumerate()
-            {
-                if last_words.is_none_or(|w| w[i] != value) {
-                    gauge.set(value as f64);
-                }
+            for (gauge, value) in gauges.fields.iter_mut().zip(engine.snapshot.to_words()) {
+                gauge.set(value as f64, refresh);
             }
-            if last.is_none_or(|(_, status)| status != engine.status) {
-                for (gauge, status) in gauges.status.iter().zip(STATUSES) {
-                    gauge.set(if engine.status == status { 1.0 } else { 0.0 });
-                }
+            for (gauge, status) in gauges.status.iter_mut().zip(STATUSES) {
+                gauge.set(f64::from(u8::from(engine.status == status)), refresh);
             }
-            let kv_changed = last.is_none_or(|(snapshot, _)| {
-                (snapshot.gpu_blocks_total, snapshot.gpu_blocks_free)
-                    != (
-                        engine.snapshot.gpu_blocks_total,
-                        engine.snapshot.gpu_blocks_free,
-                    )
-            });
             match engine.gpu_kv_used_frac() {
-                Some(frac) if kv_changed => gauges
+                Some(frac) => gauges
                     .gpu_kv_used_frac
                     .get_or_insert_with(|| {
-                        metrics::gauge!("engine_state_gpu_kv_used_frac", "engine" => engine.engine_id.to_string())
+                        Kept::new(metrics::gauge!(
+                            "engine_state_gpu_kv_used_frac",
+                            "engine" => engine.engine_id.to_string()
+                        ))
                     })
-                    .set(frac),
-                Some(_) => {}
+                    .set(frac, refresh),
                 // No KV blocks (yet): the gauge idles out; a handle kept past
                 // that would no longer be exported, so register it anew then.
                 None => gauges.gpu_kv_used_frac = None,
             }
-            // The ages move with every reading.
             gauges
                 .heartbeat_age
-                .set(millis(engine.heartbeat_age) / 1000.0);
-            gauges.capture_age.set(millis(engine.capture_age) / 1000.0);
+                .set(millis(engine.heartbeat_age) / 1000.0, refresh);
+            gauges
+                .capture_age
+                .set(millis(engine.capture_age) / 1000.0, refresh);
         }
     }
 }
