@@ -70,7 +70,7 @@ impl Agent {
             relay,
             metrics,
         } = self;
-        let health = Arc::new(Health::new(crate::relay::FULL_PASS_INTERVAL));
+        let health = Arc::new(Health::new(FULL_PASS_INTERVAL));
         let server = tokio::spawn(crate::http::serve(
             listener,
             metrics.clone(),
@@ -102,7 +102,6 @@ fn relay_loop(
     let mut cleanup = config.cleanup_grace.map(Cleanup::new);
     let mut gauges = telemetry::EngineGauges::default();
     let poll = config.poll.min(config.period);
-    let full_pass = FULL_PASS_INTERVAL;
     let start = Instant::now();
     let (mut next_poll, mut next_tick) = (start, start);
     let mut upkeep_at = start;
@@ -114,9 +113,9 @@ fn relay_loop(
             relay.poll();
         } else {
             // Like tokio's `MissedTickBehavior::Skip`: a late tick is not caught up.
-            next_tick += full_pass;
+            next_tick += FULL_PASS_INTERVAL;
             if next_tick <= now {
-                next_tick = now + full_pass;
+                next_tick = now + FULL_PASS_INTERVAL;
             }
             let report = relay.tick();
             let stats = relay.sink_stats();

@@ -509,18 +509,10 @@ impl PipelineEncoder {
             SinkOp::Set(record) => {
                 let now = self.began;
                 let prefix = &self.prefix;
-                // Looked up before inserting: no clone (two atomic operations
-                // on the id's reference count) for an engine already known.
-                if !self.engines.contains_key(&**id) {
-                    self.engines.insert(
-                        id.clone(),
-                        Written {
-                            set_head: set_head(&engine_key(prefix, id)),
-                            registered: None,
-                        },
-                    );
-                }
-                let written = self.engines.get_mut(&**id).expect("inserted above");
+                let written = self.engines.entry(id.clone()).or_insert_with(|| Written {
+                    set_head: set_head(&engine_key(prefix, id)),
+                    registered: None,
+                });
                 let mut record = *record;
                 record.ttl_ms = self.ttl_ms;
                 record.write_delay_us =

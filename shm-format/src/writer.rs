@@ -72,17 +72,7 @@ impl Heartbeat {
     /// Stores the current `CLOCK_MONOTONIC` as `heartbeat_mono_ns`. Returns
     /// false (and writes nothing) once the file is retired or in a forked child.
     pub fn beat(&self) -> bool {
-        if fork_generation() != self.fork_generation {
-            return false;
-        }
-        if self.map.word(STATE_WORD * 8).load(Ordering::Relaxed) != STATE_ACTIVE {
-            return false;
-        }
-        // Readers load it Relaxed; it carries no other data, so Relaxed suffices.
-        self.map
-            .word(HEARTBEAT_OFFSET)
-            .store(monotonic_ns(), Ordering::Relaxed);
-        true
+        self.beat_unless_younger(std::time::Duration::ZERO)
     }
 
     /// Like [`Heartbeat::beat`], but stores nothing while the stamp is
@@ -99,7 +89,8 @@ impl Heartbeat {
         }
         let word = self.map.word(HEARTBEAT_OFFSET);
         let now = monotonic_ns();
-        // Only this process stores it (publish and this thread): Relaxed.
+        // Readers load it Relaxed; it carries no other data, and only this
+        // process stores it (publish and the heartbeat thread): Relaxed.
         if now.saturating_sub(word.load(Ordering::Relaxed)) >= max_age.as_nanos() as u64 {
             word.store(now, Ordering::Relaxed);
         }
