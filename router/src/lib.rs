@@ -78,3 +78,16 @@ pub use crate::settings::{MigrationSettings, Policy, RealStateUse, RouterSetting
 pub use crate::shadow::ShadowCounters;
 /// The engine snapshot real state carries (re-exported from `engine-state-shm-format`).
 pub use engine_state_shm_format::Snapshot;
+
+/// A small deterministic generator for tests: `next(bound)` is in
+/// `0..bound` (xorshift64; `seed` must not be 0).
+#[cfg(test)]
+pub(crate) fn xorshift(seed: u64) -> impl FnMut(u64) -> u64 {
+    let mut state = seed;
+    move |bound| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % bound
+    }
+}

@@ -320,13 +320,7 @@ mod tests {
     /// the run), repeats and extensions of the last run, and removals.
     #[test]
     fn insert_run_is_inserting_each_key_last_first() {
-        let mut state = 0x9E37_79B9_7F4A_7C15_u64;
-        let mut next = move |bound: u64| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state % bound
-        };
+        let mut next = crate::xorshift(0x9E37_79B9_7F4A_7C15_u64);
         for capacity in [1, 2, 3, 5, 8, 30] {
             let (mut fast, mut plain) = (Lru::new(capacity), Lru::new(capacity));
             let mut last: Vec<u64> = Vec::new();

@@ -255,13 +255,7 @@ mod tests {
     #[test]
     fn search_matches_the_linear_scan_under_eviction() {
         use crate::blocks::block_hashes;
-        let mut state = 0x2545_f491_4f6c_dd1d_u64;
-        let mut next = move |bound: u64| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state % bound
-        };
+        let mut next = crate::xorshift(0x2545_f491_4f6c_dd1d_u64);
         for (capacity, max_len, arity) in [
             (1, 12, 4),
             (3, 12, 4),

@@ -224,6 +224,14 @@ fn an_unreachable_server_does_not_stop_an_engine_from_starting() {
     });
 }
 
+/// An `InlineSink` connected to `redis` under key `prefix`, and its URI.
+fn connected_inline_sink(redis: &RedisServer, prefix: &str) -> (String, InlineSink) {
+    let uri = redis.uri(&format!("?prefix={prefix}"));
+    let target = RedisTarget::parse(&uri).unwrap();
+    let sink = InlineSink::new(target.clone(), Some(target.connect().unwrap()), None);
+    (uri, sink)
+}
+
 /// A `SET` of `engine` at `step` for [`InlineSink::submit`].
 fn set_op(engine: &std::sync::Arc<str>, step: u64) -> (std::sync::Arc<str>, SinkOp) {
     let record = RedisRecord {
@@ -243,9 +251,7 @@ fn set_op(engine: &std::sync::Arc<str>, step: u64) -> (std::sync::Arc<str>, Sink
 #[test]
 fn inline_sink_keeps_the_newest_record_through_an_outage_and_writes_it_after() {
     let mut redis = RedisServer::start();
-    let uri = redis.uri("?prefix=inline:");
-    let target = RedisTarget::parse(&uri).unwrap();
-    let mut sink = InlineSink::new(target.clone(), Some(target.connect().unwrap()), None);
+    let (uri, mut sink) = connected_inline_sink(&redis, "inline:");
     let (a, b): (std::sync::Arc<str>, std::sync::Arc<str>) = ("a".into(), "b".into());
     let mut source = reader(&uri, 5000);
     let steps = |source: &mut Box<dyn Source>| {
@@ -305,9 +311,7 @@ fn inline_sink_keeps_the_newest_record_through_an_outage_and_writes_it_after() {
 #[test]
 fn inline_sink_keeps_the_newest_record_of_a_pipeline_that_failed() {
     let mut redis = RedisServer::start();
-    let uri = redis.uri("?prefix=failed:");
-    let target = RedisTarget::parse(&uri).unwrap();
-    let mut sink = InlineSink::new(target.clone(), Some(target.connect().unwrap()), None);
+    let (uri, mut sink) = connected_inline_sink(&redis, "failed:");
     let a: std::sync::Arc<str> = "a".into();
     redis.kill();
     // One pipeline with two records of `a`, sent to a server that is gone:
@@ -331,9 +335,7 @@ fn inline_sink_keeps_the_newest_record_of_a_pipeline_that_failed() {
 #[test]
 fn inline_sink_reports_a_server_error_among_the_replies_and_writes_after() {
     let redis = RedisServer::start();
-    let uri = redis.uri("?prefix=oom:");
-    let target = RedisTarget::parse(&uri).unwrap();
-    let mut sink = InlineSink::new(target.clone(), Some(target.connect().unwrap()), None);
+    let (uri, mut sink) = connected_inline_sink(&redis, "oom:");
     let (a, b): (std::sync::Arc<str>, std::sync::Arc<str>) = ("a".into(), "b".into());
     sink.submit(&mut vec![set_op(&a, 1)]);
     assert!(sink.flush(Duration::from_secs(2)), "{sink:?}");
