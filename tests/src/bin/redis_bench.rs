@@ -109,11 +109,37 @@ fn heartbeat_records(redis: &RedisServer, seconds: u64, flags: &[String]) {
     let (after, elapsed) = (metric(&scrape(port), series), t0.elapsed());
     let periods = elapsed.as_secs_f64() * 1000.0 / PERIOD_MS as f64;
     println!(
-        "{:.2} records per engine and period ({:.0} records over {:.0} s)",
+        "via esagent: {:.2} records per engine and period ({:.0} records over {:.0} s)",
         (after - before) / ENGINES as f64 / periods,
         after - before,
         elapsed.as_secs_f64()
     );
+    drop((agent, _writers));
+
+    // The same engines writing to Redis themselves: SETs counted by Redis.
+    let uri = redis.uri("?prefix=beats-direct:");
+    let _writers: Vec<Proc> = (0..ENGINES)
+        .map(|i| espublish(&uri, &format!("beat-{i:02}"), PERIOD_MS))
+        .collect();
+    std::thread::sleep(Duration::from_secs(2));
+    let mut con = redis.connection();
+    let (before, t0) = (set_calls(&mut con), Instant::now());
+    std::thread::sleep(Duration::from_secs(seconds));
+    let (after, elapsed) = (set_calls(&mut con), t0.elapsed());
+    let periods = elapsed.as_secs_f64() * 1000.0 / PERIOD_MS as f64;
+    println!(
+        "direct sink: {:.2} SETs per engine and period",
+        (after - before) as f64 / ENGINES as f64 / periods
+    );
+}
+
+/// `SET` calls the server has executed (`INFO commandstats`).
+fn set_calls(con: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(con).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_set:calls="))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .expect("cmdstat_set in INFO commandstats")
 }
 
 fn e2e_part(redis: &RedisServer, seconds: u64, agent_flags: &[String], agent_label: &str) {
