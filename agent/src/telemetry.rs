@@ -230,6 +230,7 @@ mod tests {
             heartbeat_age: Duration::from_millis(20),
             capture_age: Duration::from_millis(30),
             generation: 1,
+            read_mono_ns: 0,
         }
     }
 

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use engine_state_shm_format::{EngineId, Snapshot};
+use engine_state_shm_format::{monotonic_ns, EngineId, Snapshot};
 use redis::{ConnectionLike, Value};
 
 use crate::error::{EngineError, Error};
@@ -374,7 +374,7 @@ impl Tracked {
         }
     }
 
-    fn state(&self, now: Instant, options: &ReaderOptions) -> Option<EngineState> {
+    fn state(&self, now: Instant, now_ns: u64, options: &ReaderOptions) -> Option<EngineState> {
         let expired = self.missing_since.is_some();
         let (snapshot, record, heartbeat_age) = match &self.seen {
             Some(seen) => (
@@ -407,6 +407,7 @@ impl Tracked {
             heartbeat_age,
             capture_age,
             generation: record.map_or(0, |r| r.generation),
+            read_mono_ns: now_ns,
         })
     }
 }
@@ -416,10 +417,12 @@ impl Source for RedisSource {
         out.clear();
         let now = Instant::now();
         self.refresh(now);
+        // The ages below are as of `now`; consumers age them from this stamp.
+        let now_ns = monotonic_ns();
         for engine in &self.engines {
             if let Some(fault) = &engine.fault {
                 out.errors.push(fault.clone());
-            } else if let Some(state) = engine.state(now, &self.options) {
+            } else if let Some(state) = engine.state(now, now_ns, &self.options) {
                 out.engines.push(state);
             }
         }

@@ -305,6 +305,7 @@ impl Entry {
             heartbeat_age,
             capture_age,
             generation: self.file.generation(),
+            read_mono_ns: now,
         }
     }
 

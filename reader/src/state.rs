@@ -24,6 +24,11 @@ pub struct EngineState {
     pub capture_age: Duration,
     /// The generation of the writer's file or key (a restart makes a new one).
     pub generation: u64,
+    /// `CLOCK_MONOTONIC` (nanoseconds, the clock of `captured_mono_ns`) when
+    /// this state was read: both ages are as of then. A consumer that uses the
+    /// state later ages it from here (the router does, DESIGN §8), so an old
+    /// reading handed over late is already old.
+    pub read_mono_ns: u64,
 }
 
 impl EngineState {
@@ -123,6 +128,7 @@ mod tests {
             heartbeat_age: Duration::from_micros(1500),
             capture_age: Duration::from_millis(20),
             generation: 1,
+            read_mono_ns: 0,
         };
         let value = serde_json::to_value(&state).unwrap();
         let object = value.as_object().unwrap();

@@ -131,6 +131,7 @@ mod tests {
                 heartbeat_age: Duration::from_millis(12),
                 capture_age: Duration::from_millis(40),
                 generation: 1,
+                read_mono_ns: 0,
             }],
             errors: vec![],
         };
