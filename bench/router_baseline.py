@@ -50,7 +50,7 @@ DEFAULTS = dict(
     real_state_expiry_s=2.0,
     ttft_slo_s=2.5,
     rel_hi=1.5,
-    prefill_tokens_per_s=10_000.0,
+    prefill_tokens_per_s=7_000.0,
     big_prefill_threshold=16_384,
     kv_wall_frac=0.9,
 )
@@ -225,7 +225,9 @@ class Router:
             bound_inst = self.sessions.get(session_id) if sessions_matter and session_id else None
             bound = self.instances.index(bound_inst) if bound_inst in self.instances else None
             mode = s["real_state_use"]
-            consult = mode == "always" or (mode == "placement" and bound is None)
+            # `placement`: only the decision that first binds a session (DESIGN §8).
+            binds = sessions_matter and session_id is not None and bound is None
+            consult = mode == "always" or (mode == "placement" and binds)
             need_hits = policy in ("lmetric", "unified")
             cands = self._candidates(consult, blocks if need_hits else None, now)
 

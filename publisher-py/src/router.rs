@@ -5,6 +5,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyAny, PyDict, PyType};
 
+use crate::errors::EngineStateError;
 use crate::reader::EngineState;
 
 fn router_error(error: engine_state_router::Error) -> PyErr {
@@ -14,6 +15,7 @@ fn router_error(error: engine_state_router::Error) -> PyErr {
         | E::InvalidRequest { .. }
         | E::UnknownInstance(_)
         | E::DuplicateInstance(_) => PyValueError::new_err(error.to_string()),
+        E::AllShuttingDown => EngineStateError::new_err(error.to_string()),
         _ => PyRuntimeError::new_err(error.to_string()),
     }
 }
@@ -92,7 +94,10 @@ impl Router {
             .update_real_state(states.iter().map(|s| (s.id().to_owned(), s.real_state())))
     }
 
-    /// The migration trigger and target for a request on `source`, as a dict.
+    /// The migration trigger and target for a request that would run on
+    /// `source` and holds no reservation yet (advise before reserving), as a
+    /// dict. For a request a pick already reserved, use
+    /// `migration_advice_for(reservation, ...)`.
     #[pyo3(signature = (source, request_id, *, tokens=None, block_hashes=None, input_len=None, session_id=None))]
     #[allow(clippy::too_many_arguments)] // mirrors pick(): the prompt's forms are keywords
     fn migration_advice<'py>(
@@ -113,6 +118,54 @@ impl Router {
                 .migration_advice(&request, source)
                 .map_err(router_error)?,
         )
+    }
+
+    /// The migration trigger and target for a request already reserved by
+    /// `reservation` (the source is its instance), with its own reservation
+    /// left out of the source's load, as a dict.
+    #[pyo3(signature = (reservation, request_id, *, tokens=None, block_hashes=None, input_len=None, session_id=None))]
+    #[allow(clippy::too_many_arguments)] // mirrors pick(): the prompt's forms are keywords
+    fn migration_advice_for<'py>(
+        &self,
+        py: Python<'py>,
+        reservation: PyRef<'_, Reservation>,
+        request_id: String,
+        tokens: Option<Vec<u32>>,
+        block_hashes: Option<Vec<u64>>,
+        input_len: Option<u64>,
+        session_id: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let request = request(request_id, tokens, block_hashes, input_len, session_id)?;
+        to_python(
+            py,
+            &self
+                .inner
+                .migration_advice_for(&request, &reservation.inner)
+                .map_err(router_error)?,
+        )
+    }
+
+    /// Migrates a request already reserved by `reservation` if the trigger
+    /// fires and a target exists: reserves it on the target, releases it on
+    /// the old instance, and `reservation` then holds the new instance (one
+    /// step). Returns the `Decision`, or `None` when the request stays.
+    #[pyo3(signature = (reservation, request_id, *, tokens=None, block_hashes=None, input_len=None, session_id=None))]
+    #[allow(clippy::too_many_arguments)] // mirrors pick(): the prompt's forms are keywords
+    fn migrate(
+        &self,
+        mut reservation: PyRefMut<'_, Reservation>,
+        request_id: String,
+        tokens: Option<Vec<u32>>,
+        block_hashes: Option<Vec<u64>>,
+        input_len: Option<u64>,
+        session_id: Option<String>,
+    ) -> PyResult<Option<Decision>> {
+        let request = request(request_id, tokens, block_hashes, input_len, session_id)?;
+        let moved = self
+            .inner
+            .migrate_reservation(&request, &mut reservation.inner)
+            .map_err(router_error)?;
+        Ok(moved.map(Decision::from))
     }
 
     /// Adds an instance.

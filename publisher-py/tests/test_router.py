@@ -144,3 +144,113 @@ def test_readme_python_example_runs(tmp_path, monkeypatch):
         example = pathlib.Path(__file__).parents[2] / "examples" / "python_router.py"
         module = runpy.run_path(str(example))
         assert module["main"]() == 0
+
+
+def _held_then_fresh_busy(tmp_path, policy, real_state_use):
+    """A 600-token request held on e0, then e1 published fresh with 5 running:
+    where does a second 600-token request without a session go?"""
+    uri = f"file://{tmp_path}"
+    router = Router(["e0", "e1"], policy=policy, settings={"real_state_use": real_state_use})
+    first, held = router.pick("r1", tokens=list(range(600)))
+    assert first.instance_id == "e0"
+    with Publisher(uri=uri, engine_id="e1") as e1:
+        e1.publish(num_running=5)
+        assert router.update_real_state(Reader(uri=uri).read()) == 1
+        second, _ = router.pick("r2", tokens=list(range(1000, 1600)))
+    held.complete()
+    return second
+
+
+@pytest.mark.parametrize("policy", ["load_only", "lmetric", "sticky", "unified"])
+def test_placement_mode_uses_shadow_for_decisions_that_bind_no_session(tmp_path, policy):
+    second = _held_then_fresh_busy(tmp_path, policy, "placement")
+    assert (second.instance_id, second.consulted_real_state) == ("e1", False)
+    second = _held_then_fresh_busy(tmp_path, policy, "always")
+    assert (second.instance_id, second.consulted_real_state) == ("e0", True)
+
+
+def test_placement_mode_consults_real_state_when_a_session_is_first_bound(tmp_path):
+    uri = f"file://{tmp_path}"
+    router = Router(["e0", "e1"], policy="sticky", settings={"real_state_use": "placement"})
+    with Publisher(uri=uri, engine_id="e0") as e0:
+        e0.publish(num_running=5)
+        router.update_real_state(Reader(uri=uri).read())
+        first, _ = router.pick("t1", tokens=PROMPT, session_id="chat")
+        later, _ = router.pick("t2", tokens=PROMPT, session_id="chat")
+    assert (first.instance_id, first.consulted_real_state) == ("e1", True)
+    assert (later.instance_id, later.reason, later.consulted_real_state) == ("e1", "affinity", False)
+
+
+def test_an_old_reading_handed_over_late_is_stale(tmp_path):
+    import time
+
+    uri = f"file://{tmp_path}"
+    router = Router(["e0", "e1"], policy="load_only")
+    with Publisher(uri=uri, engine_id="e0") as e0:
+        e0.publish(num_running=9)
+        states = Reader(uri=uri).read()
+    assert states[0].status == "fresh"
+    # A reading just taken is merged, aged from the read.
+    router.update_real_state(states)
+    assert router.instances()[0]["effective"]["num_requests"] == 9
+    time.sleep(2.3)
+    # The same (old) reading, handed over again 2.3 s later: stale by now.
+    router.update_real_state(states)
+    eff = router.instances()[0]["effective"]
+    assert (eff["num_requests"], eff["real"]) == (0, None)
+
+
+def test_advice_for_a_reserved_request_does_not_count_it_against_itself():
+    router = Router(["e0", "e1"], policy="load_only")
+    big = list(range(30_000))
+    before = router.migration_advice("e0", "big", tokens=big)
+    assert before["migrate"] is False
+    decision, held = router.pick("big", tokens=big)
+    assert decision.instance_id == "e0"
+    after = router.migration_advice_for(held, "big", tokens=big)
+    assert after == before
+    assert router.migrate(held, "big", tokens=big) is None
+    assert held.instance_id == "e0"
+    held.complete()
+    with pytest.raises(ValueError, match="already released"):
+        router.migration_advice_for(held, "big", tokens=big)
+
+
+def test_migrate_moves_a_reserved_request(tmp_path):
+    uri = f"file://{tmp_path}"
+    router = Router(["src", "b"], policy="load_only")
+    prompt = list(range(4096))
+    _, held = router.pick("m", tokens=prompt)
+    assert held.instance_id == "src"
+    with Publisher(uri=uri, engine_id="src") as src:
+        src.publish(num_running=4, pending_prefill_tokens=60_000)
+        router.update_real_state(Reader(uri=uri).read())
+        moved = router.migrate(held, "m", tokens=prompt)
+    assert (moved.instance_id, moved.reason) == ("b", "migration")
+    assert held.instance_id == "b"
+    shadow = {i["instance_id"]: i["shadow"]["num_requests"] for i in router.instances()}
+    assert shadow == {"src": 0, "b": 1}
+    held.complete()
+    stats = router.stats()
+    assert (stats["decisions"], stats["migrated"], stats["completed"]) == (2, 1, 1)
+
+
+def test_an_engine_shutting_down_gets_no_new_requests(tmp_path):
+    from engine_state import EngineStateError
+
+    uri = f"file://{tmp_path}"
+    router = Router(["a", "b"], policy="load_only")
+    with Publisher(uri=uri, engine_id="a") as a, Publisher(uri=uri, engine_id="b") as b:
+        _, on_a = router.pick("r0", tokens=PROMPT)
+        a.publish(flags=2)  # bit 1: shutting down
+        b.publish(num_running=3)
+        router.update_real_state(Reader(uri=uri).read())
+        for i in range(3):
+            decision, _ = router.pick(f"r{i + 1}", tokens=PROMPT)
+            assert decision.instance_id == "b"
+        on_a.complete()  # its running request still completes normally
+        b.publish(flags=2)
+        router.update_real_state(Reader(uri=uri).read())
+        with pytest.raises(EngineStateError, match="every instance is shutting down"):
+            router.pick("r9", tokens=PROMPT)
+        assert router.migration_advice("a", "m", tokens=PROMPT)["target_instance"] is None

@@ -3,7 +3,8 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
-use std::time::Instant;
+
+use engine_state_shm_format::monotonic_ns;
 
 use crate::decision::{Decision, Reason};
 use crate::decision_log::{render, RecordInput, Scoring};
@@ -11,28 +12,71 @@ use crate::error::Error;
 use crate::migration::{self, MigrationAdvice};
 use crate::policy::{self, AffinityCheck};
 use crate::request::{HashedPrompt, Request};
-use crate::reservation::Reservation;
+use crate::reservation::{Held, Reservation};
 use crate::router::Router;
 use crate::settings::{Policy, RealStateUse};
 use crate::shadow::Load;
 use crate::state::{session_key, RouterState};
 
-/// How an instance is chosen.
+/// What kind of placement a decision is.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum How<'a> {
+pub(crate) enum Placement<'a> {
+    /// The configured policy chooses.
     Policy,
+    /// The caller named the instance (`reserve_on`).
     Forced(&'a str),
-    Migration(&'a str),
+    /// The migration scorer chooses, if the trigger fires for the request on
+    /// this source.
+    Migration(MigrationSource<'a>),
 }
 
-/// What one decision produced before the log line is written.
-pub(crate) type Made = (Decision, Reservation, Option<String>);
+/// The instance a migration would move a request off.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum MigrationSource<'a> {
+    /// Named: the request holds no reservation (advice before reserving).
+    Named(&'a str),
+    /// The instance of the request's own reservation, which is left out of
+    /// that instance's load (and released there if the request migrates).
+    Reserved { instance_id: &'a str, held: Held },
+}
+
+/// One decision's result, with its decision-log line when logging.
+pub(crate) struct Placed {
+    pub decision: Decision,
+    pub reservation: Reservation,
+    pub log_line: Option<String>,
+}
 
 impl Router {
     pub(crate) fn consults_real_for_migration(&self) -> bool {
         // A migration is a fresh placement of the request: it consults real
         // state unless real state is never used.
         self.shared.settings.real_state_use != RealStateUse::Never
+    }
+
+    /// Fill the candidates for a migration question and return the source's
+    /// position. A held reservation is left out of its instance's load: the
+    /// request must not count against itself (DESIGN §8).
+    pub(crate) fn migration_candidates(
+        &self,
+        state: &mut RouterState,
+        source: MigrationSource<'_>,
+        prompt: &HashedPrompt<'_>,
+        now_ns: u64,
+    ) -> Result<usize, Error> {
+        let consult_real = self.consults_real_for_migration();
+        let expiry = self.shared.real_state_expiry;
+        state.fill_candidates(consult_real, Some(&prompt.blocks), now_ns, expiry);
+        match source {
+            MigrationSource::Named(id) => state.position(id),
+            MigrationSource::Reserved { instance_id, held } => {
+                let position = state
+                    .position_of_uid(held.uid, held.position_hint)
+                    .ok_or_else(|| Error::UnknownInstance(instance_id.to_owned()))?;
+                state.leave_out(position, held, consult_real, now_ns, expiry);
+                Ok(position)
+            }
+        }
     }
 
     pub(crate) fn advise(
@@ -54,18 +98,18 @@ impl Router {
     pub(crate) fn decide(
         &self,
         request: &Request,
-        how: How<'_>,
+        placement: Placement<'_>,
     ) -> Result<Option<(Decision, Reservation)>, Error> {
         // Hash before locking: the slowest part of a decision needs no shared state.
         let prompt = request.hashed()?;
-        let made = {
+        let placed = {
             let mut state = self.shared.lock();
-            self.decide_locked(&mut state, request, &prompt, how)?
+            self.decide_locked(&mut state, request, &prompt, placement)?
         };
-        let Some((decision, reservation, line)) = made else {
+        let Some(placed) = placed else {
             return Ok(None);
         };
-        if let Some(line) = line {
+        if let Some(line) = placed.log_line {
             let mut log = self
                 .shared
                 .log
@@ -75,7 +119,7 @@ impl Router {
                 self.shared.log_errors.fetch_add(1, Ordering::Relaxed);
             }
         }
-        Ok(Some((decision, reservation)))
+        Ok(Some((placed.decision, placed.reservation)))
     }
 
     fn decide_locked(
@@ -83,52 +127,63 @@ impl Router {
         state: &mut RouterState,
         request: &Request,
         prompt: &HashedPrompt<'_>,
-        how: How<'_>,
-    ) -> Result<Option<Made>, Error> {
+        placement: Placement<'_>,
+    ) -> Result<Option<Placed>, Error> {
         let settings = &self.shared.settings;
         if state.instances.is_empty() {
             return Err(Error::NoInstances);
         }
-        let now = Instant::now();
+        let now_ns = monotonic_ns();
+        let expiry = self.shared.real_state_expiry;
         let session = request.session_id.as_deref().map(session_key);
         let sessions_matter = matches!(settings.policy, Policy::Sticky | Policy::Unified);
+        // A session whose instance is shutting down is placed anew.
         let bound = session
             .filter(|_| sessions_matter)
-            .and_then(|key| state.bound(key));
-        let consult_real = match (how, settings.real_state_use) {
-            (How::Migration(_), _) => self.consults_real_for_migration(),
+            .and_then(|key| state.bound(key))
+            .filter(|&position| !state.shutting_down(position, now_ns, expiry));
+        // `placement`: only the decision that first binds a session to an
+        // instance (DESIGN §8); session-less requests and the session-less
+        // policies never consult real state in that mode.
+        let binds_a_session = sessions_matter && session.is_some() && bound.is_none();
+        let consult_real = match (placement, settings.real_state_use) {
+            (Placement::Migration(_), _) => self.consults_real_for_migration(),
             (_, RealStateUse::Never) => false,
             (_, RealStateUse::Always) => true,
-            (_, RealStateUse::Placement) => bound.is_none(),
+            (_, RealStateUse::Placement) => binds_a_session,
         };
         let hits_needed = state.logging
-            || matches!(how, How::Migration(_))
+            || matches!(placement, Placement::Migration(_))
             || matches!(
-                (how, settings.policy),
-                (How::Policy, Policy::LMetric | Policy::Unified)
+                (placement, settings.policy),
+                (Placement::Policy, Policy::LMetric | Policy::Unified)
             );
         let blocks = hits_needed.then_some(&prompt.blocks[..]);
-        state.fill_candidates(consult_real, blocks, now, self.shared.real_state_expiry);
+        if !matches!(placement, Placement::Migration(_)) {
+            state.fill_candidates(consult_real, blocks, now_ns, expiry);
+        }
 
         let mut affinity: Option<AffinityCheck> = None;
         let mut advice = None;
-        let (position, reason, scoring) = match how {
-            How::Policy => {
+        let mut migrated_from = None;
+        let (position, reason, scoring) = match placement {
+            Placement::Policy => {
                 let choice = policy::choose(
                     settings,
                     &state.candidates,
                     prompt.input_len,
                     bound,
                     &mut state.rr,
-                );
+                )
+                .ok_or(Error::AllShuttingDown)?;
                 affinity = choice.affinity;
                 (choice.index, choice.reason, Scoring::Policy)
             }
-            How::Forced(id) => (state.position(id)?, Reason::Forced, Scoring::None),
-            How::Migration(source_id) => {
-                let source = state.position(source_id)?;
+            Placement::Forced(id) => (state.position(id)?, Reason::Forced, Scoring::None),
+            Placement::Migration(source) => {
+                let source_position = self.migration_candidates(state, source, prompt, now_ns)?;
                 let mut rr = state.rr;
-                let verdict = self.advise(state, source, prompt.input_len, &mut rr);
+                let verdict = self.advise(state, source_position, prompt.input_len, &mut rr);
                 if !verdict.migrate {
                     return Ok(None);
                 }
@@ -140,12 +195,15 @@ impl Router {
                         .expect("migrate has a target"),
                 )?;
                 advice = Some(verdict);
+                if let MigrationSource::Reserved { held, .. } = source {
+                    migrated_from = Some((source_position, held));
+                }
                 (
                     target,
                     Reason::Migration,
                     Scoring::Migration {
                         settings: &settings.migration,
-                        source,
+                        source: source_position,
                     },
                 )
             }
@@ -162,6 +220,11 @@ impl Router {
             new_prefill: prompt.input_len.saturating_sub(cache_hit_tokens),
         };
         state.reserve(position, load, &prompt.blocks);
+        if let Some((source, held)) = migrated_from {
+            // Under the same lock hold as the new reservation: no decision
+            // ever sees the request on both instances, or on neither.
+            state.release_migrated(source, held);
+        }
         if let (Some(key), true) = (session, sessions_matter) {
             state.bind(key, position);
         }
@@ -177,7 +240,7 @@ impl Router {
             new_prefill_tokens: load.new_prefill,
             consulted_real_state: consult_real,
         };
-        let line = state.logging.then(|| {
+        let log_line = state.logging.then(|| {
             render(&RecordInput {
                 time_unix_ns: engine_state_shm_format::unix_ns(),
                 seq: state.counts.decisions,
@@ -197,6 +260,10 @@ impl Router {
             position,
             load,
         );
-        Ok(Some((decision, reservation, line)))
+        Ok(Some(Placed {
+            decision,
+            reservation,
+            log_line,
+        }))
     }
 }

@@ -145,7 +145,8 @@ pub(crate) fn render(input: &RecordInput<'_>) -> String {
             },
             avoided: match input.scoring {
                 Scoring::Migration { settings, source } => avoided(settings, c, position, source),
-                _ => None,
+                // No policy chooses an instance that is shutting down.
+                _ => c.shutting_down.then_some(Avoided::ShuttingDown),
             },
             cache_hit_tokens: c.cache_hit_tokens,
             new_prefill_tokens: c.new_prefill(d.input_len),

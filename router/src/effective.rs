@@ -8,11 +8,16 @@ use serde::Serialize;
 
 use crate::shadow::ShadowCounters;
 
-/// One engine's real state as a reader reports it.
+/// One engine's real state as a reader reported it, with when it was read.
 ///
-/// The router takes no reader dependency: an adapter maps the reader's status
-/// to `fresh` (only `Fresh` is fresh; `Stale`, `Dead` and `Torn` are not).
-/// State that is not fresh is stored but never merged.
+/// The router ages it from the reading (DESIGN §8): at a decision its
+/// heartbeat is `heartbeat_age` plus the time since `read_mono_ns`, and it is
+/// merged only while that is within `real_state_expiry_s` — so a reading
+/// handed over late is as old as it really is. [`From<&EngineState>`] (in
+/// `feed.rs`) maps the reader's status: only `Fresh` is fresh; `Stale`,
+/// `Dead` and `Torn` are stored but never merged.
+///
+/// [`From<&EngineState>`]: engine_state_reader::EngineState
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RealState {
     /// The engine's last snapshot.
@@ -21,24 +26,40 @@ pub struct RealState {
     pub fresh: bool,
     /// How old the snapshot was when the reader read it.
     pub capture_age: Duration,
+    /// How old the engine's heartbeat was when the reader read it.
+    pub heartbeat_age: Duration,
+    /// `CLOCK_MONOTONIC` nanoseconds ([`engine_state_shm_format::monotonic_ns`])
+    /// when it was read: the ages above are as of then.
+    pub read_mono_ns: u64,
 }
 
 impl RealState {
-    /// A fresh snapshot of the given age.
+    /// A fresh snapshot of the given capture age, read just now with a
+    /// heartbeat just stamped.
     pub fn fresh(snapshot: Snapshot, capture_age: Duration) -> RealState {
         RealState {
             snapshot,
             fresh: true,
             capture_age,
+            heartbeat_age: Duration::ZERO,
+            read_mono_ns: engine_state_shm_format::monotonic_ns(),
         }
     }
 
     /// A snapshot the reader judged stale, dead or torn: it never enters the merge.
     pub fn not_fresh(snapshot: Snapshot, capture_age: Duration) -> RealState {
         RealState {
-            snapshot,
             fresh: false,
-            capture_age,
+            ..RealState::fresh(snapshot, capture_age)
+        }
+    }
+
+    /// The same state, read at `read_mono_ns` with the given heartbeat age.
+    pub fn read_at(self, read_mono_ns: u64, heartbeat_age: Duration) -> RealState {
+        RealState {
+            read_mono_ns,
+            heartbeat_age,
+            ..self
         }
     }
 }

@@ -17,6 +17,13 @@ pub enum Error {
     /// A decision was asked of a router with no instances.
     #[error("the router has no instances; add one with Router::add_instance before picking")]
     NoInstances,
+    /// Every instance's fresh state says it is shutting down: there is
+    /// nowhere to send a new request.
+    #[error(
+        "every instance is shutting down (flag in its fresh engine state); \
+         add a running instance with Router::add_instance, or retry when one is back"
+    )]
+    AllShuttingDown,
     /// An instance id the router does not know.
     #[error("unknown instance {0:?}; add it with Router::add_instance first")]
     UnknownInstance(String),

@@ -14,6 +14,8 @@ impl From<&EngineState> for RealState {
             snapshot: state.snapshot,
             fresh: state.status == Status::Fresh,
             capture_age: state.capture_age,
+            heartbeat_age: state.heartbeat_age,
+            read_mono_ns: state.read_mono_ns,
         }
     }
 }
@@ -51,6 +53,7 @@ mod tests {
             heartbeat_age: Duration::from_millis(5),
             capture_age: Duration::from_millis(10),
             generation: 1,
+            read_mono_ns: engine_state_shm_format::monotonic_ns(),
         }
     }
 

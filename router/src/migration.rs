@@ -33,6 +33,8 @@ pub struct MigrationAdvice {
 pub(crate) enum Avoided {
     /// It is the source.
     Source,
+    /// Its fresh snapshot says it is shutting down.
+    ShuttingDown,
     /// `max_prefill_remaining ≥ big_prefill_threshold`: the request would
     /// wait behind a prefill that stalls the engine's other work.
     BigPrefill,
@@ -40,7 +42,8 @@ pub(crate) enum Avoided {
     KvWall,
 }
 
-/// Whether a candidate is avoided as a target. Without fresh real state the
+/// Whether a candidate is avoided as a target (a shutting-down instance
+/// always is). Without fresh real state the
 /// KV fraction is unknown and never avoids; `max_prefill_remaining` then
 /// comes from the shadow's own reservations.
 pub(crate) fn avoided(
@@ -51,6 +54,8 @@ pub(crate) fn avoided(
 ) -> Option<Avoided> {
     if index == source {
         Some(Avoided::Source)
+    } else if c.shutting_down {
+        Some(Avoided::ShuttingDown)
     } else if c.state.max_prefill_remaining >= settings.big_prefill_threshold {
         Some(Avoided::BigPrefill)
     } else if c
@@ -140,6 +145,7 @@ mod tests {
         Candidate {
             state,
             cache_hit_tokens: hit,
+            shutting_down: false,
         }
     }
 
@@ -152,9 +158,13 @@ mod tests {
 
     #[test]
     fn trigger_needs_both_a_missed_slo_and_a_source_above_the_fleet() {
-        let s = MigrationSettings::default(); // 2.5 s, rel_hi 1.5, 10k tokens/s
-                                              // Source 0: (30,000 + 4,096) / 10,000 = 3.41 s > 2.5; median of
-                                              // [30,000, 1,000, 2,000] is 2,000, × 1.5 = 3,000 < 30,000: migrate.
+        // 2.5 s, rel_hi 1.5, at 10,000 tokens/s for round numbers.
+        let s = MigrationSettings {
+            prefill_tokens_per_s: 10_000.0,
+            ..MigrationSettings::default()
+        };
+        // Source 0: (30,000 + 4,096) / 10,000 = 3.41 s > 2.5; median of
+        // [30,000, 1,000, 2,000] is 2,000, × 1.5 = 3,000 < 30,000: migrate.
         let fleet = [
             cand(4, 30_000, 0, 0),
             cand(1, 1000, 0, 0),
@@ -182,7 +192,10 @@ mod tests {
 
     #[test]
     fn new_prefill_on_the_source_counts_its_cache() {
-        let s = MigrationSettings::default();
+        let s = MigrationSettings {
+            prefill_tokens_per_s: 10_000.0,
+            ..MigrationSettings::default()
+        };
         // 24,000 pending + (4,096 − 4,096 cached) = 2.4 s: within the SLO.
         let fleet = [cand(1, 24_000, 0, 4096), cand(0, 0, 0, 0)];
         assert!(!trigger(&s, &fleet, 0, 4096).slo_exceeded);
@@ -238,6 +251,18 @@ mod tests {
         assert_eq!(
             best_target(&s, &fleet[..2], 0, &mut RoundRobin::default()),
             None
+        );
+    }
+
+    #[test]
+    fn target_avoids_an_instance_that_is_shutting_down() {
+        let s = MigrationSettings::default();
+        let mut fleet = [cand(9, 0, 0, 0), cand(0, 0, 0, 8192), cand(4, 0, 0, 0)];
+        fleet[1].shutting_down = true;
+        assert_eq!(avoided(&s, &fleet[1], 1, 0), Some(Avoided::ShuttingDown));
+        assert_eq!(
+            best_target(&s, &fleet, 0, &mut RoundRobin::default()),
+            Some(2)
         );
     }
 

@@ -13,6 +13,9 @@ pub(crate) struct Candidate {
     pub state: EffectiveState,
     /// Tokens of the prompt's leading blocks this instance caches.
     pub cache_hit_tokens: u64,
+    /// Its fresh snapshot says it is shutting down: no policy or migration
+    /// chooses it (its reservations still complete normally).
+    pub shutting_down: bool,
 }
 
 impl Candidate {
@@ -100,37 +103,36 @@ pub(crate) fn unified(c: &Candidate, input_len: u64, decode_weight: f64) -> f64 
 }
 
 /// Choose an instance. `bound` is the position of the request's session
-/// instance, if the session has one that is still routed to. `candidates`
-/// must not be empty.
+/// instance, if the session has one that is still routed to and not shutting
+/// down. `None` when every candidate is shutting down (or there are none).
 pub(crate) fn choose(
     settings: &RouterSettings,
     candidates: &[Candidate],
     input_len: u64,
     bound: Option<usize>,
     rr: &mut RoundRobin,
-) -> Choice {
+) -> Option<Choice> {
     let n = candidates.len();
-    let least_loaded = |rr: &mut RoundRobin| {
-        rr.argmin(n, |i| Some(candidates[i].state.num_requests))
-            .expect("candidates not empty")
-    };
+    // Instances shutting down are no candidates for any policy.
+    let open = |i: usize| (!candidates[i].shutting_down).then_some(&candidates[i]);
+    let least_loaded = |rr: &mut RoundRobin| rr.argmin(n, |i| Some(open(i)?.state.num_requests));
     let plain = |index, reason| Choice {
         index,
         reason,
         affinity: None,
     };
-    match settings.policy {
-        Policy::LoadOnly => plain(least_loaded(rr), Reason::LeastLoaded),
+    Some(match settings.policy {
+        Policy::LoadOnly => plain(least_loaded(rr)?, Reason::LeastLoaded),
         Policy::LMetric => {
-            let index = rr.argmin(n, |i| Some(lmetric(&candidates[i], input_len)));
-            plain(index.expect("candidates not empty"), Reason::Lmetric)
+            let index = rr.argmin(n, |i| Some(lmetric(open(i)?, input_len)))?;
+            plain(index, Reason::Lmetric)
         }
         Policy::Sticky => match bound {
             Some(index) => plain(index, Reason::Affinity),
-            None => plain(least_loaded(rr), Reason::Placement),
+            None => plain(least_loaded(rr)?, Reason::Placement),
         },
-        Policy::Unified => unified_choice(settings, candidates, input_len, bound, rr),
-    }
+        Policy::Unified => unified_choice(settings, candidates, input_len, bound, rr)?,
+    })
 }
 
 fn unified_choice(
@@ -139,7 +141,7 @@ fn unified_choice(
     input_len: u64,
     bound: Option<usize>,
     rr: &mut RoundRobin,
-) -> Choice {
+) -> Option<Choice> {
     let mut reason = Reason::Placement;
     let mut affinity = None;
     if let Some(instance) = bound {
@@ -162,11 +164,11 @@ fn unified_choice(
         affinity = Some(check);
         let warm = hit_ratio > settings.affinity_min_hit_ratio;
         if warm && num_requests as f64 <= limit {
-            return Choice {
+            return Some(Choice {
                 index: instance,
                 reason: Reason::Affinity,
                 affinity,
-            };
+            });
         }
         reason = if warm {
             Reason::FallbackOverloaded
@@ -174,18 +176,19 @@ fn unified_choice(
             Reason::FallbackColdCache
         };
     }
-    let index = rr
-        .argmin(candidates.len(), |i| {
-            let c = &candidates[i];
-            let score = unified(c, input_len, settings.decode_weight);
-            Some((score, c.new_prefill(input_len), c.state.num_requests))
-        })
-        .expect("candidates not empty");
-    Choice {
+    let index = rr.argmin(candidates.len(), |i| {
+        let c = &candidates[i];
+        if c.shutting_down {
+            return None;
+        }
+        let score = unified(c, input_len, settings.decode_weight);
+        Some((score, c.new_prefill(input_len), c.state.num_requests))
+    })?;
+    Some(Choice {
         index,
         reason,
         affinity,
-    }
+    })
 }
 
 #[cfg(test)]

@@ -14,7 +14,20 @@ fn cand(num_requests: u64, pending: u64, decode: u64, hit: u64) -> Candidate {
     Candidate {
         state,
         cache_hit_tokens: hit,
+        shutting_down: false,
     }
+}
+
+/// [`super::choose`] where some candidate is open (every example but the
+/// shutting-down ones).
+fn choose(
+    s: &RouterSettings,
+    c: &[Candidate],
+    input_len: u64,
+    bound: Option<usize>,
+    rr: &mut RoundRobin,
+) -> Choice {
+    super::choose(s, c, input_len, bound, rr).expect("an instance that is not shutting down")
 }
 
 fn settings(policy: Policy) -> RouterSettings {
@@ -196,4 +209,42 @@ fn sticky_follows_the_session_whatever_the_load() {
     assert_eq!(pick(&s, &c, Some(0)).index, 0);
     let first = pick(&s, &c, None);
     assert_eq!((first.index, first.reason), (1, Reason::Placement));
+}
+
+#[test]
+fn no_policy_chooses_an_instance_that_is_shutting_down() {
+    // Instance 1 is the least loaded by every score, but shutting down.
+    let mut c = [
+        cand(3, 9000, 0, 0),
+        cand(0, 0, 0, 4096),
+        cand(2, 5000, 0, 0),
+    ];
+    c[1].shutting_down = true;
+    for policy in [
+        Policy::LoadOnly,
+        Policy::LMetric,
+        Policy::Sticky,
+        Policy::Unified,
+    ] {
+        let choice = pick(&settings(policy), &c, None);
+        assert_eq!(choice.index, 2, "{policy}");
+    }
+    for open in &mut c {
+        open.shutting_down = true;
+    }
+    for policy in [
+        Policy::LoadOnly,
+        Policy::LMetric,
+        Policy::Sticky,
+        Policy::Unified,
+    ] {
+        let none = super::choose(
+            &settings(policy),
+            &c,
+            INPUT,
+            None,
+            &mut RoundRobin::default(),
+        );
+        assert_eq!(none, None, "{policy}: every instance shutting down");
+    }
 }

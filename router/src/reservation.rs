@@ -31,6 +31,16 @@ pub struct Reservation {
     phase: Phase,
 }
 
+/// A reservation as a decision sees it: where it is and what it holds.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Held {
+    pub uid: u64,
+    pub position_hint: usize,
+    pub load: Load,
+    /// Its `prefill_done` was called.
+    pub decoding: bool,
+}
+
 /// How a reservation ended, for [`crate::RouterStats`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Ending {
@@ -75,6 +85,26 @@ impl Reservation {
     /// `complete`, `fail` or a drop has released it.
     pub fn is_released(&self) -> bool {
         self.phase == Phase::Released
+    }
+
+    /// What it holds on its instance, for a decision that must leave it out
+    /// (migration advice about this request); `None` once released.
+    pub(crate) fn held(&self) -> Option<Held> {
+        (self.phase != Phase::Released).then_some(Held {
+            uid: self.uid,
+            position_hint: self.position_hint,
+            load: self.load,
+            decoding: self.phase == Phase::Decode,
+        })
+    }
+
+    /// Replace it by the reservation a migration made on the target. The
+    /// migration already took this one's load off its instance, under the
+    /// same lock hold as it reserved the new one, so nothing is released
+    /// here.
+    pub(crate) fn replace_by_migrated(&mut self, migrated: Reservation) {
+        self.phase = Phase::Released;
+        *self = migrated;
     }
 
     /// The prefill is done (first token out): move the request's tokens from

@@ -2,11 +2,13 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use engine_state_shm_format::monotonic_ns;
 
 use serde::Serialize;
 
-use crate::decide::How;
+use crate::decide::{MigrationSource, Placement};
 use crate::decision::Decision;
 use crate::decision_log::DecisionLog;
 use crate::effective::{EffectiveState, RealState};
@@ -79,6 +81,9 @@ pub struct RouterStats {
     pub failed: u64,
     /// Released by being dropped unreleased.
     pub dropped: u64,
+    /// Released on their instance by [`Router::migrate_reservation`] (the
+    /// request's new reservation on the target counts as a decision).
+    pub migrated: u64,
     /// Decision records that could not be written.
     pub decision_log_errors: u64,
 }
@@ -171,18 +176,20 @@ impl Router {
     /// Store the latest real state of instances, in one call (one lock).
     ///
     /// Each entry replaces that instance's stored state; instances not named
-    /// keep theirs until it expires (`real_state_expiry_s` after it was
-    /// given). Ids the router does not route to are ignored; the count of
-    /// entries stored is returned. Only fresh state is ever merged.
+    /// keep theirs until it expires. State ages from when it was *read*
+    /// ([`RealState::read_mono_ns`]), not from this call: it is merged while
+    /// the engine's heartbeat, so aged, is within `real_state_expiry_s`, so a
+    /// reading handed over late is as stale as it really is. Ids the router
+    /// does not route to are ignored; the count of entries stored is
+    /// returned. Only fresh state is ever merged.
     pub fn update_real_state<S: AsRef<str>>(
         &self,
         states: impl IntoIterator<Item = (S, RealState)>,
     ) -> usize {
-        let now = Instant::now();
         let mut state = self.shared.lock();
         states
             .into_iter()
-            .filter(|(id, real)| state.set_real_state(id.as_ref(), *real, now))
+            .filter(|(id, real)| state.set_real_state(id.as_ref(), *real))
             .count()
     }
 
@@ -200,7 +207,7 @@ impl Router {
 
     /// Every instance's counters and effective state, in tie-break order.
     pub fn instances(&self) -> Vec<InstanceView> {
-        let now = Instant::now();
+        let now_ns = monotonic_ns();
         let state = self.shared.lock();
         (0..state.instances.len())
             .map(|position| {
@@ -208,7 +215,12 @@ impl Router {
                 InstanceView {
                     instance_id: instance.id.clone(),
                     shadow: instance.shadow.counters(),
-                    effective: state.effective(position, true, now, self.shared.real_state_expiry),
+                    effective: state.effective(
+                        position,
+                        true,
+                        now_ns,
+                        self.shared.real_state_expiry,
+                    ),
                     cached_blocks: instance.shadow.cached_blocks(),
                 }
             })
@@ -230,6 +242,7 @@ impl Router {
             completed: counts.completed,
             failed: counts.failed,
             dropped: counts.dropped,
+            migrated: counts.migrated,
             decision_log_errors: self.shared.log_errors.load(Ordering::Relaxed),
         }
     }
@@ -248,55 +261,123 @@ impl Router {
     /// Choose an instance by the policy and reserve the request on it, as one
     /// step: the choice and the reservation happen under one lock hold, so a
     /// concurrent pick always sees this one's reservation.
+    ///
+    /// Instances whose fresh state says they are shutting down are never
+    /// chosen (a session bound to one is placed anew); when every instance is
+    /// shutting down the pick fails with [`Error::AllShuttingDown`].
     pub fn pick(&self, request: &Request) -> Result<(Decision, Reservation), Error> {
         let (decision, reservation) = self
-            .decide(request, How::Policy)?
-            .expect("policies always choose");
+            .decide(request, Placement::Policy)?
+            .expect("a policy decision either places or fails");
         Ok((decision, reservation))
     }
 
-    /// Reserve the request on a named instance (the caller decided), with the
-    /// same accounting and logging as a pick; the session moves there.
+    /// Reserve the request on a named instance (the caller decided, even if
+    /// the instance is shutting down), with the same accounting and logging
+    /// as a pick; the session moves there.
     pub fn reserve_on(
         &self,
         request: &Request,
         instance_id: &str,
     ) -> Result<(Decision, Reservation), Error> {
-        let made = self.decide(request, How::Forced(instance_id))?;
+        let made = self.decide(request, Placement::Forced(instance_id))?;
         Ok(made.expect("a forced placement always places"))
     }
 
-    /// The migration trigger's verdict for a request on `source_instance`, and
-    /// the target the scorer would pick. Changes nothing.
+    /// The migration trigger's verdict for a request that would run on
+    /// `source_instance` and holds no reservation yet, and the target the
+    /// scorer would pick. Changes nothing.
+    ///
+    /// Advise before reserving: a request already reserved on the source
+    /// would count against itself (its own prefill in the source's pending
+    /// prefill). For a request that holds a reservation — every request a
+    /// [`pick`](Router::pick) placed — ask
+    /// [`migration_advice_for`](Router::migration_advice_for) instead.
     pub fn migration_advice(
         &self,
         request: &Request,
         source_instance: &str,
     ) -> Result<MigrationAdvice, Error> {
+        self.advice(request, MigrationSource::Named(source_instance))
+    }
+
+    /// The migration trigger's verdict for a request reserved by
+    /// `reservation` (the source is its instance), with that reservation left
+    /// out of the source's load (DESIGN §8), and the target the scorer would
+    /// pick. Changes nothing.
+    pub fn migration_advice_for(
+        &self,
+        request: &Request,
+        reservation: &Reservation,
+    ) -> Result<MigrationAdvice, Error> {
+        self.advice(request, reserved_source(request, reservation)?)
+    }
+
+    fn advice(
+        &self,
+        request: &Request,
+        source: MigrationSource<'_>,
+    ) -> Result<MigrationAdvice, Error> {
         let prompt = request.hashed()?;
         let mut state = self.shared.lock();
-        let source = state.position(source_instance)?;
-        state.fill_candidates(
-            self.consults_real_for_migration(),
-            Some(&prompt.blocks),
-            Instant::now(),
-            self.shared.real_state_expiry,
-        );
+        let source = self.migration_candidates(&mut state, source, &prompt, monotonic_ns())?;
         // A copy of the cursor: advice must not move the round-robin.
         let mut rr = state.rr;
         Ok(self.advise(&state, source, prompt.input_len, &mut rr))
     }
 
-    /// If the trigger fires and a target exists, reserve the request on the
-    /// target (one step, as [`pick`](Router::pick)) and move its session
-    /// there. The caller then releases its reservation on the source.
+    /// For a request that holds no reservation yet: if the trigger fires for
+    /// it on `source_instance` and a target exists, reserve it on the target
+    /// (one step, as [`pick`](Router::pick)) and move its session there.
+    /// `None`: it stays. For a request already reserved, use
+    /// [`migrate_reservation`](Router::migrate_reservation).
     pub fn migrate(
         &self,
         request: &Request,
         source_instance: &str,
     ) -> Result<Option<(Decision, Reservation)>, Error> {
-        self.decide(request, How::Migration(source_instance))
+        self.decide(
+            request,
+            Placement::Migration(MigrationSource::Named(source_instance)),
+        )
     }
+
+    /// For a request reserved by `reservation`: if the trigger fires (with
+    /// the reservation left out of its instance's load) and a target exists,
+    /// reserve the request on the target, release it on the old instance
+    /// (counted in [`RouterStats::migrated`]), and make `reservation` the new
+    /// one — all under one lock hold, so no decision sees the request on both
+    /// instances or on neither. The session moves too. `None`: it stays, and
+    /// `reservation` is unchanged.
+    pub fn migrate_reservation(
+        &self,
+        request: &Request,
+        reservation: &mut Reservation,
+    ) -> Result<Option<Decision>, Error> {
+        let source = reserved_source(request, reservation)?;
+        let Some((decision, migrated)) = self.decide(request, Placement::Migration(source))? else {
+            return Ok(None);
+        };
+        reservation.replace_by_migrated(migrated);
+        Ok(Some(decision))
+    }
+}
+
+/// The migration source of a request's own reservation.
+fn reserved_source<'a>(
+    request: &Request,
+    reservation: &'a Reservation,
+) -> Result<MigrationSource<'a>, Error> {
+    let held = reservation.held().ok_or_else(|| Error::InvalidRequest {
+        request_id: request.request_id.clone(),
+        reason: "its reservation is already released: ask migration_advice (before reserving) \
+                 or keep the reservation until the request is placed"
+            .to_owned(),
+    })?;
+    Ok(MigrationSource::Reserved {
+        instance_id: reservation.instance_id(),
+        held,
+    })
 }
 
 const _: () = {

@@ -461,3 +461,208 @@ fn a_failing_log_writer_never_fails_a_decision() {
     assert!(r.pick(&Request::from_tokens("1", vec![1])).is_ok());
     assert_eq!(r.stats().decision_log_errors, 1);
 }
+
+/// A 600-token request held on `a`, then `b` fresh with 5 running: the pick
+/// of a second request without a session, under `placement`.
+fn second_pick_after_real_state(policy: Policy, use_: RealStateUse) -> Decision {
+    let settings = RouterSettings {
+        policy,
+        real_state_use: use_,
+        ..RouterSettings::default()
+    };
+    let r = Router::with_instances(settings, ["a", "b"]).unwrap();
+    let (first, held) = r.pick(&Request::from_tokens("1", tokens(1, 600))).unwrap();
+    assert_eq!(first.instance_id, "a");
+    r.update_real_state([(
+        "b",
+        fresh(Snapshot {
+            num_running: 5,
+            ..Snapshot::default()
+        }),
+    )]);
+    let (second, _h) = r.pick(&Request::from_tokens("2", tokens(2, 600))).unwrap();
+    drop(held);
+    second
+}
+
+#[test]
+fn placement_mode_leaves_decisions_that_bind_no_session_to_the_shadow() {
+    for policy in [
+        Policy::LoadOnly,
+        Policy::LMetric,
+        Policy::Sticky,
+        Policy::Unified,
+    ] {
+        let d = second_pick_after_real_state(policy, RealStateUse::Placement);
+        assert_eq!(
+            (d.instance_id.as_str(), d.consulted_real_state),
+            ("b", false),
+            "{policy}: shadow alone sees b idle"
+        );
+        // The same under `always` consults the real state and avoids b.
+        let d = second_pick_after_real_state(policy, RealStateUse::Always);
+        assert_eq!(
+            (d.instance_id.as_str(), d.consulted_real_state),
+            ("a", true),
+            "{policy}: always"
+        );
+    }
+}
+
+#[test]
+fn a_reading_ages_from_when_it_was_read_not_from_when_it_was_given() {
+    let r = router(Policy::LoadOnly, &["a", "b"]);
+    let busy = Snapshot {
+        num_running: 9,
+        ..Snapshot::default()
+    };
+    let now = engine_state_shm_format::monotonic_ns();
+    // Read 2.3 s ago with a fresh heartbeat, handed over only now: stale.
+    let old = fresh(busy).read_at(now - 2_300_000_000, Duration::from_millis(5));
+    r.update_real_state([("a", old)]);
+    assert_eq!(r.instance("a").unwrap().effective.num_requests, 0);
+    assert_eq!(r.instance("a").unwrap().effective.real, None);
+    // Read 1 s ago with a heartbeat 0.5 s old: merged, and 1 s older than
+    // its capture age says.
+    let recent = fresh(busy).read_at(now - 1_000_000_000, Duration::from_millis(500));
+    r.update_real_state([("a", recent)]);
+    let view = r.instance("a").unwrap().effective;
+    assert_eq!(view.num_requests, 9);
+    let age = view.real.unwrap().age;
+    assert!(
+        age >= Duration::from_millis(1010) && age < Duration::from_millis(1500),
+        "capture age 10 ms + ~1 s since the read: {age:?}"
+    );
+    // Read just now, but with a heartbeat already 2.1 s old: stale.
+    let late = fresh(busy).read_at(now, Duration::from_millis(2100));
+    r.update_real_state([("a", late)]);
+    assert_eq!(r.instance("a").unwrap().effective.num_requests, 0);
+}
+
+#[test]
+fn advice_for_a_reserved_request_leaves_its_own_reservation_out() {
+    let r = router(Policy::LoadOnly, &["e0", "e1"]);
+    let request = Request::from_tokens("big", tokens(3, 30_000));
+    let before = r.migration_advice(&request, "e0").unwrap();
+    assert!(before.slo_exceeded && !before.migrate);
+    let (placed, mut held) = r.pick(&request).unwrap();
+    assert_eq!(placed.instance_id, "e0");
+    let after = r.migration_advice_for(&request, &held).unwrap();
+    assert_eq!(after, before, "the request does not count against itself");
+    assert!(r
+        .migrate_reservation(&request, &mut held)
+        .unwrap()
+        .is_none());
+    assert_eq!(held.instance_id(), "e0");
+    assert_eq!(shadow(&r, "e0").num_requests, 1);
+    // The question that counts it against itself (asked by name) would move it.
+    assert!(r.migration_advice(&request, "e0").unwrap().migrate);
+    held.complete();
+    assert!(r.migration_advice_for(&request, &held).is_err());
+}
+
+#[test]
+fn migrate_reservation_moves_the_request_in_one_step() {
+    let r = router(Policy::LoadOnly, &["src", "b"]);
+    let request = Request::from_tokens("m", tokens(4, 4096)).with_session("s");
+    let (placed, mut held) = r.pick(&request).unwrap();
+    assert_eq!(placed.instance_id, "src");
+    // src is drowning in other routers' prefill.
+    let src = Snapshot {
+        num_running: 4,
+        pending_prefill_tokens: 60_000,
+        ..Snapshot::default()
+    };
+    r.update_real_state([("src", fresh(src))]);
+    let advice = r.migration_advice_for(&request, &held).unwrap();
+    assert_eq!(advice.source_pending_prefill_tokens, 60_000);
+    let moved = r
+        .migrate_reservation(&request, &mut held)
+        .unwrap()
+        .expect("trigger fires");
+    assert_eq!(
+        (moved.instance_id.as_str(), moved.reason),
+        ("b", Reason::Migration)
+    );
+    assert_eq!(held.instance_id(), "b");
+    assert_eq!(
+        shadow(&r, "src"),
+        ShadowCounters::default(),
+        "released on src"
+    );
+    assert_eq!(shadow(&r, "b").num_requests, 1);
+    held.prefill_done();
+    held.complete();
+    assert_eq!(shadow(&r, "b"), ShadowCounters::default());
+    let stats = r.stats();
+    assert_eq!(
+        (
+            stats.decisions,
+            stats.migrated,
+            stats.completed,
+            stats.dropped
+        ),
+        (2, 1, 1, 0)
+    );
+}
+
+#[test]
+fn an_instance_shutting_down_gets_no_new_requests() {
+    for policy in [
+        Policy::LoadOnly,
+        Policy::LMetric,
+        Policy::Sticky,
+        Policy::Unified,
+    ] {
+        for use_ in [
+            RealStateUse::Never,
+            RealStateUse::Placement,
+            RealStateUse::Always,
+        ] {
+            let settings = RouterSettings {
+                policy,
+                real_state_use: use_,
+                ..RouterSettings::default()
+            };
+            let r = Router::with_instances(settings, ["a", "b"]).unwrap();
+            let session = Request::from_tokens("1", tokens(1, 600)).with_session("s");
+            let (first, mut on_a) = r.pick(&session).unwrap();
+            assert_eq!(first.instance_id, "a");
+            let leaving = Snapshot {
+                flags: engine_state_shm_format::FLAG_SHUTTING_DOWN,
+                ..Snapshot::default()
+            };
+            r.update_real_state([("a", fresh(leaving))]);
+            for i in 0..4 {
+                let (d, _h) = r
+                    .pick(&Request::from_tokens(i.to_string(), tokens(1, 600)))
+                    .unwrap();
+                assert_eq!(d.instance_id, "b", "{policy}/{use_}");
+            }
+            // The session bound to a is placed anew.
+            let (d, _h) = r.pick(&session).unwrap();
+            assert_eq!(d.instance_id, "b", "{policy}/{use_}: session");
+            // a's running reservation still completes normally.
+            on_a.complete();
+            assert_eq!(shadow(&r, "a"), ShadowCounters::default());
+            // Everyone shutting down: a clear error, not a pick.
+            r.update_real_state([("a", fresh(leaving)), ("b", fresh(leaving))]);
+            let err = r
+                .pick(&Request::from_tokens("x", tokens(1, 600)))
+                .unwrap_err();
+            assert!(matches!(err, Error::AllShuttingDown), "{err}");
+            assert!(err.to_string().contains("shutting down"), "{err}");
+            // A forced placement is the caller's call.
+            assert!(r.reserve_on(&session, "a").is_ok());
+            // Once its state is stale, the flag no longer counts.
+            r.update_real_state([("b", RealState::not_fresh(leaving, Duration::from_secs(5)))]);
+            assert_eq!(
+                r.pick(&Request::from_tokens("y", tokens(1, 600)))
+                    .unwrap()
+                    .0
+                    .instance_id,
+                "b"
+            );
+        }
+    }
+}

@@ -140,6 +140,33 @@ impl InstanceShadow {
         self.cache.len()
     }
 
+    /// The counters without one of its reservations (`decoding`: that
+    /// reservation's `prefill_done` was called): what migration advice about
+    /// a request already reserved here compares, so that the request does not
+    /// count against itself (DESIGN §8).
+    pub(crate) fn counters_without(&self, load: Load, decoding: bool) -> ShadowCounters {
+        let mut c = self.counters;
+        c.num_requests = c.num_requests.saturating_sub(1);
+        c.ongoing_tokens = c.ongoing_tokens.saturating_sub(load.input_len);
+        if decoding {
+            c.ongoing_decode_tokens = c.ongoing_decode_tokens.saturating_sub(load.input_len);
+        } else {
+            c.pending_prefill_tokens = c.pending_prefill_tokens.saturating_sub(load.new_prefill);
+            c.num_prefilling = c.num_prefilling.saturating_sub(1);
+            // The max of the multiset with one `new_prefill` taken out.
+            if self.prefills.get(&load.new_prefill) == Some(&1)
+                && c.max_prefill_remaining == load.new_prefill
+            {
+                c.max_prefill_remaining = self
+                    .prefills
+                    .range(..load.new_prefill)
+                    .next_back()
+                    .map_or(0, |(&prefill, _)| prefill);
+            }
+        }
+        c
+    }
+
     pub(crate) fn reserve(&mut self, load: Load) {
         let c = &mut self.counters;
         c.num_requests += 1;
@@ -222,6 +249,33 @@ mod tests {
         shadow.release(a, true);
         shadow.release(b, false);
         assert_eq!(shadow.counters(), ShadowCounters::default());
+    }
+
+    #[test]
+    fn counters_without_a_reservation_equal_those_never_given_it() {
+        let loads = [(1000, 800), (300, 300), (5000, 5000), (300, 300), (70, 0)].map(
+            |(input_len, new_prefill)| Load {
+                input_len,
+                new_prefill,
+            },
+        );
+        for (left_out, decoding) in (0..loads.len()).flat_map(|i| [(i, false), (i, true)]) {
+            let (mut with, mut without) = (InstanceShadow::new(16), InstanceShadow::new(16));
+            for (i, &load) in loads.iter().enumerate() {
+                with.reserve(load);
+                if i != left_out {
+                    without.reserve(load);
+                }
+            }
+            if decoding {
+                with.prefill_done(loads[left_out]);
+            }
+            assert_eq!(
+                with.counters_without(loads[left_out], decoding),
+                without.counters(),
+                "reservation {left_out} left out (decoding: {decoding})"
+            );
+        }
     }
 
     #[test]

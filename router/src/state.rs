@@ -1,7 +1,7 @@
 //! The router's shared state, only ever touched under its one mutex.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 
@@ -9,8 +9,9 @@ use crate::effective::{EffectiveState, RealLoad, RealState};
 use crate::error::Error;
 use crate::lru::Lru;
 use crate::policy::{Candidate, RoundRobin};
+use crate::reservation::Held;
 use crate::settings::RouterSettings;
-use crate::shadow::{InstanceShadow, Load};
+use crate::shadow::{InstanceShadow, Load, ShadowCounters};
 
 /// One routed-to instance.
 #[derive(Debug)]
@@ -26,35 +27,68 @@ pub(crate) struct Instance {
     pub real: Option<StoredReal>,
 }
 
-/// Fresh real state as stored: reduced to what the merge reads, and stamped
-/// in nanoseconds since the router's epoch, so that a decision ages every
-/// instance's state with a subtraction rather than an `Instant` difference.
+/// Fresh real state as stored: reduced to what the merge reads, with the
+/// reading's ages and the time of the reading, so that a decision ages every
+/// instance's state from when it was read (DESIGN §8), not from when it was
+/// handed over.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct StoredReal {
     load: RealLoad,
     capture_age: Duration,
-    given_ns: u64,
+    heartbeat_age: Duration,
+    /// `CLOCK_MONOTONIC` ns of the reading.
+    read_ns: u64,
+    /// The snapshot's shutting-down flag: no new requests go there.
+    shutting_down: bool,
+}
+
+impl StoredReal {
+    /// The time since the reading, if the engine's heartbeat aged from the
+    /// reading is still within `expiry` (the reader's `stale_after` rule
+    /// applied again at decision time); `None` once it is not.
+    #[inline]
+    fn since_read(&self, now_ns: u64, expiry: Duration) -> Option<Duration> {
+        let since = Duration::from_nanos(now_ns.saturating_sub(self.read_ns));
+        (self.heartbeat_age + since <= expiry).then_some(since)
+    }
 }
 
 impl Instance {
-    /// Its effective state at `now_ns` (since the router's epoch). Inlined
-    /// into the loop over every instance that each decision runs.
+    /// Its effective state at `now_ns` (`CLOCK_MONOTONIC`). Inlined into the
+    /// loop over every instance that each decision runs.
     #[inline]
     fn effective(&self, consult_real: bool, now_ns: u64, expiry: Duration) -> EffectiveState {
-        let shadow = self.shadow.counters();
-        // Stored state is fresh only within `expiry` of being given, and ages
-        // meanwhile.
+        self.effective_with(&self.shadow.counters(), consult_real, now_ns, expiry)
+    }
+
+    /// The same with the given shadow counters.
+    #[inline]
+    fn effective_with(
+        &self,
+        shadow: &ShadowCounters,
+        consult_real: bool,
+        now_ns: u64,
+        expiry: Duration,
+    ) -> EffectiveState {
         match &self.real {
-            Some(real) if consult_real => {
-                let since = Duration::from_nanos(now_ns.saturating_sub(real.given_ns));
-                if since <= expiry {
-                    EffectiveState::merge_fresh(&shadow, &real.load, real.capture_age + since)
-                } else {
-                    EffectiveState::shadow_only(&shadow)
+            Some(real) if consult_real => match real.since_read(now_ns, expiry) {
+                Some(since) => {
+                    EffectiveState::merge_fresh(shadow, &real.load, real.capture_age + since)
                 }
-            }
-            _ => EffectiveState::shadow_only(&shadow),
+                None => EffectiveState::shadow_only(shadow),
+            },
+            _ => EffectiveState::shadow_only(shadow),
         }
+    }
+
+    /// A fresh snapshot still within its expiry says the engine is shutting
+    /// down: it takes no new requests (whatever `real_state_use` says: this
+    /// is availability, not load).
+    #[inline]
+    fn shutting_down(&self, now_ns: u64, expiry: Duration) -> bool {
+        self.real
+            .as_ref()
+            .is_some_and(|real| real.shutting_down && real.since_read(now_ns, expiry).is_some())
     }
 }
 
@@ -65,13 +99,12 @@ pub(crate) struct Counts {
     pub completed: u64,
     pub failed: u64,
     pub dropped: u64,
+    pub migrated: u64,
 }
 
 #[derive(Debug)]
 pub(crate) struct RouterState {
     pub instances: Vec<Instance>,
-    /// Time zero of [`StoredReal::given_ns`].
-    epoch: Instant,
     positions: HashMap<String, usize>,
     /// Session id hash → instance uid, and the instance's position when
     /// bound (a hint: positions only shift when an instance is removed).
@@ -98,7 +131,6 @@ impl RouterState {
     pub(crate) fn new(settings: &RouterSettings) -> RouterState {
         RouterState {
             instances: Vec::new(),
-            epoch: Instant::now(),
             positions: HashMap::new(),
             sessions: Lru::new(settings.max_sessions),
             rr: RoundRobin::default(),
@@ -155,17 +187,13 @@ impl RouterState {
         Ok(())
     }
 
-    /// Nanoseconds from the epoch to `now` (exact: `Instant`s are whole
-    /// nanoseconds, and u64 nanoseconds last 584 years).
-    fn since_epoch_ns(&self, now: Instant) -> u64 {
-        u64::try_from(now.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
-    }
-
-    pub(crate) fn set_real_state(&mut self, id: &str, real: RealState, now: Instant) -> bool {
+    pub(crate) fn set_real_state(&mut self, id: &str, real: RealState) -> bool {
         let stored = real.fresh.then(|| StoredReal {
             load: RealLoad::of(&real.snapshot),
             capture_age: real.capture_age,
-            given_ns: self.since_epoch_ns(now),
+            heartbeat_age: real.heartbeat_age,
+            read_ns: real.read_mono_ns,
+            shutting_down: real.snapshot.is_shutting_down(),
         });
         match self.positions.get(id) {
             Some(&position) => {
@@ -180,10 +208,41 @@ impl RouterState {
         &self,
         position: usize,
         consult_real: bool,
-        now: Instant,
+        now_ns: u64,
         expiry: Duration,
     ) -> EffectiveState {
-        self.instances[position].effective(consult_real, self.since_epoch_ns(now), expiry)
+        self.instances[position].effective(consult_real, now_ns, expiry)
+    }
+
+    pub(crate) fn shutting_down(&self, position: usize, now_ns: u64, expiry: Duration) -> bool {
+        self.instances[position].shutting_down(now_ns, expiry)
+    }
+
+    /// Make the candidate at `position` what it would be without the held
+    /// reservation: its load left out of the shadow, and its cache hit the
+    /// one estimated when it was reserved (its own blocks are in the cache
+    /// since).
+    pub(crate) fn leave_out(
+        &mut self,
+        position: usize,
+        held: Held,
+        consult_real: bool,
+        now_ns: u64,
+        expiry: Duration,
+    ) {
+        let instance = &self.instances[position];
+        let shadow = instance.shadow.counters_without(held.load, held.decoding);
+        let candidate = &mut self.candidates[position];
+        candidate.state = instance.effective_with(&shadow, consult_real, now_ns, expiry);
+        candidate.cache_hit_tokens = held.load.input_len - held.load.new_prefill;
+    }
+
+    /// Release a migrated request's reservation on its old instance.
+    pub(crate) fn release_migrated(&mut self, position: usize, held: Held) {
+        self.instances[position]
+            .shadow
+            .release(held.load, held.decoding);
+        self.counts.migrated += 1;
     }
 
     /// Fill `candidates` for one decision. Cache hits are only estimated when
@@ -193,16 +252,16 @@ impl RouterState {
         &mut self,
         consult_real: bool,
         blocks: Option<&[u64]>,
-        now: Instant,
+        now_ns: u64,
         expiry: Duration,
     ) {
-        let now_ns = self.since_epoch_ns(now);
         self.candidates.clear();
         self.candidates
             .extend(self.instances.iter().map(|instance| Candidate {
                 state: instance.effective(consult_real, now_ns, expiry),
                 cache_hit_tokens:
                     blocks.map_or(0, |blocks| instance.shadow.cache_hit_tokens(blocks)),
+                shutting_down: instance.shutting_down(now_ns, expiry),
             }));
     }
 

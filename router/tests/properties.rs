@@ -135,7 +135,7 @@ proptest! {
                 Op::Fail(i) if !held.is_empty() => held.swap_remove(at(i)).0.fail(),
                 Op::Drop(i) if !held.is_empty() => drop(held.swap_remove(at(i))),
                 Op::Real(i, n, p, fresh) => {
-                    let real = RealState { snapshot: snapshot(*n, *p), fresh: *fresh, capture_age: Duration::ZERO };
+                    let real = RealState { fresh: *fresh, ..RealState::fresh(snapshot(*n, *p), Duration::ZERO) };
                     router.update_real_state([(IDS[*i], real)]);
                 }
                 _ => {}
@@ -168,7 +168,7 @@ proptest! {
             ongoing_decode_tokens: r[3], num_prefilling: r[4], max_prefill_remaining: r[5],
             gpu_blocks_total: r[6], gpu_blocks_free: r[6] / 2, ..Snapshot::default()
         };
-        let real = RealState { snapshot: snap, fresh, capture_age: Duration::from_millis(5) };
+        let real = RealState { fresh, ..RealState::fresh(snap, Duration::from_millis(5)) };
         let e = EffectiveState::merge(&shadow, Some(&real));
         if !fresh {
             prop_assert_eq!(e, EffectiveState::shadow_only(&shadow));

@@ -148,6 +148,26 @@ class Router:
         input_len: Optional[int] = None,
         session_id: Optional[str] = None,
     ) -> dict[str, Any]: ...
+    def migration_advice_for(
+        self,
+        reservation: Reservation,
+        request_id: str,
+        *,
+        tokens: Optional[Sequence[int]] = None,
+        block_hashes: Optional[Sequence[int]] = None,
+        input_len: Optional[int] = None,
+        session_id: Optional[str] = None,
+    ) -> dict[str, Any]: ...
+    def migrate(
+        self,
+        reservation: Reservation,
+        request_id: str,
+        *,
+        tokens: Optional[Sequence[int]] = None,
+        block_hashes: Optional[Sequence[int]] = None,
+        input_len: Optional[int] = None,
+        session_id: Optional[str] = None,
+    ) -> Optional[Decision]: ...
     def add_instance(self, instance_id: str) -> None: ...
     def remove_instance(self, instance_id: str) -> None: ...
     def end_session(self, session_id: str) -> bool: ...
