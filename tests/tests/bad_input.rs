@@ -276,3 +276,29 @@ fn esdump_escapes_terminal_controls_in_file_names() {
     assert_eq!(stderr.lines().count(), 1, "one error line: {stderr}");
     assert!(stderr.contains(r"ev\u{1b}[31mil\nforged-row"), "{stderr}");
 }
+
+/// SIGTERM and SIGINT stop espublish like the end of `--duration`: the file
+/// is retired and removed, not left behind as a dead writer's file.
+#[test]
+fn espublish_removes_its_file_on_sigterm_and_sigint() {
+    use nix::sys::signal::{kill, Signal};
+    let dir = tempfile::tempdir().unwrap();
+    let uri = format!("file://{}", dir.path().display());
+    for (id, signal) in [("term", Signal::SIGTERM), ("int", Signal::SIGINT)] {
+        let mut publisher = espublish(&uri, id);
+        assert!(dir.path().join(id).exists());
+        kill(publisher.pid(), signal).unwrap();
+        let status = publisher.0.wait().unwrap();
+        assert!(status.success(), "{signal}: {status:?}");
+        assert!(!dir.path().join(id).exists(), "{signal} left the file");
+    }
+    let mut stress = Proc::spawn(
+        Command::new(bin("espublish"))
+            .args(["--engine-id", "stress", "--uri", &uri, "--stress"])
+            .stdout(Stdio::piped()),
+    );
+    assert!(stress.first_line().contains("stress-writing"));
+    kill(stress.pid(), Signal::SIGTERM).unwrap();
+    assert!(stress.0.wait().unwrap().success());
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
