@@ -56,6 +56,6 @@ pub use crate::cleanup::Cleanup;
 pub use crate::config::{AgentConfig, Args, DEFAULT_LISTEN, DEFAULT_POLL_US};
 pub use crate::error::Error;
 pub use crate::relay::{Relay, TickReport};
-pub use crate::run::{run, Agent};
+pub use crate::run::{run, Agent, SHUTDOWN_LIMIT};
 pub use crate::telemetry::{READ_ERRORS, RELAYED, RELAY_ERRORS, RELAY_LAG, SNAPSHOT_AGE};
 pub use tokio_util::sync::CancellationToken;
