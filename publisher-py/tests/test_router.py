@@ -144,3 +144,12 @@ def test_readme_python_example_runs(tmp_path, monkeypatch):
         example = pathlib.Path(__file__).parents[2] / "examples" / "python_router.py"
         module = runpy.run_path(str(example))
         assert module["main"]() == 0
+
+
+@pytest.mark.parametrize("settings,name", [
+    ({"overload_factor": float("nan")}, "overload_factor is NaN"),
+    ({"migration": {"ttft_slo_s": float("inf")}}, "migration.ttft_slo_s is inf"),
+])
+def test_non_finite_settings_are_named(settings, name):
+    with pytest.raises(ValueError, match=name + r"; every setting must be a finite number"):
+        Router(["a"], settings=settings)
