@@ -12,6 +12,7 @@ use engine_state_shm_format::{
 
 use crate::config::PublisherConfig;
 use crate::error::Error;
+use crate::recreate::{Handoff, Keeper, PublisherStats};
 use crate::redis_sink::{RedisSink, SinkHandle, SinkOp};
 
 /// How long `close()` waits for the Redis sink to delete the engine's key.
@@ -26,6 +27,12 @@ const CLOSE_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
 /// idle engine, or one inside a long forward pass, still shows as alive; it
 /// never touches Python. Fork-safe: in a child process `publish` returns
 /// [`Error::WrongProcess`] and dropping does nothing to the parent's file.
+///
+/// A file removed under a live publisher (with its directory or alone) is
+/// noticed by the heartbeat thread within a few periods and recreated, in a
+/// new generation, as soon as the directory exists again (the directory
+/// itself is not recreated); the gap is logged once on stderr and counted
+/// in [`Publisher::stats`]. `publish` never fails because of it.
 ///
 /// With a `redis://` URI the same calls fill a one-slot mailbox instead, and
 /// a sink thread writes the record to Redis (DESIGN §7): `publish` never
@@ -42,8 +49,15 @@ pub struct Publisher {
 
 #[derive(Debug)]
 enum Backend {
-    Shm(ShmWriter),
+    Shm(ShmBackend),
     Redis(RedisBackend),
+}
+
+#[derive(Debug)]
+struct ShmBackend {
+    writer: ShmWriter,
+    /// A writer of a recreated file, from the heartbeat thread.
+    handoff: Arc<Handoff>,
 }
 
 #[derive(Debug)]
@@ -78,15 +92,15 @@ impl Publisher {
                 };
                 let first = stamp(Snapshot::default());
                 let writer = ShmWriter::create(dir, &config.engine_id, &options, &first)?;
-                let beat = writer.heartbeat();
+                let handoff = Arc::new(Handoff::default());
                 // A stamp younger than a period is a publish's: left alone.
-                let period = config.period;
+                let mut keeper = Keeper::new(dir.clone(), &writer, options, handoff.clone());
                 let heartbeat = HeartbeatThread::spawn(
-                    move || beat.beat_unless_younger(period),
+                    move || keeper.tick(),
                     config.period,
                     &config.engine_id,
                 )?;
-                (Backend::Shm(writer), heartbeat)
+                (Backend::Shm(ShmBackend { writer, handoff }), heartbeat)
             }
             StateUri::Redis { url } => {
                 let target = RedisTarget::parse(url)?;
@@ -157,7 +171,15 @@ impl Publisher {
             None => Err(Error::Closed {
                 engine_id: self.config.engine_id.to_string(),
             }),
-            Some(Backend::Shm(writer)) => {
+            Some(Backend::Shm(shm)) => {
+                if shm.handoff.is_ready() {
+                    // The file was recreated (a new generation): publish there.
+                    if fork_generation() != self.fork_generation {
+                        return Err(wrong_process());
+                    }
+                    shm.handoff.adopt(&mut shm.writer);
+                }
+                let writer = &mut shm.writer;
                 let snapshot = stamp(snapshot);
                 if writer.publish(&snapshot).is_err() {
                     return Err(wrong_process());
@@ -194,7 +216,7 @@ impl Publisher {
                 std::mem::forget(heartbeat);
             }
             match self.backend.take() {
-                Some(Backend::Shm(writer)) => std::mem::forget(writer),
+                Some(Backend::Shm(shm)) => std::mem::forget(shm),
                 Some(Backend::Redis(redis)) => redis.sink.forget(),
                 None => {}
             }
@@ -204,7 +226,10 @@ impl Publisher {
             heartbeat.stop();
         }
         match self.backend.take() {
-            Some(Backend::Shm(mut writer)) => writer.retire(),
+            Some(Backend::Shm(mut shm)) => {
+                shm.writer.retire();
+                shm.handoff.clear(); // a recreated file not published into yet
+            }
             Some(Backend::Redis(mut redis)) => {
                 // Like removing the file: the engine leaves the registry at once.
                 redis.sink.send(&redis.engine_id, SinkOp::Delete);
@@ -228,6 +253,14 @@ impl Publisher {
         }
     }
 
+    /// Counters: files lost and recreated (shared memory; zero for Redis).
+    pub fn stats(&self) -> PublisherStats {
+        match &self.backend {
+            Some(Backend::Shm(shm)) => shm.handoff.stats(),
+            _ => PublisherStats::default(),
+        }
+    }
+
     /// The engine id.
     pub fn engine_id(&self) -> &str {
         self.config.engine_id.as_str()
@@ -241,7 +274,7 @@ impl Publisher {
     /// The file being published (None once closed, and for Redis).
     pub fn path(&self) -> Option<&Path> {
         match &self.backend {
-            Some(Backend::Shm(writer)) => Some(writer.path()),
+            Some(Backend::Shm(shm)) => Some(shm.writer.path()),
             _ => None,
         }
     }
