@@ -39,6 +39,9 @@ impl Publisher {
 
     /// Publishes one snapshot. Fields not given are 0; `captured_*` are stamped
     /// here and the idle flag follows from `num_running` and `num_waiting`.
+    /// ValueError (nothing published) when `gpu_blocks_free` exceeds
+    /// `gpu_blocks_total` or `flags` has bits other than FLAG_IDLE and
+    /// FLAG_SHUTTING_DOWN.
     #[pyo3(signature = (
         *,
         step = 0,

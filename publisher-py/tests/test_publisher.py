@@ -182,6 +182,16 @@ def test_killed_publisher_reads_as_dead(uri):
         child.wait()
 
 
+def test_snapshots_that_break_the_layout_rules_are_refused(uri):
+    with Publisher(uri=uri, engine_id="strict") as pub:
+        with pytest.raises(ValueError, match=r"gpu_blocks_free \(12\) is above gpu_blocks_total \(10\)"):
+            pub.publish(gpu_blocks_total=10, gpu_blocks_free=12)
+        with pytest.raises(ValueError, match=r"flags 0x4 has bits"):
+            pub.publish(flags=4)
+        (s,) = Reader(uri=uri).read()
+        assert (s.gpu_blocks_free, s.flags & ~1) == (0, 0), "nothing was published"
+
+
 def test_a_removed_directory_is_recreated_with_a_new_generation(tmp_path):
     """rm -rf DIR under a live Publisher, then mkdir DIR: the heartbeat
     thread recreates the file (new generation, latest snapshot), publish()

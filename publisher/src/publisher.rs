@@ -8,12 +8,16 @@ use std::time::Duration;
 use engine_state_reader::{RedisRecord, RedisTarget, StateUri, STATE_ACTIVE};
 use engine_state_shm_format::{
     fork_generation, monotonic_ns, unix_ns, ShmWriter, Snapshot, WriterOptions, FLAG_IDLE,
+    FLAG_SHUTTING_DOWN,
 };
 
 use crate::config::PublisherConfig;
 use crate::error::Error;
 use crate::recreate::{Handoff, Keeper, PublisherStats};
 use crate::redis_sink::{RedisSink, SinkHandle, SinkOp};
+
+/// The flag bits of layout version 1 (DESIGN §3); the others are reserved.
+const KNOWN_FLAGS: u64 = FLAG_IDLE | FLAG_SHUTTING_DOWN;
 
 /// How long `close()` waits for the Redis sink to delete the engine's key.
 const CLOSE_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
@@ -161,8 +165,17 @@ impl Publisher {
 
     /// Publishes `snapshot`: `captured_mono_ns`, `captured_unix_ns` and the idle
     /// flag are set here (whatever the caller passed); the rest as given.
+    ///
+    /// Refused with [`Error::InvalidSnapshot`] (two comparisons): more free
+    /// than total KV blocks (readers would clamp `gpu_kv_used_frac` to 0 and
+    /// hide the bug), and flag bits the layout does not define.
     #[inline]
     pub fn publish(&mut self, snapshot: Snapshot) -> Result<(), Error> {
+        if snapshot.gpu_blocks_free > snapshot.gpu_blocks_total
+            || snapshot.flags & !KNOWN_FLAGS != 0
+        {
+            return Err(self.invalid(&snapshot));
+        }
         let wrong_process = || Error::WrongProcess {
             engine_id: self.config.engine_id.to_string(),
             owner_pid: self.owner_pid,
@@ -203,6 +216,28 @@ impl Publisher {
                 redis.sink.send(&redis.engine_id, SinkOp::Set(record));
                 Ok(())
             }
+        }
+    }
+
+    #[cold]
+    fn invalid(&self, snapshot: &Snapshot) -> Error {
+        let what = if snapshot.gpu_blocks_free > snapshot.gpu_blocks_total {
+            format!(
+                "gpu_blocks_free ({}) is above gpu_blocks_total ({}); pass the usable KV blocks \
+                 of the pool as total and its free ones as free (free <= total)",
+                snapshot.gpu_blocks_free, snapshot.gpu_blocks_total
+            )
+        } else {
+            format!(
+                "flags {:#x} has bits layout version 1 does not define ({:#x}); only \
+                 FLAG_IDLE (1) and FLAG_SHUTTING_DOWN (2) may be set",
+                snapshot.flags,
+                snapshot.flags & !KNOWN_FLAGS
+            )
+        };
+        Error::InvalidSnapshot {
+            engine_id: self.config.engine_id.to_string(),
+            what,
         }
     }
 

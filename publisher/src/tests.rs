@@ -248,3 +248,42 @@ fn close_removes_a_recreated_file_not_published_into() {
     publisher.close();
     assert!(!dir.path().join("idle").exists());
 }
+
+#[test]
+fn snapshots_that_break_the_layout_rules_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut publisher = start(dir.path(), "strict", 50);
+    let err = publisher
+        .publish(Snapshot {
+            gpu_blocks_total: 10,
+            gpu_blocks_free: 12,
+            ..Snapshot::default()
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("gpu_blocks_free (12) is above gpu_blocks_total (10)")
+            && err.contains("nothing was published"),
+        "{err}"
+    );
+    let err = publisher
+        .publish(Snapshot {
+            flags: FLAG_SHUTTING_DOWN | 0x10,
+            ..Snapshot::default()
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("flags 0x12") && err.contains("(0x10)"),
+        "{err}"
+    );
+    // The limits themselves are fine.
+    publisher
+        .publish(Snapshot {
+            gpu_blocks_total: 10,
+            gpu_blocks_free: 10,
+            flags: FLAG_IDLE | FLAG_SHUTTING_DOWN,
+            ..Snapshot::default()
+        })
+        .unwrap();
+}
