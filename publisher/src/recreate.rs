@@ -40,9 +40,9 @@ pub struct PublisherStats {
 /// publishing thread (which adopts them).
 #[derive(Debug, Default)]
 pub(crate) struct Handoff {
-    /// Set (Release) once `replacement` holds a writer; pairs with the
-    /// Acquire load in [`Handoff::take`]'s caller, so the publishing thread
-    /// sees the writer's finished file.
+    /// True while `replacement` holds a writer (set and reset under its
+    /// lock). The Release store in `Keeper::recreate` pairs with the Acquire
+    /// load in [`Handoff::is_ready`]; the lock itself orders the hand-off.
     ready: AtomicBool,
     replacement: Mutex<Option<ShmWriter>>,
     /// Writers replaced by `publish`, for the heartbeat thread to retire
@@ -55,7 +55,7 @@ pub(crate) struct Handoff {
 
 impl Handoff {
     /// Whether a replacement writer waits (one Acquire load: pairs with the
-    /// Release store in [`Keeper::tick`]).
+    /// Release store in `Keeper::recreate`).
     #[inline]
     pub(crate) fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
@@ -69,11 +69,11 @@ impl Handoff {
         let Ok(mut slot) = self.replacement.try_lock() else {
             return; // the next publish tries again
         };
+        // Relaxed, under the lock that also guards the slot (see `Keeper::recreate`).
+        self.ready.store(false, Ordering::Relaxed);
         let Some(new) = slot.take() else {
             return;
         };
-        // Relaxed: only this thread adopts, and only after the Acquire load.
-        self.ready.store(false, Ordering::Relaxed);
         drop(slot);
         let old = std::mem::replace(writer, new);
         match self.spent.try_lock() {
@@ -194,9 +194,13 @@ impl Keeper {
                 let (since, _) = self.lost.take().expect("only called while lost");
                 self.beat = writer.heartbeat();
                 self.generation = writer.generation();
-                let previous = lock(&self.handoff.replacement).replace(writer);
-                // Release: pairs with `Handoff::is_ready`'s Acquire load.
+                let mut slot = lock(&self.handoff.replacement);
+                let previous = slot.replace(writer);
+                // Under the lock, like `adopt`'s reset: `ready` is true
+                // exactly while the slot holds a writer. Release: pairs with
+                // `Handoff::is_ready`'s Acquire load.
                 self.handoff.ready.store(true, Ordering::Release);
+                drop(slot);
                 drop(previous); // a replacement never adopted (idle engine, lost twice)
                 self.handoff.files_recreated.fetch_add(1, Ordering::Relaxed);
                 eprintln!(
