@@ -10,7 +10,7 @@
 //! accepts (EMFILE) back off instead of spinning.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -32,6 +32,8 @@ const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
 pub const MAX_CONNECTIONS: usize = 256;
 /// First and longest pause after a failed accept.
 const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(1));
+/// Failed accepts are reported again only after accepts worked this long.
+const ACCEPT_QUIET: Duration = Duration::from_secs(1);
 
 /// How many HTTP connections may be open at once under a limit of
 /// `fd_limit` open files: a quarter of it (the rest is the relay's: the
@@ -52,7 +54,9 @@ pub async fn serve(
 ) {
     let permits = Arc::new(Semaphore::new(max_connections));
     let mut backoff = ACCEPT_BACKOFF.0;
-    let mut failures = 0u64;
+    // Failed accepts since the last report, and when the latest one's
+    // backoff ended (quiet time counts from the retry, not the failure).
+    let mut trouble: Option<(u64, Instant)> = None;
     loop {
         // At the cap, wait for a connection to end before accepting another.
         let permit = tokio::select! {
@@ -68,15 +72,21 @@ pub async fn serve(
                 Ok((stream, _)) => stream,
                 Err(e) => {
                     // Out of descriptors (EMFILE/ENFILE) or memory: retrying
-                    // at once would spin. Reported once per streak.
-                    if failures == 0 {
-                        eprintln!(
-                            "esagent: accept failed: {e}; HTTP paused with backoff ({:?} to {:?}), \
-                             the relay goes on",
-                            ACCEPT_BACKOFF.0, ACCEPT_BACKOFF.1
-                        );
+                    // at once would spin. Reported once, until accepts have
+                    // worked for ACCEPT_QUIET.
+                    match trouble.as_mut() {
+                        None => {
+                            eprintln!(
+                                "esagent: accept failed: {e}; HTTP paused with backoff ({:?} to \
+                                 {:?}), the relay goes on",
+                                ACCEPT_BACKOFF.0, ACCEPT_BACKOFF.1
+                            );
+                            trouble = Some((1, Instant::now() + backoff));
+                        }
+                        Some((failures, retry)) => {
+                            (*failures, *retry) = (*failures + 1, Instant::now() + backoff);
+                        }
                     }
-                    failures += 1;
                     tokio::select! {
                         _ = shutdown.cancelled() => return,
                         _ = tokio::time::sleep(backoff) => {}
@@ -86,9 +96,12 @@ pub async fn serve(
                 }
             },
         };
-        if failures > 0 {
-            eprintln!("esagent: accepting HTTP connections again after {failures} failed accepts");
-            (failures, backoff) = (0, ACCEPT_BACKOFF.0);
+        backoff = ACCEPT_BACKOFF.0;
+        if let Some((failures, retry)) = trouble {
+            if retry.elapsed() >= ACCEPT_QUIET {
+                eprintln!("esagent: accepting HTTP connections again ({failures} accepts failed)");
+                trouble = None;
+            }
         }
         let (metrics, health) = (metrics.clone(), health.clone());
         tokio::spawn(async move {

@@ -538,3 +538,66 @@ fn a_redis_password_on_the_command_line_draws_a_warning() {
     assert!(!stderr.contains("command line"), "{stderr}");
     assert!(stderr.contains("password"), "{stderr}");
 }
+
+/// Out of descriptors, `accept` fails (EMFILE): esagent backs off and logs
+/// it once (until accepts have worked for a second) instead of at every
+/// retry, and serves again once descriptors are free.
+#[test]
+fn failed_accepts_back_off_and_are_logged_once() {
+    use nix::sys::signal::{kill, Signal};
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    // The agent's own descriptors (a first run counts them) plus two.
+    let own = {
+        let (first, addr) = agent(dir.path(), &redis.uri(""), &[]);
+        wait_for(|| get(&addr, "/healthz").0 == 200, "a healthy agent");
+        std::fs::read_dir(format!("/proc/{}/fd", first.pid()))
+            .unwrap()
+            .filter(|fd| {
+                // Inherited high descriptors do not take low numbers.
+                fd.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_str()
+                    .unwrap()
+                    .parse::<u32>()
+                    .unwrap()
+                    < 64
+            })
+            .count()
+    };
+    let mut sh = Command::new("sh");
+    sh.arg("-c")
+        .arg(format!("ulimit -n {} && exec \"$0\" \"$@\"", own + 2))
+        .arg(bin("esagent"));
+    let (mut agent, addr) = agent_via(sh, dir.path(), &redis.uri(""), &[]);
+    let flood: Vec<TcpStream> = (0..8).map(|_| TcpStream::connect(&addr).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(1500)); // under the 2 s request timeout
+    drop(flood);
+    wait_for(
+        || get(&addr, "/healthz").0 == 200,
+        "a healthy agent once the descriptors are free",
+    );
+    // Accepts have worked for a second: the next one reports it.
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(get(&addr, "/healthz").0, 200);
+    kill(agent.pid(), Signal::SIGTERM).unwrap();
+    assert!(agent.0.wait().unwrap().success());
+    let mut stderr = String::new();
+    agent
+        .0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert_eq!(
+        stderr.matches("accept failed: Too many open files").count(),
+        1,
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("accepting HTTP connections again"),
+        "{stderr}"
+    );
+}
