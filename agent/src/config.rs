@@ -4,7 +4,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use engine_state_reader::{RedisTarget, StateUri};
 
 use crate::error::Error;
@@ -22,7 +23,10 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
 /// relayed; every 500 ms it reads the whole directory. Each batch goes to Redis as one pipeline. Engines whose
 /// heartbeat stops are no longer written, so their keys expire and Redis
 /// readers see them dead. HTTP: GET /metrics
-/// (Prometheus text format), GET /healthz. Stops cleanly on SIGTERM or SIGINT.
+/// (Prometheus text format), GET /healthz (503 while the directory cannot be
+/// listed); at most a quarter of the open-file limit of connections at once,
+/// idle ones closed after 2 s. A missing directory is created at start.
+/// Stops cleanly on SIGTERM or SIGINT, within 1 s.
 #[derive(Debug, Parser)]
 #[command(name = "esagent", version)]
 pub struct Args {
@@ -33,7 +37,8 @@ pub struct Args {
     /// Where to relay: redis://[user:password@]host:port/db[?prefix=P&ttl_ms=N]
     /// or rediss://… for TLS. The key prefix separates fleets sharing one
     /// server (default engine_state:); ttl_ms is how long a key outlives its
-    /// engine's last heartbeat (default 2000).
+    /// engine's last heartbeat (default 2000). With a password, prefer the
+    /// environment variable: a flag is visible to every user in `ps`.
     #[arg(long, env = "AGENTIC_ENGINE_STATE_REDIS_URI", hide_env_values = true)]
     pub redis: String,
     /// The engines' publish (and heartbeat) period, in ms: a heartbeat nine
@@ -96,6 +101,28 @@ pub struct AgentConfig {
 }
 
 impl Args {
+    /// Parses the process's flags and environment, like `Args::parse()`
+    /// (exits with clap's message on a bad flag), and returns warnings about
+    /// how they were given: a Redis password in `--redis` on the command
+    /// line, where every user of the host can read it (`ps`,
+    /// `/proc/<pid>/cmdline`).
+    pub fn parse_with_warnings() -> (Args, Vec<String>) {
+        let matches = Args::command().get_matches();
+        let args = Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        let mut warnings = Vec::new();
+        if matches.value_source("redis") == Some(ValueSource::CommandLine)
+            && has_password(&args.redis)
+        {
+            warnings.push(
+                "warning: the Redis password is on the command line (--redis), where every \
+                 user of this host can read it (ps, /proc/<pid>/cmdline); give the URI in \
+                 AGENTIC_ENGINE_STATE_REDIS_URI instead"
+                    .to_owned(),
+            );
+        }
+        (args, warnings)
+    }
+
     /// Checks the flags and turns them into a configuration.
     pub fn into_config(self) -> Result<AgentConfig, Error> {
         let shm_dir = match StateUri::from_flag_or_env(self.uri.as_deref())? {
@@ -127,6 +154,18 @@ impl Args {
             stale_after: Duration::from_millis(self.stale_after_ms),
         })
     }
+}
+
+/// Whether a Redis URI carries a password (`redis://[user]:password@host`,
+/// or a `password=` query parameter).
+fn has_password(uri: &str) -> bool {
+    let rest = uri.split_once("://").map_or(uri, |(_, rest)| rest);
+    let authority = rest.split(['/', '?']).next().unwrap_or("");
+    let in_userinfo = authority
+        .rsplit_once('@')
+        .and_then(|(userinfo, _)| userinfo.split_once(':'))
+        .is_some_and(|(_, password)| !password.is_empty());
+    in_userinfo || rest.contains("password=")
 }
 
 #[cfg(test)]
@@ -166,6 +205,20 @@ mod tests {
         assert_eq!(off.cleanup_grace, None, "cleanup is off by default");
         assert_eq!(off.period, Duration::from_millis(50));
         assert_eq!(off.poll, Duration::from_micros(DEFAULT_POLL_US));
+    }
+
+    #[test]
+    fn passwords_in_uris_are_noticed() {
+        for (uri, has) in [
+            ("redis://:pw@h:6379/0", true),
+            ("rediss://user:pw@h/0?prefix=a:", true),
+            ("redis://h:6379/0?password=pw", true),
+            ("redis://user@h:6379/0", false),
+            ("redis://h:6379/0?prefix=a:b@c", false),
+            ("redis://h", false),
+        ] {
+            assert_eq!(has_password(uri), has, "{uri}");
+        }
     }
 
     #[test]

@@ -13,7 +13,8 @@ pub struct Health {
     last_tick_ns: AtomicU64,
     /// A relay period later than this is unhealthy.
     max_silence: Duration,
-    summary: Mutex<String>,
+    /// The summary, and why the relay cannot work (unhealthy) if it cannot.
+    summary: Mutex<(String, Option<String>)>,
 }
 
 impl Health {
@@ -22,23 +23,25 @@ impl Health {
         Health {
             last_tick_ns: AtomicU64::new(0),
             max_silence: (period * 4).max(Duration::from_secs(2)),
-            summary: Mutex::new(String::new()),
+            summary: Mutex::new((String::new(), None)),
         }
     }
 
-    /// Records a relay period and its one-line summary.
-    pub fn tick(&self, summary: String) {
+    /// Records a relay period, its summary and, when the relay cannot do
+    /// its work (the directory cannot be listed), why.
+    pub fn tick(&self, summary: String, problem: Option<String>) {
         // Relaxed: a monotonic timestamp, read on its own.
         self.last_tick_ns.store(monotonic_ns(), Ordering::Relaxed);
-        *self.summary.lock().unwrap_or_else(|p| p.into_inner()) = summary;
+        *self.summary.lock().unwrap_or_else(|p| p.into_inner()) = (summary, problem);
     }
 
-    /// (healthy, text). Healthy while the relay loop runs; a Redis outage
-    /// is reported in the text but is not unhealthy (restarting the agent
-    /// would not help; the sink reconnects on its own).
+    /// (healthy, text). Healthy while the relay loop runs and the directory
+    /// can be listed; a Redis outage is reported in the text but is not
+    /// unhealthy (restarting the agent would not help; the sink reconnects
+    /// on its own).
     pub fn report(&self) -> (bool, String) {
         let last = self.last_tick_ns.load(Ordering::Relaxed);
-        let summary = self
+        let (summary, problem) = self
             .summary
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -52,6 +55,9 @@ impl Health {
                 false,
                 format!("relay loop stalled for {silence:?}\n{summary}"),
             );
+        }
+        if let Some(problem) = problem {
+            return (false, format!("{problem}\n{summary}"));
         }
         (true, format!("ok\n{summary}"))
     }

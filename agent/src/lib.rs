@@ -11,7 +11,11 @@
 //!   publisher crate's `InlineSink` from that same thread (one pipeline per
 //!   pass, its replies collected on the next pass; reconnects with capped
 //!   backoff).
-//!   Stops when its [`CancellationToken`] is cancelled.
+//!   Stops when its [`CancellationToken`] is cancelled, within
+//!   [`SHUTDOWN_LIMIT`]. The HTTP side is capped (a quarter of the open-file
+//!   limit in connections, idle clients dropped after 2 s, failed accepts
+//!   backed off) so that it never takes the descriptors the relay needs;
+//!   `/healthz` is 503 while the directory cannot be listed.
 //! - [`Relay`]: the two passes ([`Relay::poll`], [`Relay::tick`]), usable on their own.
 //! - [`Cleanup`]: optional removal of files whose writer is gone.
 //!
@@ -56,6 +60,6 @@ pub use crate::cleanup::Cleanup;
 pub use crate::config::{AgentConfig, Args, DEFAULT_LISTEN, DEFAULT_POLL_US};
 pub use crate::error::Error;
 pub use crate::relay::{Relay, TickReport};
-pub use crate::run::{run, Agent};
+pub use crate::run::{run, Agent, SHUTDOWN_LIMIT};
 pub use crate::telemetry::{READ_ERRORS, RELAYED, RELAY_ERRORS, RELAY_LAG, SNAPSHOT_AGE};
 pub use tokio_util::sync::CancellationToken;

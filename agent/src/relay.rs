@@ -58,6 +58,8 @@ pub struct Relay {
     changed: Reading,
     outbox: Outbox,
     known_errors: HashSet<String>,
+    /// Why the last full pass could not list the directory (None: it could).
+    directory_error: Option<String>,
 }
 
 /// The sink and what was queued to it last, per engine.
@@ -144,6 +146,7 @@ impl Relay {
                 known: 0,
             },
             known_errors: HashSet::new(),
+            directory_error: None,
         })
     }
 
@@ -177,8 +180,13 @@ impl Relay {
         if let Err(error) = self.shm.read_at(&mut self.reading, now) {
             metrics::counter!(telemetry::READ_ERRORS).increment(1);
             report.read_errors = 1;
-            self.note_error(&error.to_string());
+            let text = error.to_string();
+            self.note_error(&text);
+            self.directory_error = Some(text);
             return report;
+        }
+        if let Some(error) = self.directory_error.take() {
+            eprintln!("esagent: the directory can be listed again (was: {error})");
         }
         report.engines = self.reading.engines.len();
         report.read_errors = self.reading.errors.len();
@@ -219,6 +227,13 @@ impl Relay {
         if self.known_errors.insert(text.to_owned()) {
             eprintln!("esagent: {text}");
         }
+    }
+
+    /// Why the last full pass could not list the directory, if it could not
+    /// (removed, unreadable, out of file descriptors): `/healthz` is then
+    /// unhealthy.
+    pub fn directory_error(&self) -> Option<&str> {
+        self.directory_error.as_deref()
     }
 
     /// The last reading of the directory.

@@ -18,8 +18,13 @@ use crate::telemetry;
 
 /// How often the exporter drains histogram samples and drops idle gauges.
 const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
-/// How long shutdown waits for pending writes.
-const SHUTDOWN_FLUSH: Duration = Duration::from_secs(1);
+/// How long shutdown waits for pending writes to be acknowledged.
+const SHUTDOWN_FLUSH: Duration = Duration::from_millis(900);
+/// [`Agent::run`] returns at most this long after its shutdown token is
+/// cancelled, even when the relay thread is stuck in a Redis call (a server
+/// that stopped answering holds a read or connect for up to the network
+/// timeout, on top of the flush).
+pub const SHUTDOWN_LIMIT: Duration = Duration::from_secs(1);
 
 /// A configured agent with its listener bound (so the address is known
 /// before it runs, e.g. with port 0).
@@ -29,12 +34,16 @@ pub struct Agent {
     listener: TcpListener,
     relay: Relay,
     metrics: PrometheusHandle,
+    /// Most HTTP connections open at once.
+    max_connections: usize,
 }
 
 impl Agent {
-    /// Installs the metrics recorder, binds the listener, opens the
-    /// directory and starts the Redis sink.
+    /// Raises the process's open-file limit to its hard limit, installs the
+    /// metrics recorder, binds the listener, opens the directory and starts
+    /// the Redis sink.
     pub async fn bind(config: AgentConfig) -> Result<Agent, Error> {
+        let max_connections = crate::http::connection_cap(raise_fd_limit());
         let metrics = telemetry::install();
         let listener = TcpListener::bind(config.listen)
             .await
@@ -48,6 +57,7 @@ impl Agent {
             listener,
             relay,
             metrics,
+            max_connections,
         })
     }
 
@@ -58,7 +68,11 @@ impl Agent {
             .expect("a bound listener has an address")
     }
 
-    /// Relays until `shutdown` is cancelled, then writes what is pending and returns.
+    /// Relays until `shutdown` is cancelled, then writes what is pending and
+    /// returns, at most [`SHUTDOWN_LIMIT`] after the cancellation (then
+    /// without waiting for the relay thread: a process should exit without
+    /// waiting for the runtime's blocking threads, e.g. with
+    /// `Runtime::shutdown_background`).
     ///
     /// The relay runs on a thread of its own: it wakes every poll interval
     /// (sub-millisecond, which tokio's millisecond timer cannot do) and
@@ -69,21 +83,36 @@ impl Agent {
             listener,
             relay,
             metrics,
+            max_connections,
         } = self;
         let health = Arc::new(Health::new(FULL_PASS_INTERVAL));
         let server = tokio::spawn(crate::http::serve(
             listener,
             metrics.clone(),
             health.clone(),
+            max_connections,
             shutdown.clone(),
         ));
-        let relaying = tokio::task::spawn_blocking(move || {
-            relay_loop(config, relay, &metrics, &health, &shutdown)
+        let relay_shutdown = shutdown.clone();
+        let mut relaying = tokio::task::spawn_blocking(move || {
+            relay_loop(config, relay, &metrics, &health, &relay_shutdown)
         });
-        if let Err(error) = relaying.await {
-            if error.is_panic() {
-                std::panic::resume_unwind(error.into_panic());
+        let limit = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(SHUTDOWN_LIMIT).await;
+        };
+        tokio::select! {
+            finished = &mut relaying => {
+                if let Err(error) = finished {
+                    if error.is_panic() {
+                        std::panic::resume_unwind(error.into_panic());
+                    }
+                }
             }
+            () = limit => eprintln!(
+                "esagent: Redis did not take the pending writes within {SHUTDOWN_LIMIT:?} of \
+                 the stop; stopping without them"
+            ),
         }
         let _ = server.await;
         Ok(())
@@ -146,17 +175,20 @@ fn relay_loop(
             if let Some(cleanup) = cleanup.as_mut() {
                 cleanup.run(relay.shm_dir(), relay.reading(), now);
             }
-            health.tick(format!(
-                "engines: {}\nrelayed: {}\nunreadable: {}\nredis: {}\n",
-                report.engines,
-                relayed,
-                report.read_errors,
-                if connected {
-                    "connected"
-                } else {
-                    "unreachable (retrying)"
-                },
-            ));
+            health.tick(
+                format!(
+                    "engines: {}\nrelayed: {}\nunreadable: {}\nredis: {}\n",
+                    report.engines,
+                    relayed,
+                    report.read_errors,
+                    if connected {
+                        "connected"
+                    } else {
+                        "unreachable (retrying)"
+                    },
+                ),
+                relay.directory_error().map(str::to_owned),
+            );
         }
         next_poll += poll;
         let now = Instant::now();
@@ -175,6 +207,20 @@ fn relay_loop(
         std::thread::sleep(wake.saturating_duration_since(now));
     }
     relay.shutdown(SHUTDOWN_FLUSH);
+}
+
+/// Raises the soft limit of open files to the hard limit (the HTTP side's
+/// share of it is capped, see `http::connection_cap`); returns the soft
+/// limit in force.
+fn raise_fd_limit() -> u64 {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return 1024;
+    };
+    if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        return hard;
+    }
+    soft
 }
 
 /// Binds and runs an agent until `shutdown` is cancelled.

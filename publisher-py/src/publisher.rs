@@ -12,7 +12,9 @@ use crate::errors::publisher_error;
 ///
 /// Settings default to `AGENTIC_ENGINE_STATE_URI`, `AGENTIC_WORKER_ID` and
 /// `AGENTIC_ENGINE_STATE_PERIOD_MS`. A native heartbeat thread (no GIL) keeps
-/// the engine alive for readers between publishes. Fork-safe: a child process
+/// the engine alive for readers between publishes; it also recreates the
+/// file (new generation) when it was removed under the publisher, once its
+/// directory exists again (see `stats()`). Fork-safe: a child process
 /// cannot write its parent's file (it must create its own Publisher).
 #[pyclass(module = "engine_state._native", name = "Publisher")]
 pub(crate) struct Publisher {
@@ -37,6 +39,9 @@ impl Publisher {
 
     /// Publishes one snapshot. Fields not given are 0; `captured_*` are stamped
     /// here and the idle flag follows from `num_running` and `num_waiting`.
+    /// ValueError (nothing published) when `gpu_blocks_free` exceeds
+    /// `gpu_blocks_total` or `flags` has bits other than FLAG_IDLE and
+    /// FLAG_SHUTTING_DOWN.
     #[pyo3(signature = (
         *,
         step = 0,
@@ -81,6 +86,18 @@ impl Publisher {
             ..Snapshot::default()
         };
         self.inner.publish(snapshot).map_err(publisher_error)
+    }
+
+    /// Counters: `files_lost` (times the file was found removed or replaced
+    /// under the publisher) and `files_recreated` (times it was recreated, in
+    /// a new generation, once its directory existed again).
+    fn stats(&self) -> std::collections::HashMap<&'static str, u64> {
+        let stats = self.inner.stats();
+        [
+            ("files_lost", stats.files_lost),
+            ("files_recreated", stats.files_recreated),
+        ]
+        .into()
     }
 
     /// Stops the heartbeat, retires the file and removes it. Idempotent.

@@ -50,6 +50,28 @@ impl Router {
     ) -> PyResult<Router> {
         let mut parsed = match settings {
             Some(dict) => {
+                // json.dumps writes NaN/Infinity, which the JSON parser then
+                // refuses without naming the setting: name it here.
+                fn non_finite(dict: &Bound<'_, PyDict>, prefix: &str) -> PyResult<Option<String>> {
+                    for (key, value) in dict.iter() {
+                        let name = format!("{prefix}{key}");
+                        if let Ok(inner) = value.downcast::<PyDict>() {
+                            if let Some(found) = non_finite(inner, &format!("{name}."))? {
+                                return Ok(Some(found));
+                            }
+                        } else if let Ok(number) = value.downcast::<pyo3::types::PyFloat>() {
+                            if !number.value().is_finite() {
+                                return Ok(Some(format!("{name} is {}", number.value())));
+                            }
+                        }
+                    }
+                    Ok(None)
+                }
+                if let Some(what) = non_finite(dict, "")? {
+                    return Err(PyValueError::new_err(format!(
+                        "invalid router settings: {what}; every setting must be a finite number"
+                    )));
+                }
                 let text: String = py
                     .import("json")?
                     .call_method1("dumps", (dict,))?

@@ -180,3 +180,44 @@ def test_killed_publisher_reads_as_dead(uri):
     finally:
         child.kill()
         child.wait()
+
+
+def test_snapshots_that_break_the_layout_rules_are_refused(uri):
+    with Publisher(uri=uri, engine_id="strict") as pub:
+        with pytest.raises(ValueError, match=r"gpu_blocks_free \(12\) is above gpu_blocks_total \(10\)"):
+            pub.publish(gpu_blocks_total=10, gpu_blocks_free=12)
+        with pytest.raises(ValueError, match=r"flags 0x4 has bits"):
+            pub.publish(flags=4)
+        (s,) = Reader(uri=uri).read()
+        assert (s.gpu_blocks_free, s.flags & ~1) == (0, 0), "nothing was published"
+
+
+def test_a_removed_directory_is_recreated_with_a_new_generation(tmp_path):
+    """rm -rf DIR under a live Publisher, then mkdir DIR: the heartbeat
+    thread recreates the file (new generation, latest snapshot), publish()
+    never raises, and the gap is counted once."""
+    import shutil
+    d = tmp_path / "engines"
+    uri = f"file://{d}"
+    with Publisher(uri=uri, engine_id="phoenix", period_ms=10) as pub:
+        pub.publish(step=1, num_running=2)
+        (before,) = Reader(uri=uri).read()
+        assert pub.stats() == {"files_lost": 0, "files_recreated": 0}
+        shutil.rmtree(d)
+        deadline = time.monotonic() + 5
+        while pub.stats()["files_lost"] == 0:
+            assert time.monotonic() < deadline, "the loss was not noticed"
+            time.sleep(0.01)
+        pub.publish(step=2, num_running=2)  # no error: the hook must not fail
+        d.mkdir()
+        reader = Reader(uri=uri)
+        while not reader.read():
+            assert time.monotonic() < deadline, "the file was not recreated"
+            time.sleep(0.01)
+        (after,) = reader.read()
+        assert after.fresh and after.generation > before.generation
+        assert (after.step, after.num_running) == (2, 2)
+        pub.publish(step=3, num_running=2)
+        assert reader.read()[0].step == 3
+        assert pub.stats() == {"files_lost": 1, "files_recreated": 1}
+    assert list(d.iterdir()) == []

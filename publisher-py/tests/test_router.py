@@ -254,3 +254,12 @@ def test_an_engine_shutting_down_gets_no_new_requests(tmp_path):
         with pytest.raises(EngineStateError, match="every instance is shutting down"):
             router.pick("r9", tokens=PROMPT)
         assert router.migration_advice("a", "m", tokens=PROMPT)["target_instance"] is None
+
+
+@pytest.mark.parametrize("settings,name", [
+    ({"overload_factor": float("nan")}, "overload_factor is NaN"),
+    ({"migration": {"ttft_slo_s": float("inf")}}, "migration.ttft_slo_s is inf"),
+])
+def test_non_finite_settings_are_named(settings, name):
+    with pytest.raises(ValueError, match=name + r"; every setting must be a finite number"):
+        Router(["a"], settings=settings)

@@ -19,6 +19,14 @@ pub enum Error {
     /// Creating or writing the shared-memory file failed.
     #[error(transparent)]
     Shm(#[from] engine_state_shm_format::Error),
+    /// A snapshot breaks the layout's rules (nothing was published).
+    #[error("engine-state publisher for {engine_id:?}: {what}; nothing was published")]
+    InvalidSnapshot {
+        /// The engine id.
+        engine_id: String,
+        /// Which field is wrong and what would be right.
+        what: String,
+    },
     /// The publisher was used after `close()`.
     #[error("engine-state publisher for {engine_id:?} is closed; create a new one")]
     Closed {

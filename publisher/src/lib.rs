@@ -31,6 +31,7 @@ mod config;
 mod error;
 mod inline_sink;
 mod publisher;
+mod recreate;
 mod redis_sink;
 
 pub use crate::config::{
@@ -39,6 +40,7 @@ pub use crate::config::{
 pub use crate::error::Error;
 pub use crate::inline_sink::InlineSink;
 pub use crate::publisher::Publisher;
+pub use crate::recreate::PublisherStats;
 pub use crate::redis_sink::{RedisSink, SinkHandle, SinkOp, SinkStats, WrittenObserver};
 
 #[cfg(test)]

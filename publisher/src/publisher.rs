@@ -8,11 +8,16 @@ use std::time::Duration;
 use engine_state_reader::{RedisRecord, RedisTarget, StateUri, STATE_ACTIVE};
 use engine_state_shm_format::{
     fork_generation, monotonic_ns, unix_ns, ShmWriter, Snapshot, WriterOptions, FLAG_IDLE,
+    FLAG_SHUTTING_DOWN,
 };
 
 use crate::config::PublisherConfig;
 use crate::error::Error;
+use crate::recreate::{Handoff, Keeper, PublisherStats};
 use crate::redis_sink::{RedisSink, SinkHandle, SinkOp};
+
+/// The flag bits of layout version 1 (DESIGN §3); the others are reserved.
+const KNOWN_FLAGS: u64 = FLAG_IDLE | FLAG_SHUTTING_DOWN;
 
 /// How long `close()` waits for the Redis sink to delete the engine's key.
 const CLOSE_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
@@ -26,6 +31,12 @@ const CLOSE_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
 /// idle engine, or one inside a long forward pass, still shows as alive; it
 /// never touches Python. Fork-safe: in a child process `publish` returns
 /// [`Error::WrongProcess`] and dropping does nothing to the parent's file.
+///
+/// A file removed under a live publisher (with its directory or alone) is
+/// noticed by the heartbeat thread within a few periods and recreated, in a
+/// new generation, as soon as the directory exists again (the directory
+/// itself is not recreated); the gap is logged once on stderr and counted
+/// in [`Publisher::stats`]. `publish` never fails because of it.
 ///
 /// With a `redis://` URI the same calls fill a one-slot mailbox instead, and
 /// a sink thread writes the record to Redis (DESIGN §7): `publish` never
@@ -42,8 +53,15 @@ pub struct Publisher {
 
 #[derive(Debug)]
 enum Backend {
-    Shm(ShmWriter),
+    Shm(ShmBackend),
     Redis(RedisBackend),
+}
+
+#[derive(Debug)]
+struct ShmBackend {
+    writer: ShmWriter,
+    /// A writer of a recreated file, from the heartbeat thread.
+    handoff: Arc<Handoff>,
 }
 
 #[derive(Debug)]
@@ -78,15 +96,15 @@ impl Publisher {
                 };
                 let first = stamp(Snapshot::default());
                 let writer = ShmWriter::create(dir, &config.engine_id, &options, &first)?;
-                let beat = writer.heartbeat();
+                let handoff = Arc::new(Handoff::default());
                 // A stamp younger than a period is a publish's: left alone.
-                let period = config.period;
+                let mut keeper = Keeper::new(dir.clone(), &writer, options, handoff.clone());
                 let heartbeat = HeartbeatThread::spawn(
-                    move || beat.beat_unless_younger(period),
+                    move || keeper.tick(),
                     config.period,
                     &config.engine_id,
                 )?;
-                (Backend::Shm(writer), heartbeat)
+                (Backend::Shm(ShmBackend { writer, handoff }), heartbeat)
             }
             StateUri::Redis { url } => {
                 let target = RedisTarget::parse(url)?;
@@ -147,8 +165,17 @@ impl Publisher {
 
     /// Publishes `snapshot`: `captured_mono_ns`, `captured_unix_ns` and the idle
     /// flag are set here (whatever the caller passed); the rest as given.
+    ///
+    /// Refused with [`Error::InvalidSnapshot`] (two comparisons): more free
+    /// than total KV blocks (readers would clamp `gpu_kv_used_frac` to 0 and
+    /// hide the bug), and flag bits the layout does not define.
     #[inline]
     pub fn publish(&mut self, snapshot: Snapshot) -> Result<(), Error> {
+        if snapshot.gpu_blocks_free > snapshot.gpu_blocks_total
+            || snapshot.flags & !KNOWN_FLAGS != 0
+        {
+            return Err(self.invalid(&snapshot));
+        }
         let wrong_process = || Error::WrongProcess {
             engine_id: self.config.engine_id.to_string(),
             owner_pid: self.owner_pid,
@@ -157,7 +184,15 @@ impl Publisher {
             None => Err(Error::Closed {
                 engine_id: self.config.engine_id.to_string(),
             }),
-            Some(Backend::Shm(writer)) => {
+            Some(Backend::Shm(shm)) => {
+                if shm.handoff.is_ready() {
+                    // The file was recreated (a new generation): publish there.
+                    if fork_generation() != self.fork_generation {
+                        return Err(wrong_process());
+                    }
+                    shm.handoff.adopt(&mut shm.writer);
+                }
+                let writer = &mut shm.writer;
                 let snapshot = stamp(snapshot);
                 if writer.publish(&snapshot).is_err() {
                     return Err(wrong_process());
@@ -184,6 +219,28 @@ impl Publisher {
         }
     }
 
+    #[cold]
+    fn invalid(&self, snapshot: &Snapshot) -> Error {
+        let what = if snapshot.gpu_blocks_free > snapshot.gpu_blocks_total {
+            format!(
+                "gpu_blocks_free ({}) is above gpu_blocks_total ({}); pass the usable KV blocks \
+                 of the pool as total and its free ones as free (free <= total)",
+                snapshot.gpu_blocks_free, snapshot.gpu_blocks_total
+            )
+        } else {
+            format!(
+                "flags {:#x} has bits layout version 1 does not define ({:#x}); only \
+                 FLAG_IDLE (1) and FLAG_SHUTTING_DOWN (2) may be set",
+                snapshot.flags,
+                snapshot.flags & !KNOWN_FLAGS
+            )
+        };
+        Error::InvalidSnapshot {
+            engine_id: self.config.engine_id.to_string(),
+            what,
+        }
+    }
+
     /// Stops the heartbeat, retires the file and removes it. Idempotent; in a
     /// forked child it only forgets the parent's resources.
     pub fn close(&mut self) {
@@ -194,7 +251,7 @@ impl Publisher {
                 std::mem::forget(heartbeat);
             }
             match self.backend.take() {
-                Some(Backend::Shm(writer)) => std::mem::forget(writer),
+                Some(Backend::Shm(shm)) => std::mem::forget(shm),
                 Some(Backend::Redis(redis)) => redis.sink.forget(),
                 None => {}
             }
@@ -204,7 +261,10 @@ impl Publisher {
             heartbeat.stop();
         }
         match self.backend.take() {
-            Some(Backend::Shm(mut writer)) => writer.retire(),
+            Some(Backend::Shm(mut shm)) => {
+                shm.writer.retire();
+                shm.handoff.clear(); // a recreated file not published into yet
+            }
             Some(Backend::Redis(mut redis)) => {
                 // Like removing the file: the engine leaves the registry at once.
                 redis.sink.send(&redis.engine_id, SinkOp::Delete);
@@ -228,6 +288,14 @@ impl Publisher {
         }
     }
 
+    /// Counters: files lost and recreated (shared memory; zero for Redis).
+    pub fn stats(&self) -> PublisherStats {
+        match &self.backend {
+            Some(Backend::Shm(shm)) => shm.handoff.stats(),
+            _ => PublisherStats::default(),
+        }
+    }
+
     /// The engine id.
     pub fn engine_id(&self) -> &str {
         self.config.engine_id.as_str()
@@ -241,7 +309,7 @@ impl Publisher {
     /// The file being published (None once closed, and for Redis).
     pub fn path(&self) -> Option<&Path> {
         match &self.backend {
-            Some(Backend::Shm(writer)) => Some(writer.path()),
+            Some(Backend::Shm(shm)) => Some(shm.writer.path()),
             _ => None,
         }
     }

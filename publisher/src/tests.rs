@@ -147,3 +147,143 @@ fn heartbeat_thread_leaves_a_busy_engines_stamp_to_its_publishes() {
     let age = source.read().unwrap().engines[0].heartbeat_age;
     assert!(age < Duration::from_millis(45), "{age:?}");
 }
+
+/// Polls `condition` every 5 ms for up to 5 s.
+fn eventually(mut condition: impl FnMut() -> bool, what: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !condition() {
+        assert!(std::time::Instant::now() < deadline, "timed out: {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// `rm -rf DIR` under a live publisher, then `mkdir DIR`: the heartbeat
+/// thread recreates the file in a new generation with the latest snapshot,
+/// publishing goes on into it, and the gap is counted once.
+#[test]
+fn a_removed_directory_is_noticed_and_the_file_recreated_when_it_is_back() {
+    let parent = tempfile::tempdir().unwrap();
+    let dir = parent.path().join("engines");
+    let mut publisher = start(&dir, "phoenix", 10);
+    let busy = |step| Snapshot {
+        step,
+        num_running: 3,
+        ..Snapshot::default()
+    };
+    publisher.publish(busy(1)).unwrap();
+    let reader = |dir: &std::path::Path| ShmDir::open(dir, ReaderOptions::default()).unwrap();
+    let first = reader(&dir).read_engine("phoenix").unwrap();
+    assert_eq!(publisher.stats(), PublisherStats::default());
+
+    std::fs::remove_dir_all(&dir).unwrap();
+    eventually(|| publisher.stats().files_lost == 1, "the loss noticed");
+    publisher.publish(busy(2)).unwrap(); // never an error
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        !dir.exists(),
+        "the directory is not recreated by the publisher"
+    );
+    assert_eq!(publisher.stats().files_recreated, 0);
+
+    std::fs::create_dir(&dir).unwrap();
+    let mut source = reader(&dir);
+    let mut seen = None;
+    eventually(
+        || {
+            seen = source.read_engine("phoenix");
+            seen.is_some()
+        },
+        "the file recreated",
+    );
+    let again = seen.unwrap();
+    assert_eq!(again.status, Status::Fresh, "{again:?}");
+    assert!(again.generation > first.generation, "{again:?}");
+    assert_eq!(
+        (again.snapshot.step, again.snapshot.num_running),
+        (2, 3),
+        "the latest snapshot carried over"
+    );
+    assert_eq!(
+        publisher.stats(),
+        PublisherStats {
+            files_lost: 1,
+            files_recreated: 1
+        }
+    );
+    // Publishing goes to the new file, and its heartbeat is kept.
+    publisher.publish(busy(3)).unwrap();
+    assert_eq!(source.read_engine("phoenix").unwrap().snapshot.step, 3);
+    std::thread::sleep(Duration::from_millis(100));
+    let idle = source.read_engine("phoenix").unwrap();
+    assert!(idle.heartbeat_age < Duration::from_millis(60), "{idle:?}");
+    assert_eq!(publisher.path(), Some(dir.join("phoenix").as_path()));
+
+    // The file alone removed (the directory stays): recreated at once.
+    std::fs::remove_file(dir.join("phoenix")).unwrap();
+    eventually(
+        || publisher.stats().files_recreated == 2,
+        "the file recreated again",
+    );
+    assert_eq!(publisher.stats().files_lost, 2);
+    publisher.close();
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        0,
+        "close removes it"
+    );
+}
+
+/// A recreated file nobody published into yet (an idle engine) is still
+/// removed by close.
+#[test]
+fn close_removes_a_recreated_file_not_published_into() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut publisher = start(dir.path(), "idle", 10);
+    std::fs::remove_file(dir.path().join("idle")).unwrap();
+    eventually(
+        || publisher.stats().files_recreated == 1,
+        "the file recreated",
+    );
+    assert!(dir.path().join("idle").exists());
+    publisher.close();
+    assert!(!dir.path().join("idle").exists());
+}
+
+#[test]
+fn snapshots_that_break_the_layout_rules_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut publisher = start(dir.path(), "strict", 50);
+    let err = publisher
+        .publish(Snapshot {
+            gpu_blocks_total: 10,
+            gpu_blocks_free: 12,
+            ..Snapshot::default()
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("gpu_blocks_free (12) is above gpu_blocks_total (10)")
+            && err.contains("nothing was published"),
+        "{err}"
+    );
+    let err = publisher
+        .publish(Snapshot {
+            flags: FLAG_SHUTTING_DOWN | 0x10,
+            ..Snapshot::default()
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("flags 0x12") && err.contains("(0x10)"),
+        "{err}"
+    );
+    // The limits themselves are fine.
+    publisher
+        .publish(Snapshot {
+            gpu_blocks_total: 10,
+            gpu_blocks_free: 10,
+            flags: FLAG_IDLE | FLAG_SHUTTING_DOWN,
+            ..Snapshot::default()
+        })
+        .unwrap();
+}

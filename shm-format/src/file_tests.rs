@@ -295,3 +295,35 @@ fn seq_probe_moves_with_each_publish_but_not_with_heartbeats() {
     assert_eq!(r.seq(), before + 2);
     assert_eq!(r.read().unwrap(), (snap(2), before + 2));
 }
+
+#[test]
+fn heartbeat_notices_a_removed_or_replaced_file_and_create_after_moves_the_generation_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = WriterOptions::default();
+    let mut w = ShmWriter::create(dir.path(), &id("gone"), &options, &snap(1)).unwrap();
+    w.publish(&snap(7)).unwrap();
+    let beat = w.heartbeat();
+    assert!(beat.in_place());
+    assert_eq!(beat.snapshot(), Some(snap(7)));
+    std::fs::remove_file(dir.path().join("gone")).unwrap();
+    assert!(!beat.in_place(), "removed");
+    // Another file under the same name is not ours either.
+    std::fs::write(dir.path().join("gone"), b"x").unwrap();
+    assert!(!beat.in_place(), "replaced");
+    std::fs::remove_file(dir.path().join("gone")).unwrap();
+
+    let again =
+        ShmWriter::create_after(dir.path(), &id("gone"), &options, &snap(7), w.generation())
+            .unwrap();
+    assert_eq!(
+        again.generation(),
+        w.generation() + 1,
+        "nothing on the path: previous + 1"
+    );
+    assert!(again.heartbeat().in_place());
+    let read = ShmFile::open(dir.path().join("gone")).unwrap();
+    assert_eq!(read.read().unwrap().0, snap(7));
+    // The orphan retires without touching the file now at its path.
+    w.retire();
+    assert!(dir.path().join("gone").exists());
+}

@@ -55,17 +55,22 @@ pub struct ShmWriter {
     engine_id: EngineId,
     generation: u64,
     pub(crate) inode: u64,
+    dev: u64,
     fork_generation: u64,
     // Held for the writer's life; released (closing the file) on drop.
     _lock: Flock<File>,
     pub(crate) retired: bool,
 }
 
-/// Stamps the heartbeat word of a writer's file from another thread.
+/// Stamps the heartbeat word of a writer's file from another thread, and
+/// checks that the file is still in place.
 #[derive(Clone, Debug)]
 pub struct Heartbeat {
     map: Arc<Mapping>,
     fork_generation: u64,
+    /// Where the file was put, and its (device, inode).
+    path: Arc<Path>,
+    file_id: (u64, u64),
 }
 
 impl Heartbeat {
@@ -96,6 +101,24 @@ impl Heartbeat {
         }
         true
     }
+
+    /// Whether the file's path still names this file: false when it was
+    /// removed (alone or with its directory) or replaced by another file,
+    /// so that readers no longer see it. One `stat`; for a heartbeat thread,
+    /// every few periods.
+    pub fn in_place(&self) -> bool {
+        std::fs::metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.file_id)
+    }
+
+    /// The latest snapshot published in this file (a seqlock read of the
+    /// writer's own mapping), e.g. to carry it over into a recreated file.
+    /// `None` if no consistent copy could be read (a write is in progress in
+    /// a killed thread).
+    pub fn snapshot(&self) -> Option<Snapshot> {
+        seqlock::read(self.map.word(SEQ_OFFSET), self.map.words(PAYLOAD_OFFSET))
+            .ok()
+            .map(|(words, _)| Snapshot::from_words(words))
+    }
 }
 
 impl ShmWriter {
@@ -109,6 +132,20 @@ impl ShmWriter {
         options: &WriterOptions,
         first: &Snapshot,
     ) -> Result<ShmWriter, Error> {
+        ShmWriter::create_after(dir, engine_id, options, first, 0)
+    }
+
+    /// [`ShmWriter::create`] for a writer whose file was removed (or
+    /// replaced) under it: the new file's generation is above `previous`
+    /// whatever the path holds now, so readers that knew the old file see a
+    /// new generation.
+    pub fn create_after(
+        dir: &Path,
+        engine_id: &EngineId,
+        options: &WriterOptions,
+        first: &Snapshot,
+        previous: u64,
+    ) -> Result<ShmWriter, Error> {
         let meta = std::fs::metadata(dir).map_err(|e| Error::io("read directory", dir, e))?;
         if !meta.is_dir() {
             return Err(Error::io(
@@ -121,15 +158,18 @@ impl ShmWriter {
         // A few rounds: another writer may replace or create the file between
         // our steps; each round starts over from what the path holds now.
         for _ in 0..8 {
-            let previous = match take_over(&path, engine_id)? {
+            let previous_file = match take_over(&path, engine_id)? {
                 TakeOver::Raced => continue,
                 TakeOver::Nothing => None,
                 TakeOver::Dead { lock, generation } => Some((lock, generation)),
             };
-            let generation = previous.as_ref().map_or(1, |(_, g)| g + 1);
+            let generation = previous_file
+                .as_ref()
+                .map_or(1, |(_, g)| g + 1)
+                .max(previous + 1);
             let (lock, map) = create_filled(dir, &path, engine_id, options, first, generation)?;
             let tmp = tmp_path(dir, engine_id);
-            let placed = if previous.is_some() {
+            let placed = if previous_file.is_some() {
                 // We hold the old file's lock and checked that the path names it,
                 // so nobody else can replace it meanwhile: rename over it.
                 std::fs::rename(&tmp, &path)
@@ -148,17 +188,15 @@ impl ShmWriter {
                     return Err(Error::io("move into place", &path, e));
                 }
             }
-            drop(previous);
-            let inode = lock
-                .metadata()
-                .map_err(|e| Error::io("stat", &path, e))?
-                .ino();
+            drop(previous_file);
+            let meta = lock.metadata().map_err(|e| Error::io("stat", &path, e))?;
             return Ok(ShmWriter {
                 map: Arc::new(map),
                 path,
                 engine_id: engine_id.clone(),
                 generation,
-                inode,
+                inode: meta.ino(),
+                dev: meta.dev(),
                 fork_generation: fork_generation(),
                 _lock: lock,
                 retired: false,
@@ -204,6 +242,8 @@ impl ShmWriter {
         Heartbeat {
             map: self.map.clone(),
             fork_generation: self.fork_generation,
+            path: Arc::from(self.path.as_path()),
+            file_id: (self.dev, self.inode),
         }
     }
 

@@ -5,6 +5,8 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use engine_state_reader::{ReaderOptions, ShmDir, Source, Status};
@@ -12,8 +14,19 @@ use engine_state_tests::*;
 
 /// `esagent` relaying `dir` to `redis_uri`; returns the process and its HTTP address.
 fn agent(dir: &std::path::Path, redis_uri: &str, extra: &[&str]) -> (Proc, String) {
+    agent_via(Command::new(bin("esagent")), dir, redis_uri, extra)
+}
+
+/// [`agent`] started by `command` (esagent itself, or a wrapper that execs it
+/// with the arguments appended).
+fn agent_via(
+    mut command: Command,
+    dir: &std::path::Path,
+    redis_uri: &str,
+    extra: &[&str],
+) -> (Proc, String) {
     let mut proc = Proc::spawn(
-        Command::new(bin("esagent"))
+        command
             .args(["--uri", &format!("file://{}", dir.display())])
             .args([
                 "--redis",
@@ -349,5 +362,242 @@ fn a_redis_that_stops_answering_holds_the_relay_at_most_the_network_timeout() {
     wait_for(
         || relayed_step(&mut remote).is_some_and(|step| step > before + 100),
         "the engine relayed again after the thaw",
+    );
+}
+
+/// More idle connections than the agent may open files: the HTTP side stops
+/// accepting at its cap (a quarter of the limit), drops idle connections
+/// after its request timeout and backs off failed accepts, so the relay
+/// (directory listing, Redis) never runs out of descriptors and the engine
+/// stays fresh on Redis; /healthz answers once the flood is gone.
+#[test]
+fn an_idle_connection_flood_beyond_the_fd_limit_never_stops_the_relay() {
+    const LIMIT: usize = 256;
+    let redis = RedisServer::start();
+    let redis_uri = redis.uri("?prefix=flood:");
+    let dir = tempfile::tempdir().unwrap();
+    let _publisher = steady_publisher(dir.path());
+    // Soft and hard limit lowered: raising the soft limit cannot help.
+    let mut sh = Command::new("sh");
+    sh.arg("-c")
+        .arg(format!("ulimit -n {LIMIT} && exec \"$0\" \"$@\""))
+        .arg(bin("esagent"));
+    let (agent, addr) = agent_via(sh, dir.path(), &redis_uri, &[]);
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", agent.pid())).unwrap();
+    let open_files = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    assert_eq!(
+        open_files.split_whitespace().collect::<Vec<_>>()[3..5],
+        [LIMIT.to_string(), LIMIT.to_string()],
+        "{open_files}"
+    );
+    let mut remote = redis_reader(&redis_uri);
+    let mut step = wait_relayed(&mut remote, "the engine relayed before the flood");
+
+    // From a thread: beyond the agent's cap and the listen backlog a
+    // connect waits until the agent drops an idle connection.
+    let stop = Arc::new(AtomicBool::new(false));
+    let flooder = {
+        let (stop, addr) = (stop.clone(), addr.clone());
+        std::thread::spawn(move || {
+            let mut flood = Vec::new();
+            while !stop.load(Ordering::Relaxed) && flood.len() < 2 * LIMIT {
+                flood.push(TcpStream::connect(&addr).unwrap());
+            }
+            flood
+        })
+    };
+    // Longer than two of the agent's request timeouts (2 s): idle
+    // connections are dropped and queued ones accepted meanwhile.
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(250));
+        let now = relayed_step(&mut remote)
+            .unwrap_or_else(|| panic!("the engine went stale on Redis during the flood"));
+        assert!(
+            now > step,
+            "the relay stalled at step {step} during the flood"
+        );
+        step = now;
+        let fds = std::fs::read_dir(format!("/proc/{}/fd", agent.pid()))
+            .unwrap()
+            .count();
+        assert!(fds < LIMIT / 2, "the agent holds {fds} descriptors");
+    }
+    stop.store(true, Ordering::Relaxed);
+    let flood = flooder.join().unwrap();
+    assert!(flood.len() > LIMIT, "only {} connections", flood.len());
+    drop(flood);
+    let (code, health) = get(&addr, "/healthz");
+    assert_eq!(code, 200, "{health}");
+    assert!(health.starts_with("ok\n"), "{health}");
+}
+
+/// A directory that cannot be listed (removed, here) makes /healthz
+/// unhealthy with the reason, not "ok, engines: 0"; it is healthy again
+/// once the directory is back.
+#[test]
+fn healthz_is_unhealthy_while_the_directory_cannot_be_listed() {
+    let redis = RedisServer::start();
+    let parent = tempfile::tempdir().unwrap();
+    let dir = parent.path().join("engines");
+    // A missing directory is created at start (engines may start later).
+    let (_agent, addr) = agent(&dir, &redis.uri(""), &[]);
+    assert!(dir.is_dir());
+    wait_for(|| get(&addr, "/healthz").0 == 200, "a healthy agent");
+
+    std::fs::remove_dir(&dir).unwrap();
+    let mut health = (0, String::new());
+    wait_for(
+        || {
+            health = get(&addr, "/healthz");
+            health.0 == 503
+        },
+        "/healthz to turn unhealthy",
+    );
+    assert!(
+        health.1.starts_with("cannot read engine-state directory")
+            && health.1.contains("No such file"),
+        "{}",
+        health.1
+    );
+    assert!(
+        !dir.exists(),
+        "the agent does not recreate it while running"
+    );
+
+    std::fs::create_dir(&dir).unwrap();
+    wait_for(|| get(&addr, "/healthz").0 == 200, "/healthz healthy again");
+}
+
+/// SIGTERM → exit within the documented second, even when Redis stopped
+/// answering (the relay thread is then stuck in a read for up to the 1 s
+/// network timeout, and a flush would wait on top of it).
+#[test]
+fn agent_exits_within_a_second_of_sigterm_even_with_redis_frozen() {
+    use nix::sys::signal::{kill, Signal};
+    let redis = RedisServer::start();
+    let redis_uri = redis.uri("?prefix=stop:");
+    let dir = tempfile::tempdir().unwrap();
+    let _publisher = steady_publisher(dir.path());
+    for frozen in [false, true] {
+        let (mut agent, _addr) = agent(dir.path(), &redis_uri, &[]);
+        wait_relayed(&mut redis_reader(&redis_uri), "the engine relayed");
+        if frozen {
+            redis.freeze(true);
+            std::thread::sleep(Duration::from_millis(300)); // the relay is stuck now
+        }
+        let signalled = std::time::Instant::now();
+        kill(agent.pid(), Signal::SIGTERM).unwrap();
+        let status = agent.0.wait().unwrap();
+        let took = signalled.elapsed();
+        redis.freeze(false);
+        assert!(status.success(), "{status:?}");
+        // The promise is 1 s; the rest is slack for a loaded machine.
+        assert!(
+            took < Duration::from_millis(1250),
+            "frozen Redis: {frozen}: exit took {took:?}"
+        );
+        eprintln!("SIGTERM to exit, Redis frozen: {frozen}: {took:?}");
+    }
+}
+
+/// A password in `--redis` is visible to every user in `ps`: esagent warns
+/// (without printing it) and recommends the environment variable, which
+/// draws no warning.
+#[test]
+fn a_redis_password_on_the_command_line_draws_a_warning() {
+    let redis = RedisServer::start_with(Some("right-pass-123"));
+    let dir = tempfile::tempdir().unwrap();
+    // A wrong password makes esagent exit at once, after the warning.
+    let uri = format!("redis://:wrong-pass-456@127.0.0.1:{}/0", redis.port());
+    let run = |on_command_line: bool| {
+        let mut command = Command::new(bin("esagent"));
+        command
+            .args(["--uri", &format!("file://{}", dir.path().display())])
+            .args(["--listen", "127.0.0.1:0"]);
+        if on_command_line {
+            command.args(["--redis", &uri]);
+        } else {
+            command.env("AGENTIC_ENGINE_STATE_REDIS_URI", &uri);
+        }
+        let out = command.output().unwrap();
+        assert!(!out.status.success());
+        String::from_utf8(out.stderr).unwrap()
+    };
+    let stderr = run(true);
+    assert!(
+        stderr.contains("password is on the command line")
+            && stderr.contains("AGENTIC_ENGINE_STATE_REDIS_URI"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("wrong-pass-456"), "{stderr}");
+    let stderr = run(false);
+    assert!(!stderr.contains("command line"), "{stderr}");
+    assert!(stderr.contains("password"), "{stderr}");
+}
+
+/// Out of descriptors, `accept` fails (EMFILE): esagent backs off and logs
+/// it once (until accepts have worked for a second) instead of at every
+/// retry, and serves again once descriptors are free.
+#[test]
+fn failed_accepts_back_off_and_are_logged_once() {
+    use nix::sys::signal::{kill, Signal};
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    // The agent's own descriptors (a first run counts them) plus two.
+    let own = {
+        let (first, addr) = agent(dir.path(), &redis.uri(""), &[]);
+        wait_for(|| get(&addr, "/healthz").0 == 200, "a healthy agent");
+        std::fs::read_dir(format!("/proc/{}/fd", first.pid()))
+            .unwrap()
+            .filter(|fd| {
+                // Inherited high descriptors do not take low numbers.
+                fd.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_str()
+                    .unwrap()
+                    .parse::<u32>()
+                    .unwrap()
+                    < 64
+            })
+            .count()
+    };
+    let mut sh = Command::new("sh");
+    sh.arg("-c")
+        .arg(format!("ulimit -n {} && exec \"$0\" \"$@\"", own + 2))
+        .arg(bin("esagent"));
+    let (mut agent, addr) = agent_via(sh, dir.path(), &redis.uri(""), &[]);
+    let flood: Vec<TcpStream> = (0..8).map(|_| TcpStream::connect(&addr).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(1500)); // under the 2 s request timeout
+    drop(flood);
+    wait_for(
+        || get(&addr, "/healthz").0 == 200,
+        "a healthy agent once the descriptors are free",
+    );
+    // Accepts have worked for a second: the next one reports it.
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(get(&addr, "/healthz").0, 200);
+    kill(agent.pid(), Signal::SIGTERM).unwrap();
+    assert!(agent.0.wait().unwrap().success());
+    let mut stderr = String::new();
+    agent
+        .0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert_eq!(
+        stderr.matches("accept failed: Too many open files").count(),
+        1,
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("accepting HTTP connections again"),
+        "{stderr}"
     );
 }

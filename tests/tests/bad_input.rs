@@ -236,3 +236,69 @@ fn unwritable_directory_is_a_clear_error() {
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
     assert_eq!(std::fs::read_dir(&locked).unwrap().count(), 0);
 }
+
+/// A file named with a terminal escape and a newline: esdump shows the name
+/// escaped, in the table and in --json's error lines, so it cannot recolour
+/// the terminal or forge a row; the JSON itself stays valid.
+#[test]
+fn esdump_escapes_terminal_controls_in_file_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let uri = format!("file://{}", dir.path().display());
+    let _healthy = espublish(&uri, "healthy");
+    std::fs::write(dir.path().join("ev\x1b[31mil\nforged-row"), b"x").unwrap();
+
+    let out = Command::new(bin("esdump"))
+        .args(["--uri", &uri])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(!table.contains('\x1b'), "{table:?}");
+    assert!(
+        !table.lines().any(|l| l.starts_with("forged-row")),
+        "{table}"
+    );
+    let errors: Vec<&str> = table.lines().filter(|l| l.starts_with("! ")).collect();
+    assert_eq!(errors.len(), 1, "{table}");
+    assert!(
+        errors[0].starts_with(r"! ev\u{1b}[31mil\nforged-row: "),
+        "{}",
+        errors[0]
+    );
+    assert!(
+        table.lines().nth(1).unwrap().starts_with("healthy"),
+        "{table}"
+    );
+
+    let (json, stderr) = esdump_json(&uri);
+    assert_eq!(json.as_array().unwrap().len(), 1, "{json}");
+    assert!(!stderr.contains('\x1b'), "{stderr:?}");
+    assert_eq!(stderr.lines().count(), 1, "one error line: {stderr}");
+    assert!(stderr.contains(r"ev\u{1b}[31mil\nforged-row"), "{stderr}");
+}
+
+/// SIGTERM and SIGINT stop espublish like the end of `--duration`: the file
+/// is retired and removed, not left behind as a dead writer's file.
+#[test]
+fn espublish_removes_its_file_on_sigterm_and_sigint() {
+    use nix::sys::signal::{kill, Signal};
+    let dir = tempfile::tempdir().unwrap();
+    let uri = format!("file://{}", dir.path().display());
+    for (id, signal) in [("term", Signal::SIGTERM), ("int", Signal::SIGINT)] {
+        let mut publisher = espublish(&uri, id);
+        assert!(dir.path().join(id).exists());
+        kill(publisher.pid(), signal).unwrap();
+        let status = publisher.0.wait().unwrap();
+        assert!(status.success(), "{signal}: {status:?}");
+        assert!(!dir.path().join(id).exists(), "{signal} left the file");
+    }
+    let mut stress = Proc::spawn(
+        Command::new(bin("espublish"))
+            .args(["--engine-id", "stress", "--uri", &uri, "--stress"])
+            .stdout(Stdio::piped()),
+    );
+    assert!(stress.first_line().contains("stress-writing"));
+    kill(stress.pid(), Signal::SIGTERM).unwrap();
+    assert!(stress.0.wait().unwrap().success());
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}

@@ -14,6 +14,8 @@ use crate::table;
 /// Reads the shared-memory directory (or Redis) named by --uri or
 /// AGENTIC_ENGINE_STATE_URI. Engines whose files cannot be read are listed
 /// with the reason (on stderr with --json); the others are still shown.
+/// Names that are not valid engine ids, and control characters in error
+/// messages, are shown escaped (\u{1b}, \n), never sent to the terminal raw.
 #[derive(Debug, Parser)]
 #[command(name = "esdump", version)]
 pub struct Args {
@@ -57,7 +59,8 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Res
             let text = serde_json::to_string_pretty(&reading.engines).context("encoding JSON")?;
             writeln!(out, "{text}")?;
             for error in &reading.errors {
-                writeln!(err, "esdump: {error}")?;
+                // The message quotes the file name or registry member.
+                writeln!(err, "esdump: {}", table::printable(&error.to_string()))?;
             }
         } else if args.watch {
             // Home + clear screen, then the table: a flicker-free refresh in place.

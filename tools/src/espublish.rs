@@ -1,6 +1,7 @@
 //! `espublish`: publish synthetic engine state, for testing readers and
 //! routers without vLLM.
 
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -16,6 +17,10 @@ use engine_state_shm_format::{
 /// Publishes the given fields every period until --duration runs out (or
 /// forever). --stress instead writes a self-checking payload as fast as it
 /// can: every word i of snapshot v is v*(i+1), so a reader can tell a torn copy.
+///
+/// SIGTERM and SIGINT (Ctrl-C) stop it cleanly: the file is retired and
+/// removed (or the Redis key deleted), so readers see the engine leave
+/// instead of a dead file.
 #[derive(Debug, Parser)]
 #[command(name = "espublish", version)]
 pub struct Args {
@@ -54,8 +59,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         args.period_ms,
         None,
     )?;
+    let stop = stop_on_signals()?;
     if args.stress {
-        return stress(&config, deadline);
+        return stress(&config, deadline, &stop);
     }
     let mut publisher = Publisher::start(config)?;
     let period = publisher.config().period;
@@ -68,7 +74,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     );
     let mut step = snapshot.step;
     while deadline.is_none_or(|d| Instant::now() < d) {
-        std::thread::sleep(period);
+        if let Ok(signal) = stop.recv_timeout(period) {
+            eprintln!("espublish: {signal}: retiring {}", publisher.engine_id());
+            break;
+        }
         step += 1;
         publisher.publish(Snapshot { step, ..snapshot })?;
     }
@@ -76,7 +85,38 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn stress(config: &PublisherConfig, deadline: Option<Instant>) -> anyhow::Result<()> {
+/// Blocks SIGTERM and SIGINT in this thread (and so in every thread started
+/// after it, such as the heartbeat's) and returns a channel that receives
+/// the signal's name when one arrives: the loops stop and the file is retired
+/// and removed, as at the end of `--duration`. (Without this, either signal
+/// would kill the process and leave a dead writer's file behind.)
+fn stop_on_signals() -> anyhow::Result<mpsc::Receiver<&'static str>> {
+    use nix::sys::signal::{SigSet, Signal};
+    let mut signals = SigSet::empty();
+    signals.add(Signal::SIGTERM);
+    signals.add(Signal::SIGINT);
+    signals
+        .thread_block()
+        .context("blocking SIGTERM and SIGINT")?;
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("es-signals".to_owned())
+        .spawn(move || {
+            while let Ok(signal) = signals.wait() {
+                if tx.send(signal.as_str()).is_err() {
+                    return;
+                }
+            }
+        })
+        .context("starting the signal thread")?;
+    Ok(rx)
+}
+
+fn stress(
+    config: &PublisherConfig,
+    deadline: Option<Instant>,
+    stop: &mpsc::Receiver<&'static str>,
+) -> anyhow::Result<()> {
     let StateUri::Shm { dir } = &config.uri else {
         bail!("--stress needs a file:// URI")
     };
@@ -91,8 +131,8 @@ fn stress(config: &PublisherConfig, deadline: Option<Instant>) -> anyhow::Result
             writer.publish(&stress_payload(v))?;
         }
         writer.stamp_heartbeat(monotonic_ns());
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Ok(());
+        if deadline.is_some_and(|d| Instant::now() >= d) || stop.try_recv().is_ok() {
+            return Ok(()); // dropping the writer retires and removes the file
         }
     }
 }

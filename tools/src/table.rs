@@ -1,8 +1,10 @@
 //! The human-readable engine table of `esdump`.
 
+use std::borrow::Cow;
 use std::fmt::Write;
 
 use engine_state_reader::{millis, Reading};
+use engine_state_shm_format::EngineId;
 
 const COLUMNS: [&str; 18] = [
     "ENGINE",
@@ -31,7 +33,7 @@ pub fn render(reading: &Reading) -> String {
     for e in &reading.engines {
         let s = &e.snapshot;
         rows.push(vec![
-            e.engine_id.to_string(),
+            shown_name(&e.engine_id).into_owned(),
             e.status.to_string(),
             s.num_running.to_string(),
             s.num_waiting.to_string(),
@@ -72,9 +74,50 @@ pub fn render(reading: &Reading) -> String {
         out.push_str("(no engines)\n");
     }
     for error in &reading.errors {
-        let _ = writeln!(out, "! {}: {}", error.name, error);
+        let _ = writeln!(
+            out,
+            "! {}: {}",
+            shown_name(&error.name),
+            printable(&error.to_string())
+        );
     }
     out
+}
+
+/// `name` as it is when it is a valid engine id, else escaped like a Rust
+/// string literal (`\u{1b}`, `\n`): a file name or Redis registry member is
+/// chosen by whoever can write there, and must not move the terminal's
+/// cursor, change its colours or forge extra lines.
+pub(crate) fn shown_name(name: &str) -> Cow<'_, str> {
+    if EngineId::new(name).is_ok() {
+        Cow::Borrowed(name)
+    } else {
+        Cow::Owned(name.escape_debug().to_string())
+    }
+}
+
+/// `text` (an error message, which may quote a hostile name) with control
+/// characters and bidirectional-text overrides escaped (`\u{1b}`, `\n`,
+/// `\u{202e}`); everything else as it is.
+pub(crate) fn printable(text: &str) -> Cow<'_, str> {
+    let hostile = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !text.chars().any(hostile) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_debug()); // \n, \t, \u{1b}
+        } else if hostile(c) {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
 }
 
 fn flags(flags: u64) -> String {
@@ -154,5 +197,38 @@ mod tests {
             assert!(lines[1].contains(cell), "{cell} missing in {}", lines[1]);
         }
         assert!(render(&Reading::default()).contains("(no engines)"));
+    }
+
+    #[test]
+    fn hostile_names_and_messages_are_escaped() {
+        assert_eq!(shown_name("engine-0"), "engine-0");
+        assert_eq!(shown_name("a\u{1b}[31mb\nc"), "a\\u{1b}[31mb\\nc");
+        assert_eq!(printable("plain text"), "plain text");
+        assert_eq!(
+            printable("/d/x\u{1b}[2J\ny \u{202e}z"),
+            "/d/x\\u{1b}[2J\\ny \\u{202e}z"
+        );
+        let reading = Reading {
+            engines: vec![],
+            errors: vec![engine_state_reader::EngineError::new(
+                "e\u{1b}[31m\nx",
+                engine_state_reader::Error::Directory {
+                    dir: "/d/e\u{1b}[31m\nx".into(),
+                    io: std::io::Error::other("boom"),
+                },
+            )],
+        };
+        let text = render(&reading);
+        assert!(!text.contains('\u{1b}'), "{text}");
+        assert_eq!(
+            text.lines().filter(|l| l.starts_with("! ")).count(),
+            1,
+            "{text}"
+        );
+        assert_eq!(
+            text.lines().count(),
+            3,
+            "header, (no engines), one error: {text}"
+        );
     }
 }

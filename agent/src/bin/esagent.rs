@@ -1,4 +1,3 @@
-use clap::Parser;
 use engine_state_agent::{Agent, Args, CancellationToken};
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -13,11 +12,15 @@ fn main() -> std::process::ExitCode {
 }
 
 fn main_inner() -> anyhow::Result<()> {
-    let config = Args::parse().into_config()?;
+    let (args, warnings) = Args::parse_with_warnings();
+    for warning in warnings {
+        eprintln!("esagent: {warning}");
+    }
+    let config = args.into_config()?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(async {
+    let result = runtime.block_on(async {
         let shutdown = CancellationToken::new();
         let mut terminate = signal(SignalKind::terminate())?;
         let mut interrupt = signal(SignalKind::interrupt())?;
@@ -42,5 +45,9 @@ fn main_inner() -> anyhow::Result<()> {
         agent.run(shutdown).await?;
         eprintln!("esagent: stopped");
         Ok(())
-    })
+    });
+    // The relay thread may still be stuck in a call to a Redis that stopped
+    // answering: `run` has given up on it, and so does the exit.
+    runtime.shutdown_background();
+    result
 }

@@ -1,0 +1,233 @@
+//! Keeping a shared-memory engine visible when its file is removed under it
+//! (`rm -rf` of the directory, a cleanup script, a tmpfs remount).
+//!
+//! A removed file stays mapped, so publishing into it "succeeds" while no
+//! reader can see it. The heartbeat thread notices — every
+//! [`CHECK_EVERY`] periods it compares the path's (device, inode) with its
+//! file's, one `stat` — and, as soon as the directory exists again, creates
+//! a new file in a new generation carrying the latest snapshot. It hands the
+//! new writer to the publishing thread through [`Handoff`]: `publish` pays
+//! one atomic load per call for this (no lock, no system call) and swaps
+//! writers the first time it sees one ready. A gap is reported once on
+//! stderr when noticed and once when over, and counted in
+//! [`PublisherStats`].
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use engine_state_shm_format::{
+    fork_generation, monotonic_ns, unix_ns, EngineId, Heartbeat, ShmWriter, WriterOptions,
+};
+
+/// The heartbeat thread checks that the file is in place every this many
+/// periods (and every period while it is missing).
+pub(crate) const CHECK_EVERY: u32 = 4;
+
+/// Counters of a publisher's life, from [`crate::Publisher::stats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PublisherStats {
+    /// Times the engine's file was found removed or replaced (each gap
+    /// counts once, however long it lasts).
+    pub files_lost: u64,
+    /// Times a new file (a new generation) was created after such a gap.
+    pub files_recreated: u64,
+}
+
+/// Between the heartbeat thread (which creates replacement writers) and the
+/// publishing thread (which adopts them).
+#[derive(Debug, Default)]
+pub(crate) struct Handoff {
+    /// True while `replacement` holds a writer (set and reset under its
+    /// lock). The Release store in `Keeper::recreate` pairs with the Acquire
+    /// load in [`Handoff::is_ready`]; the lock itself orders the hand-off.
+    ready: AtomicBool,
+    replacement: Mutex<Option<ShmWriter>>,
+    /// Writers replaced by `publish`, for the heartbeat thread to retire
+    /// (system calls the publishing thread must not make).
+    spent: Mutex<Vec<ShmWriter>>,
+    // Relaxed: counters, read on their own.
+    files_lost: AtomicU64,
+    files_recreated: AtomicU64,
+}
+
+impl Handoff {
+    /// Whether a replacement writer waits (one Acquire load: pairs with the
+    /// Release store in `Keeper::recreate`).
+    #[inline]
+    pub(crate) fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// Swaps `writer` for the waiting replacement, if the lock is free (never
+    /// waits: the heartbeat thread holds it only to move a writer in or out);
+    /// the old writer goes to the heartbeat thread for retiring.
+    #[cold]
+    pub(crate) fn adopt(&self, writer: &mut ShmWriter) {
+        let Ok(mut slot) = self.replacement.try_lock() else {
+            return; // the next publish tries again
+        };
+        // Relaxed, under the lock that also guards the slot (see `Keeper::recreate`).
+        self.ready.store(false, Ordering::Relaxed);
+        let Some(new) = slot.take() else {
+            return;
+        };
+        drop(slot);
+        let old = std::mem::replace(writer, new);
+        match self.spent.try_lock() {
+            Ok(mut spent) => spent.push(old),
+            // Retiring here costs a few system calls, once per gap.
+            Err(_) => drop(old),
+        }
+    }
+
+    /// The counters.
+    pub(crate) fn stats(&self) -> PublisherStats {
+        PublisherStats {
+            files_lost: self.files_lost.load(Ordering::Relaxed),
+            files_recreated: self.files_recreated.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Retires the writers not adopted yet (a replacement nobody published
+    /// into is still the engine's visible file) and the spent ones.
+    pub(crate) fn clear(&self) {
+        self.ready.store(false, Ordering::Relaxed);
+        drop(lock(&self.replacement).take());
+        lock(&self.spent).clear();
+    }
+}
+
+/// The heartbeat thread's side: stamps the heartbeat, checks the file,
+/// recreates it.
+#[derive(Debug)]
+pub(crate) struct Keeper {
+    dir: PathBuf,
+    engine_id: EngineId,
+    options: WriterOptions,
+    /// The heartbeat of the newest file (the replacement once there is one).
+    beat: Heartbeat,
+    generation: u64,
+    handoff: Arc<Handoff>,
+    ticks: u32,
+    /// When the file was found missing, and the last reason it could not be
+    /// recreated (reported once).
+    lost: Option<(Instant, Option<String>)>,
+    fork_generation: u64,
+}
+
+impl Keeper {
+    pub(crate) fn new(
+        dir: PathBuf,
+        writer: &ShmWriter,
+        options: WriterOptions,
+        handoff: Arc<Handoff>,
+    ) -> Keeper {
+        Keeper {
+            dir,
+            engine_id: writer.engine_id().clone(),
+            options,
+            beat: writer.heartbeat(),
+            generation: writer.generation(),
+            handoff,
+            ticks: 0,
+            lost: None,
+            fork_generation: fork_generation(),
+        }
+    }
+
+    /// One period: the heartbeat (unless a publish stamped it less than a
+    /// period ago), and every [`CHECK_EVERY`] periods the file check. False
+    /// once the file is retired (closed) or in a forked child.
+    pub(crate) fn tick(&mut self) -> bool {
+        if fork_generation() != self.fork_generation {
+            return false;
+        }
+        // Retiring costs system calls: here, not on the publishing thread.
+        if let Ok(mut spent) = self.handoff.spent.try_lock() {
+            spent.clear();
+        }
+        if !self.beat.beat_unless_younger(self.options.publish_period) {
+            return false;
+        }
+        self.ticks = self.ticks.wrapping_add(1);
+        if self.lost.is_none() && self.ticks % CHECK_EVERY != 0 {
+            return true;
+        }
+        if self.beat.in_place() {
+            return true;
+        }
+        if self.lost.is_none() {
+            self.lost = Some((Instant::now(), None));
+            self.handoff.files_lost.fetch_add(1, Ordering::Relaxed);
+            eprintln!(
+                "engine-state publisher: the file of engine {} ({}) was removed or replaced: \
+                 readers no longer see it; it is recreated (new generation) once {} exists again",
+                self.engine_id,
+                self.dir.join(self.engine_id.as_str()).display(),
+                self.dir.display()
+            );
+        }
+        if self.dir.is_dir() {
+            self.recreate();
+        }
+        true
+    }
+
+    fn recreate(&mut self) {
+        let mut first = self.beat.snapshot().unwrap_or_default();
+        // The carried-over snapshot is as old as it is; readers age it from
+        // its capture stamps, which are kept.
+        if first.captured_mono_ns == 0 {
+            (first.captured_mono_ns, first.captured_unix_ns) = (monotonic_ns(), unix_ns());
+        }
+        match ShmWriter::create_after(
+            &self.dir,
+            &self.engine_id,
+            &self.options,
+            &first,
+            self.generation,
+        ) {
+            Ok(writer) => {
+                let (since, _) = self.lost.take().expect("only called while lost");
+                self.beat = writer.heartbeat();
+                self.generation = writer.generation();
+                let mut slot = lock(&self.handoff.replacement);
+                let previous = slot.replace(writer);
+                // Under the lock, like `adopt`'s reset: `ready` is true
+                // exactly while the slot holds a writer. Release: pairs with
+                // `Handoff::is_ready`'s Acquire load.
+                self.handoff.ready.store(true, Ordering::Release);
+                drop(slot);
+                drop(previous); // a replacement never adopted (idle engine, lost twice)
+                self.handoff.files_recreated.fetch_add(1, Ordering::Relaxed);
+                eprintln!(
+                    "engine-state publisher: recreated the file of engine {} (generation {}) \
+                     after {:.1} s",
+                    self.engine_id,
+                    self.generation,
+                    since.elapsed().as_secs_f64()
+                );
+            }
+            Err(e) => {
+                let reason = e.to_string();
+                if let Some((_, last)) = self.lost.as_mut() {
+                    if last.as_deref() != Some(reason.as_str()) {
+                        eprintln!(
+                            "engine-state publisher: cannot recreate the file of engine {} yet: \
+                             {reason}; retrying every period",
+                            self.engine_id
+                        );
+                        *last = Some(reason);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
