@@ -7,7 +7,10 @@ tricks: chained 512-token block hashes (builtin ``hash`` of a tuple, or
 ``--hash sha256`` as vLLM's prefix cache does), an ``OrderedDict`` LRU per
 instance, shadow counters, ``max(shadow, real)`` merge with fresh real state,
 ``load_only`` / ``lmetric`` / ``sticky`` / ``unified``, the migration trigger
-and target scorer, one lock held across pick and reserve.
+and target scorer, one lock held across pick and reserve. Simplified where
+timing does not depend on it: real state ages from when it was given (the
+Rust router ages it from the read) and there is no shutting-down check (one
+branch per instance in Rust).
 
 Timing mode (the same scenario as the Rust benchmark)::
 

@@ -95,6 +95,8 @@ impl Router {
     /// Chooses an instance for a request and reserves it there, in one step.
     /// Give the prompt as `tokens` (token ids) or as chained 512-token
     /// `block_hashes` plus `input_len`. Returns `(Decision, Reservation)`.
+    /// Instances whose fresh state said they are shutting down are skipped;
+    /// when every instance is, raises `EngineStateError`.
     #[pyo3(signature = (request_id, *, tokens=None, block_hashes=None, input_len=None, session_id=None))]
     fn pick(
         &self,
@@ -110,7 +112,9 @@ impl Router {
     }
 
     /// Stores the real state of engines, e.g. `router.update_real_state(reader.read())`.
-    /// Only fresh state is ever merged. Returns how many instances were updated.
+    /// Only fresh state is ever merged, and it ages from when it was read
+    /// (an old `EngineState` handed over late is already stale). Returns how
+    /// many instances were updated.
     fn update_real_state(&self, states: Vec<PyRef<'_, EngineState>>) -> usize {
         self.inner
             .update_real_state(states.iter().map(|s| (s.id().to_owned(), s.real_state())))
@@ -212,7 +216,8 @@ impl Router {
         to_python(py, &self.inner.instances())
     }
 
-    /// Decisions made and reservations completed, failed and dropped.
+    /// Decisions made and reservations completed, failed, dropped and
+    /// migrated away.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         to_python(py, &self.inner.stats())
     }

@@ -415,9 +415,10 @@ impl Tracked {
 impl Source for RedisSource {
     fn read_into(&mut self, out: &mut Reading) -> Result<(), Error> {
         out.clear();
+        self.refresh(Instant::now());
+        // Ages as of after the refresh (which may have waited on the
+        // network), stamped with the same moment: consumers age them from it.
         let now = Instant::now();
-        self.refresh(now);
-        // The ages below are as of `now`; consumers age them from this stamp.
         let now_ns = monotonic_ns();
         for engine in &self.engines {
             if let Some(fault) = &engine.fault {

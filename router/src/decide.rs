@@ -60,6 +60,7 @@ impl Router {
     pub(crate) fn migration_candidates(
         &self,
         state: &mut RouterState,
+        request: &Request,
         source: MigrationSource<'_>,
         prompt: &HashedPrompt<'_>,
         now_ns: u64,
@@ -72,7 +73,13 @@ impl Router {
             MigrationSource::Reserved { instance_id, held } => {
                 let position = state
                     .position_of_uid(held.uid, held.position_hint)
-                    .ok_or_else(|| Error::UnknownInstance(instance_id.to_owned()))?;
+                    .ok_or_else(|| Error::InvalidRequest {
+                        request_id: request.request_id.clone(),
+                        reason: format!(
+                            "its reservation's instance {instance_id:?} was removed from the \
+                             router: place the request anew with pick"
+                        ),
+                    })?;
                 state.leave_out(position, held, consult_real, now_ns, expiry);
                 Ok(position)
             }
@@ -141,7 +148,7 @@ impl Router {
         let bound = session
             .filter(|_| sessions_matter)
             .and_then(|key| state.bound(key))
-            .filter(|&position| !state.shutting_down(position, now_ns, expiry));
+            .filter(|&position| !state.instances[position].shutting_down);
         // `placement`: only the decision that first binds a session to an
         // instance (DESIGN §8); session-less requests and the session-less
         // policies never consult real state in that mode.
@@ -181,7 +188,8 @@ impl Router {
             }
             Placement::Forced(id) => (state.position(id)?, Reason::Forced, Scoring::None),
             Placement::Migration(source) => {
-                let source_position = self.migration_candidates(state, source, prompt, now_ns)?;
+                let source_position =
+                    self.migration_candidates(state, request, source, prompt, now_ns)?;
                 let mut rr = state.rr;
                 let verdict = self.advise(state, source_position, prompt.input_len, &mut rr);
                 if !verdict.migrate {

@@ -146,7 +146,8 @@ pub(crate) fn render(input: &RecordInput<'_>) -> String {
             avoided: match input.scoring {
                 Scoring::Migration { settings, source } => avoided(settings, c, position, source),
                 // No policy chooses an instance that is shutting down.
-                _ => c.shutting_down.then_some(Avoided::ShuttingDown),
+                Scoring::Policy => c.shutting_down.then_some(Avoided::ShuttingDown),
+                Scoring::None => None,
             },
             cache_hit_tokens: c.cache_hit_tokens,
             new_prefill_tokens: c.new_prefill(d.input_len),

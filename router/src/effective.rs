@@ -171,7 +171,8 @@ impl EffectiveState {
     }
 
     /// `max(shadow, real)` per field if `real` is fresh, the shadow alone if it
-    /// is not fresh or absent.
+    /// is not fresh or absent. As of the reading: this does not age `real`
+    /// from `read_mono_ns` (the router does, at each decision).
     ///
     /// The max, not the real value alone: the snapshot lags the router's own
     /// dispatches by up to one publish period, and a request the router just

@@ -15,8 +15,11 @@
 //!   hashes, [`block_hashes`]) or precomputed block hashes.
 //! - [`EffectiveState`]: what a policy sees of an instance, with the fields
 //!   that came from real state and their age.
-//! - [`Router::migration_advice`] / [`Router::migrate`]: the migration trigger
-//!   and target scorer; [`DecisionLog`]: optional JSON Lines decision records.
+//! - [`Router::migration_advice_for`] / [`Router::migrate_reservation`]: the
+//!   migration trigger and target scorer for a request a pick reserved (its
+//!   own reservation left out of its instance's load);
+//!   [`Router::migration_advice`] / [`Router::migrate`] for one not yet
+//!   reserved; [`DecisionLog`]: optional JSON Lines decision records.
 //!
 //! Layout: `settings` (policies, thresholds), `request` and `blocks` (prompt
 //! hashing), `lru` and `shadow` (per-instance accounting), `effective` (real

@@ -193,10 +193,12 @@ impl Router {
             .count()
     }
 
-    /// Forget all stored real state (shadow alone until the next update).
+    /// Forget all stored real state (shadow alone until the next update),
+    /// shutting-down flags included.
     pub fn clear_real_state(&self) {
         for instance in &mut self.shared.lock().instances {
             instance.real = None;
+            instance.shutting_down = false;
         }
     }
 
@@ -262,9 +264,11 @@ impl Router {
     /// step: the choice and the reservation happen under one lock hold, so a
     /// concurrent pick always sees this one's reservation.
     ///
-    /// Instances whose fresh state says they are shutting down are never
-    /// chosen (a session bound to one is placed anew); when every instance is
-    /// shutting down the pick fails with [`Error::AllShuttingDown`].
+    /// Instances whose last fresh state said they are shutting down are never
+    /// chosen (a session bound to one is placed anew) until a fresh state
+    /// without the flag arrives — a restarted engine's — or the instance is
+    /// removed; when every instance is shutting down the pick fails with
+    /// [`Error::AllShuttingDown`].
     pub fn pick(&self, request: &Request) -> Result<(Decision, Reservation), Error> {
         let (decision, reservation) = self
             .decide(request, Placement::Policy)?
@@ -304,7 +308,10 @@ impl Router {
     /// The migration trigger's verdict for a request reserved by
     /// `reservation` (the source is its instance), with that reservation left
     /// out of the source's load (DESIGN §8), and the target the scorer would
-    /// pick. Changes nothing.
+    /// pick. Changes nothing. Ask before sending the request to the engine:
+    /// once the engine has queued it, its real state counts it too, and only
+    /// the shadow's share is left out. Fails for a released reservation or
+    /// one made for a prompt of another length.
     pub fn migration_advice_for(
         &self,
         request: &Request,
@@ -320,7 +327,8 @@ impl Router {
     ) -> Result<MigrationAdvice, Error> {
         let prompt = request.hashed()?;
         let mut state = self.shared.lock();
-        let source = self.migration_candidates(&mut state, source, &prompt, monotonic_ns())?;
+        let source =
+            self.migration_candidates(&mut state, request, source, &prompt, monotonic_ns())?;
         // A copy of the cursor: advice must not move the round-robin.
         let mut rr = state.rr;
         Ok(self.advise(&state, source, prompt.input_len, &mut rr))
@@ -348,7 +356,8 @@ impl Router {
     /// (counted in [`RouterStats::migrated`]), and make `reservation` the new
     /// one — all under one lock hold, so no decision sees the request on both
     /// instances or on neither. The session moves too. `None`: it stays, and
-    /// `reservation` is unchanged.
+    /// `reservation` is unchanged. Fails for a reservation that is released,
+    /// past `prefill_done`, or made for a prompt of another length.
     pub fn migrate_reservation(
         &self,
         request: &Request,
@@ -368,12 +377,32 @@ fn reserved_source<'a>(
     request: &Request,
     reservation: &'a Reservation,
 ) -> Result<MigrationSource<'a>, Error> {
-    let held = reservation.held().ok_or_else(|| Error::InvalidRequest {
+    let invalid = |reason: String| Error::InvalidRequest {
         request_id: request.request_id.clone(),
-        reason: "its reservation is already released: ask migration_advice (before reserving) \
-                 or keep the reservation until the request is placed"
-            .to_owned(),
+        reason,
+    };
+    let held = reservation.held().ok_or_else(|| {
+        invalid(
+            "its reservation is already released: ask migration_advice (before reserving) \
+             or keep the reservation until the request is placed"
+                .to_owned(),
+        )
     })?;
+    if held.decoding {
+        return Err(invalid(
+            "its prefill is done (prefill_done was called): migration moves a request \
+             before its prefill, so ask before the first token"
+                .to_owned(),
+        ));
+    }
+    if request.input_len() != held.load.input_len {
+        return Err(invalid(format!(
+            "it has {} prompt tokens but the reservation holds {}: pass the request \
+             the reservation was made for",
+            request.input_len(),
+            held.load.input_len
+        )));
+    }
     Ok(MigrationSource::Reserved {
         instance_id: reservation.instance_id(),
         held,

@@ -628,16 +628,26 @@ fn an_instance_shutting_down_gets_no_new_requests() {
             let session = Request::from_tokens("1", tokens(1, 600)).with_session("s");
             let (first, mut on_a) = r.pick(&session).unwrap();
             assert_eq!(first.instance_id, "a");
+            // b carries more load than a, so every policy would pick a.
+            let on_b: Vec<_> = (0..3)
+                .map(|i| {
+                    r.reserve_on(&Request::from_tokens(format!("b{i}"), tokens(2, 600)), "b")
+                        .unwrap()
+                        .1
+                })
+                .collect();
             let leaving = Snapshot {
                 flags: engine_state_shm_format::FLAG_SHUTTING_DOWN,
                 ..Snapshot::default()
             };
             r.update_real_state([("a", fresh(leaving))]);
+            let mut held = Vec::new();
             for i in 0..4 {
-                let (d, _h) = r
+                let (d, h) = r
                     .pick(&Request::from_tokens(i.to_string(), tokens(1, 600)))
                     .unwrap();
                 assert_eq!(d.instance_id, "b", "{policy}/{use_}");
+                held.push(h);
             }
             // The session bound to a is placed anew.
             let (d, _h) = r.pick(&session).unwrap();
@@ -645,8 +655,13 @@ fn an_instance_shutting_down_gets_no_new_requests() {
             // a's running reservation still completes normally.
             on_a.complete();
             assert_eq!(shadow(&r, "a"), ShadowCounters::default());
+            // Its state going stale (the engine exited) keeps it out, though
+            // its shadow is now the lightest.
+            r.update_real_state([("a", RealState::not_fresh(leaving, Duration::from_secs(5)))]);
+            let (d, _h) = r.pick(&Request::from_tokens("z", tokens(1, 600))).unwrap();
+            assert_eq!(d.instance_id, "b", "{policy}/{use_}: exited");
             // Everyone shutting down: a clear error, not a pick.
-            r.update_real_state([("a", fresh(leaving)), ("b", fresh(leaving))]);
+            r.update_real_state([("b", fresh(leaving))]);
             let err = r
                 .pick(&Request::from_tokens("x", tokens(1, 600)))
                 .unwrap_err();
@@ -654,15 +669,30 @@ fn an_instance_shutting_down_gets_no_new_requests() {
             assert!(err.to_string().contains("shutting down"), "{err}");
             // A forced placement is the caller's call.
             assert!(r.reserve_on(&session, "a").is_ok());
-            // Once its state is stale, the flag no longer counts.
-            r.update_real_state([("b", RealState::not_fresh(leaving, Duration::from_secs(5)))]);
-            assert_eq!(
-                r.pick(&Request::from_tokens("y", tokens(1, 600)))
-                    .unwrap()
-                    .0
-                    .instance_id,
-                "b"
-            );
+            // A fresh state without the flag (a restarted engine) takes a back.
+            r.update_real_state([("a", fresh(Snapshot::default()))]);
+            let (d, _h) = r.pick(&Request::from_tokens("y", tokens(1, 600))).unwrap();
+            assert_eq!(d.instance_id, "a", "{policy}/{use_}: restarted");
+            drop((on_b, held));
         }
     }
+}
+
+#[test]
+fn migrate_reservation_refuses_a_decoding_or_mismatched_reservation() {
+    let r = router(Policy::LoadOnly, &["src", "b", "c"]);
+    let request = Request::from_tokens("m", tokens(4, 4096));
+    let (_, mut held) = r.pick(&request).unwrap();
+    let other = Request::from_tokens("m", tokens(4, 1024));
+    let err = r.migrate_reservation(&other, &mut held).unwrap_err();
+    assert!(err.to_string().contains("1024 prompt tokens"), "{err}");
+    held.prefill_done();
+    let err = r.migrate_reservation(&request, &mut held).unwrap_err();
+    assert!(err.to_string().contains("prefill is done"), "{err}");
+    assert_eq!(held.instance_id(), "src");
+    r.remove_instance("src").unwrap();
+    let (placed, mut elsewhere) = r.pick(&request).unwrap();
+    r.remove_instance(&placed.instance_id).unwrap();
+    let err = r.migrate_reservation(&request, &mut elsewhere).unwrap_err();
+    assert!(err.to_string().contains("was removed"), "{err}");
 }

@@ -25,6 +25,12 @@ pub(crate) struct Instance {
     /// The last real state given, if it was fresh (state that is not fresh
     /// is never merged, so it is stored as `None`).
     pub real: Option<StoredReal>,
+    /// The last *fresh* state given said the engine is shutting down. Sticky:
+    /// only a fresh reading without the flag (a restarted engine's first
+    /// snapshot) clears it, so an engine that went on to exit — its state
+    /// now stale or dead, its shadow drained to zero — does not become the
+    /// least-loaded instance of every policy.
+    pub shutting_down: bool,
 }
 
 /// Fresh real state as stored: reduced to what the merge reads, with the
@@ -38,8 +44,6 @@ pub(crate) struct StoredReal {
     heartbeat_age: Duration,
     /// `CLOCK_MONOTONIC` ns of the reading.
     read_ns: u64,
-    /// The snapshot's shutting-down flag: no new requests go there.
-    shutting_down: bool,
 }
 
 impl StoredReal {
@@ -79,16 +83,6 @@ impl Instance {
             },
             _ => EffectiveState::shadow_only(shadow),
         }
-    }
-
-    /// A fresh snapshot still within its expiry says the engine is shutting
-    /// down: it takes no new requests (whatever `real_state_use` says: this
-    /// is availability, not load).
-    #[inline]
-    fn shutting_down(&self, now_ns: u64, expiry: Duration) -> bool {
-        self.real
-            .as_ref()
-            .is_some_and(|real| real.shutting_down && real.since_read(now_ns, expiry).is_some())
     }
 }
 
@@ -170,6 +164,7 @@ impl RouterState {
             uid: self.next_uid,
             shadow: InstanceShadow::new(cache_blocks),
             real: None,
+            shutting_down: false,
         });
         self.next_uid += 1;
         Ok(())
@@ -193,11 +188,14 @@ impl RouterState {
             capture_age: real.capture_age,
             heartbeat_age: real.heartbeat_age,
             read_ns: real.read_mono_ns,
-            shutting_down: real.snapshot.is_shutting_down(),
         });
         match self.positions.get(id) {
             Some(&position) => {
-                self.instances[position].real = stored;
+                let instance = &mut self.instances[position];
+                instance.real = stored;
+                if real.fresh {
+                    instance.shutting_down = real.snapshot.is_shutting_down();
+                }
                 true
             }
             None => false,
@@ -212,10 +210,6 @@ impl RouterState {
         expiry: Duration,
     ) -> EffectiveState {
         self.instances[position].effective(consult_real, now_ns, expiry)
-    }
-
-    pub(crate) fn shutting_down(&self, position: usize, now_ns: u64, expiry: Duration) -> bool {
-        self.instances[position].shutting_down(now_ns, expiry)
     }
 
     /// Make the candidate at `position` what it would be without the held
@@ -261,7 +255,7 @@ impl RouterState {
                 state: instance.effective(consult_real, now_ns, expiry),
                 cache_hit_tokens:
                     blocks.map_or(0, |blocks| instance.shadow.cache_hit_tokens(blocks)),
-                shutting_down: instance.shutting_down(now_ns, expiry),
+                shutting_down: instance.shutting_down,
             }));
     }
 

@@ -4,10 +4,10 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use engine_state_router::{
-    EffectiveState, Policy, RealState, RealStateUse, Request, Reservation, Router, RouterSettings,
-    ShadowCounters,
+    EffectiveState, Error, Policy, RealState, RealStateUse, Request, Reservation, Router,
+    RouterSettings, ShadowCounters,
 };
-use engine_state_shm_format::Snapshot;
+use engine_state_shm_format::{Snapshot, FLAG_SHUTTING_DOWN};
 use proptest::prelude::*;
 
 const IDS: [&str; 3] = ["a", "b", "c"];
@@ -62,7 +62,10 @@ enum Op {
     Complete(usize),
     Fail(usize),
     Drop(usize),
-    Real(usize, u64, u64, bool),
+    /// `migrate_reservation` of a held request still in prefill.
+    Migrate(usize),
+    /// Real state: instance, running, pending prefill, fresh, shutting down.
+    Real(usize, u64, u64, bool, bool),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -72,7 +75,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(Op::Complete),
         1 => any::<usize>().prop_map(Op::Fail),
         1 => any::<usize>().prop_map(Op::Drop),
-        1 => (0..IDS.len(), 0u64..20, 0u64..50_000, any::<bool>()).prop_map(|(i, n, p, f)| Op::Real(i, n, p, f)),
+        1 => any::<usize>().prop_map(Op::Migrate),
+        1 => (0..IDS.len(), 0u64..20, 0u64..50_000, any::<bool>(), proptest::bool::weighted(0.2))
+            .prop_map(|(i, n, p, f, s)| Op::Real(i, n, p, f, s)),
     ]
 }
 
@@ -86,12 +91,12 @@ fn snapshot(num_running: u64, pending: u64) -> Snapshot {
 }
 
 /// What the shadow of each instance must be, from the live reservations.
-fn expected(held: &[(Reservation, bool)]) -> HashMap<String, ShadowCounters> {
+fn expected(held: &[(Reservation, bool, Request)]) -> HashMap<String, ShadowCounters> {
     let mut want: HashMap<String, ShadowCounters> = IDS
         .iter()
         .map(|id| (id.to_string(), ShadowCounters::default()))
         .collect();
-    for (r, decoding) in held {
+    for (r, decoding, _) in held {
         let c = want.get_mut(r.instance_id()).unwrap();
         c.num_requests += 1;
         c.ongoing_tokens += r.input_len();
@@ -120,12 +125,23 @@ proptest! {
     ) {
         let settings = RouterSettings { policy, prefix_cache_blocks: 8, ..RouterSettings::default() };
         let router = Router::with_instances(settings, IDS).unwrap();
-        let mut held: Vec<(Reservation, bool)> = Vec::new();
+        let mut held: Vec<(Reservation, bool, Request)> = Vec::new();
         for (step, op) in ops.iter().enumerate() {
             let len = held.len();
             let at = |i: &usize| i % len.max(1);
             match op {
-                Op::Pick(ask) => held.push((router.pick(&request(step, ask)).unwrap().1, false)),
+                Op::Pick(ask) => {
+                    let request = request(step, ask);
+                    match router.pick(&request) {
+                        Ok((_, reservation)) => held.push((reservation, false, request)),
+                        Err(Error::AllShuttingDown) => {}
+                        Err(error) => panic!("{error}"),
+                    }
+                }
+                Op::Migrate(i) if !held.is_empty() && !held[at(i)].1 => {
+                    let (reservation, _, request) = &mut held[at(i)];
+                    router.migrate_reservation(request, reservation).unwrap();
+                }
                 Op::PrefillDone(i) if !held.is_empty() => {
                     let entry = &mut held[at(i)];
                     entry.0.prefill_done();
@@ -134,8 +150,12 @@ proptest! {
                 Op::Complete(i) if !held.is_empty() => held.swap_remove(at(i)).0.complete(),
                 Op::Fail(i) if !held.is_empty() => held.swap_remove(at(i)).0.fail(),
                 Op::Drop(i) if !held.is_empty() => drop(held.swap_remove(at(i))),
-                Op::Real(i, n, p, fresh) => {
-                    let real = RealState { fresh: *fresh, ..RealState::fresh(snapshot(*n, *p), Duration::ZERO) };
+                Op::Real(i, n, p, fresh, leaving) => {
+                    let mut snapshot = snapshot(*n, *p);
+                    if *leaving {
+                        snapshot.flags = FLAG_SHUTTING_DOWN;
+                    }
+                    let real = RealState { fresh: *fresh, ..RealState::fresh(snapshot, Duration::ZERO) };
                     router.update_real_state([(IDS[*i], real)]);
                 }
                 _ => {}
@@ -145,6 +165,12 @@ proptest! {
                 prop_assert_eq!(&view.shadow, &want[&view.instance_id], "after {:?}", op);
             }
         }
+        let outstanding = held.len() as u64;
+        let stats = router.stats();
+        prop_assert_eq!(
+            stats.decisions,
+            stats.completed + stats.failed + stats.dropped + stats.migrated + outstanding
+        );
         held.clear();
         for view in router.instances() {
             prop_assert_eq!(view.shadow, ShadowCounters::default());
@@ -211,8 +237,13 @@ proptest! {
                     prop_assert_eq!(d1.new_prefill_tokens, d2.new_prefill_tokens);
                     held.push((r1, r2));
                 }
-                Op::Real(i, n, p, _) => {
-                    let stale = RealState::not_fresh(snapshot(*n, *p), Duration::from_secs(3));
+                Op::Real(i, n, p, _, leaving) => {
+                    // Not even a shutting-down flag counts when stale.
+                    let mut snapshot = snapshot(*n, *p);
+                    if *leaving {
+                        snapshot.flags = FLAG_SHUTTING_DOWN;
+                    }
+                    let stale = RealState::not_fresh(snapshot, Duration::from_secs(3));
                     fed.update_real_state([(IDS[*i], stale)]);
                 }
                 Op::PrefillDone(i) | Op::Complete(i) | Op::Fail(i) | Op::Drop(i) if !held.is_empty() => {
