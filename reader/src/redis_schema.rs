@@ -224,4 +224,115 @@ mod tests {
             );
         }
     }
+
+    /// The decoder against arbitrary and mutated bytes (a value in Redis is
+    /// whatever anyone wrote): it never panics, and accepts exactly the
+    /// well-formed records, which encode back to the same bytes. 256 cases
+    /// per property in `cargo test`; `make fuzz` (or `PROPTEST_CASES=N`)
+    /// runs more.
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// A well-formed record, said independently of `decode`.
+        fn well_formed(bytes: &[u8]) -> bool {
+            let word = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().unwrap());
+            bytes.len() == RECORD_SIZE
+                && bytes[0..8] == *b"ENGSTATE"
+                && bytes[8..12] == 1u32.to_le_bytes()
+                && bytes[12..14] == 64u16.to_le_bytes()
+                && bytes[14..16] == 128u16.to_le_bytes()
+                && matches!(word(24), 1 | 2)
+        }
+
+        fn check(bytes: &[u8]) -> Result<(), TestCaseError> {
+            match RedisRecord::decode("fuzz:engine:x", bytes) {
+                Ok(record) => {
+                    prop_assert!(well_formed(bytes), "accepted a malformed value");
+                    prop_assert_eq!(&record.encode()[..], bytes);
+                }
+                Err(error) => {
+                    prop_assert!(!well_formed(bytes), "refused a record: {}", error);
+                    prop_assert!(error.to_string().contains("fuzz:engine:x"));
+                }
+            }
+            Ok(())
+        }
+
+        /// A valid record with arbitrary fields.
+        fn record() -> impl Strategy<Value = Vec<u8>> {
+            (
+                any::<[u64; 16]>(),
+                any::<[u64; 4]>(),
+                any::<[u32; 4]>(),
+                1u64..=2,
+            )
+                .prop_map(|(words, longs, ints, state)| {
+                    RedisRecord {
+                        writer_pid: ints[0],
+                        publish_period_us: ints[1],
+                        state,
+                        generation: longs[0],
+                        heartbeat_seq: longs[1],
+                        heartbeat_mono_ns: longs[2],
+                        ttl_ms: ints[2],
+                        write_delay_us: ints[3],
+                        snapshot: Snapshot::from_words(words),
+                    }
+                    .encode()
+                    .to_vec()
+                })
+        }
+
+        /// A valid record with some bytes overwritten, then cut or extended.
+        fn mutated() -> impl Strategy<Value = Vec<u8>> {
+            (
+                record(),
+                prop::collection::vec((0..RECORD_SIZE, any::<u8>()), 0..4),
+                prop_oneof![Just(None), (0..RECORD_SIZE + 64).prop_map(Some),],
+                prop::collection::vec(any::<u8>(), 0..8),
+            )
+                .prop_map(|(mut bytes, writes, length, tail)| {
+                    for (at, byte) in writes {
+                        bytes[at] = byte;
+                    }
+                    if let Some(length) = length {
+                        bytes.resize(length, 0);
+                        bytes.extend(tail);
+                    }
+                    bytes
+                })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::default())]
+
+            #[test]
+            fn arbitrary_bytes_never_panic_and_are_refused(
+                bytes in prop::collection::vec(any::<u8>(), 0..RECORD_SIZE + 64)
+            ) {
+                check(&bytes)?;
+            }
+
+            #[test]
+            fn a_magic_prefix_with_arbitrary_rest_is_decided_by_its_shape(
+                rest in prop::collection::vec(any::<u8>(), 0..RECORD_SIZE + 8)
+            ) {
+                let mut bytes = RECORD_MAGIC.to_vec();
+                bytes.extend(rest);
+                check(&bytes)?;
+            }
+
+            #[test]
+            fn mutated_records_are_accepted_only_when_still_well_formed(bytes in mutated()) {
+                check(&bytes)?;
+            }
+
+            #[test]
+            fn every_valid_record_round_trips(bytes in record()) {
+                prop_assert!(well_formed(&bytes));
+                check(&bytes)?;
+            }
+        }
+    }
 }
