@@ -216,3 +216,132 @@ fn rediss_tls_round_trip() {
         .to_string();
     assert!(error.contains("Redis at"), "{error}");
 }
+
+/// Puts `value` under engine `id`'s key (with `PX px_ms` when given) and
+/// registers the id.
+fn put_raw(redis: &RedisServer, id: &str, value: &[u8], px_ms: Option<u64>) {
+    let mut con = redis.connection();
+    let mut set = redis::cmd("SET");
+    set.arg(engine_key(DEFAULT_PREFIX, id)).arg(value);
+    if let Some(ms) = px_ms {
+        set.arg("PX").arg(ms);
+    }
+    let _: () = set.query(&mut con).unwrap();
+    let _: () = redis::cmd("SADD")
+        .arg(registry_key(DEFAULT_PREFIX))
+        .arg(id)
+        .query(&mut con)
+        .unwrap();
+}
+
+fn median_read(source: &mut dyn Source, reads: usize) -> std::time::Duration {
+    let mut times: Vec<_> = (0..reads)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            source.read().unwrap();
+            t.elapsed()
+        })
+        .collect();
+    times.sort_unstable();
+    times[reads / 2]
+}
+
+#[test]
+fn a_huge_value_is_one_engines_error_and_does_not_slow_the_fleets_reads() {
+    let redis = RedisServer::start();
+    let uri = redis.uri("");
+    let mut good = Publisher::start(
+        PublisherConfig::resolve(Some(&uri), Some("good"), Some(20), None).unwrap(),
+    )
+    .unwrap();
+    good.publish(Snapshot {
+        num_running: 3,
+        ..Snapshot::default()
+    })
+    .unwrap();
+    let mut source = test_reader(&uri, DEFAULT_STALE_AFTER);
+    wait_for_engine(&mut *source, "good", "the healthy engine", |s| {
+        s.snapshot.num_running == 3
+    });
+    let normal = median_read(&mut *source, 21);
+
+    // 64 MB of junk under one engine's key, and a record one byte too long.
+    put_raw(&redis, "huge", &vec![b'x'; 64 << 20], None);
+    let mut long = RedisRecord::default().encode().to_vec();
+    long.push(0);
+    put_raw(&redis, "long", &long, Some(60_000));
+    wait_for(
+        || source.read().unwrap().errors.len() == 2,
+        "the two oversize values to be read",
+    );
+    let with_huge = median_read(&mut *source, 21);
+    let reading = source.read().unwrap();
+    assert_eq!(reading.get("good").unwrap().snapshot.num_running, 3);
+    for error in &reading.errors {
+        let text = error.to_string();
+        assert!(
+            text.contains("a value larger than a 192-byte record") && text.contains("delete it"),
+            "{}: {text}",
+            error.name
+        );
+    }
+    // Reading the whole value took ~124 ms per read on the benchmark VM; a
+    // bounded read costs what a read of two more small records costs.
+    assert!(
+        with_huge < normal + std::time::Duration::from_millis(10),
+        "a read with a 64 MB value takes {with_huge:?}, without {normal:?}"
+    );
+}
+
+#[test]
+fn a_record_without_a_matching_expiry_is_an_error_never_fresh() {
+    let redis = RedisServer::start();
+    let uri = redis.uri("");
+    let record = |ttl_ms: u32| {
+        RedisRecord {
+            state: engine_state_reader::STATE_ACTIVE,
+            generation: 5,
+            heartbeat_seq: 1,
+            ttl_ms,
+            ..RedisRecord::default()
+        }
+        .encode()
+    };
+    // A copy without expiry; a record claiming PX 0 on a key that lives 60 s;
+    // a correctly written record that was then PERSISTed.
+    put_raw(&redis, "copied", &record(2000), None);
+    put_raw(&redis, "zero-ttl", &record(0), Some(60_000));
+    put_raw(&redis, "persisted", &record(60_000), Some(60_000));
+    let mut source = test_reader(&uri, DEFAULT_STALE_AFTER);
+    let reading = source.read().unwrap();
+    assert!(
+        reading
+            .get("persisted")
+            .is_some_and(|s| s.status == engine_state_reader::Status::Fresh),
+        "a record with its own expiry reads as usual: {reading:?}"
+    );
+    let _: () = redis::cmd("PERSIST")
+        .arg(engine_key(DEFAULT_PREFIX, "persisted"))
+        .query(&mut redis.connection())
+        .unwrap();
+    // Its (generation, heartbeat_seq) did not change: the reader must still
+    // notice that the key lost its expiry.
+    let reading = source.read().unwrap();
+    assert!(reading.engines.is_empty(), "{:?}", reading.engines);
+    let mut names: Vec<&str> = reading.errors.iter().map(|e| e.name.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["copied", "persisted", "zero-ttl"]);
+    for error in &reading.errors {
+        let text = error.to_string();
+        assert!(
+            text.contains("whose age cannot be told") && text.contains("Delete the key"),
+            "{text}"
+        );
+        let says = if error.name == "zero-ttl" {
+            "expires in"
+        } else {
+            "has no expiry (PTTL -1"
+        };
+        assert!(text.contains(says), "{text}");
+    }
+}

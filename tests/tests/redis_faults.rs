@@ -364,3 +364,39 @@ fn inline_sink_reports_a_server_error_among_the_replies_and_writes_after() {
     let step = |id: &str| reading.get(id).map(|e| e.snapshot.step);
     assert_eq!((step("a"), step("b")), (Some(2), Some(2)), "{reading:?}");
 }
+
+#[test]
+fn a_paused_server_costs_a_read_at_most_its_timeout_and_says_timed_out() {
+    let redis = RedisServer::start();
+    for (suffix, timeout_ms) in [("", 500u64), ("?timeout_ms=100", 100)] {
+        let uri = redis.uri(suffix);
+        let mut source = reader(&uri, 2000);
+        source.read().unwrap();
+        redis.freeze(true);
+        let t = Instant::now();
+        let reading = source.read().unwrap();
+        let waited = t.elapsed();
+        let opened = Instant::now();
+        let open_error = open(&StateUri::parse(&uri).unwrap(), ReaderOptions::default())
+            .err()
+            .expect("open must fail on a paused server");
+        let open_waited = opened.elapsed();
+        redis.freeze(false);
+        let bound = Duration::from_millis(timeout_ms + 300);
+        assert!(
+            waited >= Duration::from_millis(timeout_ms) && waited < bound,
+            "{uri}: a read waited {waited:?}"
+        );
+        // Connecting (the kernel still accepts) and the PING share one timeout.
+        assert!(open_waited < bound, "{uri}: open waited {open_waited:?}");
+        let read_error = reading.errors[0].to_string();
+        for error in [read_error, open_error.to_string()] {
+            assert!(
+                error.contains(&format!("timed out after {timeout_ms} ms"))
+                    && !error.contains("Resource temporarily unavailable")
+                    && error.contains("not paused or overloaded"),
+                "{uri}: {error}"
+            );
+        }
+    }
+}
