@@ -43,8 +43,8 @@ pub use crate::freshness::{
     Freshness, Observation, Status, DEFAULT_MAX_CAPTURE_AGE, DEFAULT_STALE_AFTER,
 };
 pub use crate::redis_schema::{
-    engine_key, registry_key, RedisRecord, RECORD_HEADER_SIZE, RECORD_MAGIC, RECORD_SIZE,
-    STATE_ACTIVE, STATE_RETIRED,
+    engine_key, registry_key, RedisRecord, DELETE_IF_OWNER_SCRIPT, RECORD_HEADER_SIZE,
+    RECORD_MAGIC, RECORD_SIZE, SET_IF_OWNER_SCRIPT, STATE_ACTIVE, STATE_RETIRED,
 };
 pub use crate::redis_source::{RedisSource, PRUNE_AFTER, RECONNECT_CAP, RECONNECT_FIRST};
 pub use crate::redis_target::{

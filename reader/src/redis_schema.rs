@@ -43,6 +43,49 @@ pub const STATE_ACTIVE: u64 = 1;
 /// `state` of a writer that closed (readers report it dead).
 pub const STATE_RETIRED: u64 = 2;
 
+/// Lua script: writes the record `ARGV[1]` under `KEYS[1]` with `PX ARGV[2]`
+/// unless the key holds an ACTIVE record of another writer (another
+/// `writer_pid` or `generation`). Replies 1 when written, else the holder's
+/// 64-byte header (its `writer_pid` says who holds it).
+///
+/// The engine's key is its own ownership token: a live writer refreshes it
+/// every period, so it expires `ttl_ms` after its writer stops, and only
+/// then (or after a clean close deletes it, or once it is RETIRED) may
+/// another writer take the id. A missing key, a RETIRED record or a value
+/// that is not a record is overwritten, as `SET` would. Byte ranges (1-based
+/// in Lua): 1–8 magic, 17–20 `writer_pid`, 25–32 `state`, 33–40 `generation`.
+pub const SET_IF_OWNER_SCRIPT: &str = r#"
+local new = ARGV[1]
+local old = redis.pcall('GETRANGE', KEYS[1], 0, 192)
+if type(old) == 'string' and #old == #new
+    and string.sub(old, 1, 8) == string.sub(new, 1, 8)
+    and string.sub(old, 25, 32) == string.sub(new, 25, 32)
+    and (string.sub(old, 17, 20) ~= string.sub(new, 17, 20)
+         or string.sub(old, 33, 40) ~= string.sub(new, 33, 40)) then
+  return string.sub(old, 1, 64)
+end
+redis.call('SET', KEYS[1], new, 'PX', ARGV[2])
+return 1
+"#;
+
+/// Lua script: a clean close of the writer whose record is `ARGV[1]`:
+/// deletes `KEYS[1]` and removes the id `ARGV[2]` from the registry
+/// `KEYS[2]`, unless the key holds another writer's record (then it is left
+/// alone: that writer owns the id now). Replies 1 when deleted, else 0.
+pub const DELETE_IF_OWNER_SCRIPT: &str = r#"
+local mine = ARGV[1]
+local old = redis.pcall('GETRANGE', KEYS[1], 0, 192)
+if type(old) == 'string' and #old == #mine
+    and string.sub(old, 1, 8) == string.sub(mine, 1, 8)
+    and (string.sub(old, 17, 20) ~= string.sub(mine, 17, 20)
+         or string.sub(old, 33, 40) ~= string.sub(mine, 33, 40)) then
+  return 0
+end
+redis.call('DEL', KEYS[1])
+redis.call('SREM', KEYS[2], ARGV[2])
+return 1
+"#;
+
 /// The key of the engine-id registry.
 pub fn registry_key(prefix: &str) -> String {
     format!("{prefix}engines")

@@ -400,3 +400,108 @@ fn a_paused_server_costs_a_read_at_most_its_timeout_and_says_timed_out() {
         }
     }
 }
+
+#[test]
+fn a_publisher_never_overwrites_another_live_writers_record_and_takes_over_after_it_expires() {
+    let redis = RedisServer::start();
+    let uri = redis.uri("?ttl_ms=300");
+    let mut publisher = start(&uri, "held", 20).unwrap();
+    publisher
+        .publish(Snapshot {
+            num_running: 1,
+            ..Snapshot::default()
+        })
+        .unwrap();
+    let mut source = reader(&uri, 2000);
+    wait_for_engine(&mut *source, "held", "the publisher", |s| {
+        s.snapshot.num_running == 1
+    });
+    // Another writer (e.g. a restarted engine after this one hung longer
+    // than ttl_ms) writes the key: this publisher must not overwrite it.
+    let other = RedisRecord {
+        writer_pid: 4242,
+        state: engine_state_reader::STATE_ACTIVE,
+        generation: 99,
+        heartbeat_seq: 1,
+        ttl_ms: 1500,
+        snapshot: Snapshot {
+            num_running: 42,
+            ..Snapshot::default()
+        },
+        ..RedisRecord::default()
+    };
+    let key = engine_state_reader::engine_key(engine_state_reader::DEFAULT_PREFIX, "held");
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg(&other.encode()[..])
+        .arg("PX")
+        .arg(1500)
+        .query(&mut redis.connection())
+        .unwrap();
+    let refused = |p: &Publisher| p.redis_stats().unwrap().refused.load(Ordering::Relaxed);
+    let refused_before = refused(&publisher);
+    for step in 0..50 {
+        publisher
+            .publish(Snapshot {
+                step,
+                num_running: 1,
+                ..Snapshot::default()
+            })
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+        let reading = source.read().unwrap();
+        assert_eq!(
+            reading.get("held").map(|s| s.snapshot.num_running),
+            Some(42),
+            "the other writer's record stays: {reading:?}"
+        );
+    }
+    assert!(refused(&publisher) > refused_before);
+    // Its key expires (nobody refreshes it): this publisher writes again.
+    wait_for_engine(&mut *source, "held", "the publisher to take over", |s| {
+        s.snapshot.num_running == 1
+    });
+    // A close does not delete a key another writer holds.
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg(&other.encode()[..])
+        .arg("PX")
+        .arg(60_000)
+        .query(&mut redis.connection())
+        .unwrap();
+    publisher.close();
+    let still: Option<Vec<u8>> = redis::cmd("GET")
+        .arg(&key)
+        .query(&mut redis.connection())
+        .unwrap();
+    assert_eq!(still.as_deref(), Some(&other.encode()[..]));
+}
+
+#[test]
+fn a_registry_key_of_the_wrong_type_is_counted_and_the_records_are_still_written() {
+    let redis = RedisServer::start();
+    let _: () = redis::cmd("SET")
+        .arg(engine_state_reader::registry_key("bad:"))
+        .arg("not a set")
+        .query(&mut redis.connection())
+        .unwrap();
+    let uri = redis.uri("?prefix=bad:");
+    let publisher = start(&uri, "unlisted", 20).unwrap();
+    let stats = publisher.redis_stats().unwrap();
+    wait_for(
+        || stats.registry_errors.load(Ordering::Relaxed) >= 1,
+        "the refused registration to be counted",
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    // Not a connection failure: no reconnect loop, the key stays refreshed.
+    assert_eq!(stats.errors.load(Ordering::Relaxed), 0, "{stats:?}");
+    assert!(stats.connected.load(Ordering::Relaxed));
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(engine_state_reader::engine_key("bad:", "unlisted"))
+        .query(&mut redis.connection())
+        .unwrap();
+    assert!(
+        pttl > 1500,
+        "the key is refreshed every period: PTTL {pttl}"
+    );
+}
