@@ -231,7 +231,7 @@ impl RedisTarget {
         // A socket timeout surfaces as EAGAIN ("Resource temporarily
         // unavailable"), which reads like a refusal: say what happened.
         let timed_out = error.is_timeout()
-            || text.contains("os error 11")
+            || text.contains("(os error 11)")
             || text.contains("Resource temporarily unavailable");
         if timed_out {
             text = format!(
