@@ -505,3 +505,30 @@ fn a_registry_key_of_the_wrong_type_is_counted_and_the_records_are_still_written
         "the key is refreshed every period: PTTL {pttl}"
     );
 }
+
+#[test]
+fn a_publisher_whose_user_may_not_eval_is_told_so_at_start() {
+    let redis = RedisServer::start();
+    let _: () = redis::cmd("ACL")
+        .arg(
+            &[
+                "SETUSER",
+                "noeval",
+                "on",
+                ">noeval-pw",
+                "~*",
+                "+@all",
+                "-eval",
+            ][..],
+        )
+        .query(&mut redis.connection())
+        .unwrap();
+    let uri = format!("redis://noeval:noeval-pw@127.0.0.1:{}/0", redis.port());
+    let error = start(&uri, "limited", 20).unwrap_err().to_string();
+    assert!(
+        error.contains("no permissions to run the 'eval' command")
+            && error.contains("+eval")
+            && !error.contains("noeval-pw"),
+        "{error}"
+    );
+}
