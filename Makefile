@@ -127,3 +127,7 @@ bench-vllm: vllm-venv
 clean:
 	$(CARGO) clean
 	rm -rf $(VENV)
+
+# The Redis record decoder against arbitrary and mutated bytes, longer than in `cargo test`.
+fuzz:
+	PROPTEST_CASES=$${PROPTEST_CASES:-100000} $(CARGO) test --release -p engine-state-reader --lib redis_schema::tests::fuzz

@@ -11,10 +11,13 @@ use crate::errors::publisher_error;
 /// `redis://` URI (a sink thread writes; `publish` never waits on the network).
 ///
 /// Settings default to `AGENTIC_ENGINE_STATE_URI`, `AGENTIC_WORKER_ID` and
-/// `AGENTIC_ENGINE_STATE_PERIOD_MS`. A native heartbeat thread (no GIL) keeps
-/// the engine alive for readers between publishes; it also recreates the
-/// file (new generation) when it was removed under the publisher, once its
-/// directory exists again (see `stats()`). Fork-safe: a child process
+/// `AGENTIC_ENGINE_STATE_PERIOD_MS`. Creating one (which may connect to
+/// Redis and claim the engine's key) and `close()` (which may wait up to 1 s
+/// for the sink to delete the key) release the GIL while they wait. A native
+/// heartbeat thread (no GIL) keeps the engine alive for readers between
+/// publishes; it also recreates the file (new generation) when it was removed
+/// under the publisher, once its directory exists again (see `stats()`).
+/// Fork-safe: a child process
 /// cannot write its parent's file (it must create its own Publisher).
 #[pyclass(module = "engine_state._native", name = "Publisher")]
 pub(crate) struct Publisher {
@@ -26,6 +29,7 @@ impl Publisher {
     #[new]
     #[pyo3(signature = (uri=None, engine_id=None, period_ms=None, file_mode=None))]
     fn new(
+        py: Python<'_>,
         uri: Option<&str>,
         engine_id: Option<&str>,
         period_ms: Option<u64>,
@@ -33,7 +37,9 @@ impl Publisher {
     ) -> PyResult<Publisher> {
         let config = PublisherConfig::resolve(uri, engine_id, period_ms, file_mode)
             .map_err(publisher_error)?;
-        let inner = engine_state_publisher::Publisher::start(config).map_err(publisher_error)?;
+        let inner = py
+            .detach(|| engine_state_publisher::Publisher::start(config))
+            .map_err(publisher_error)?;
         Ok(Publisher { inner })
     }
 
@@ -101,8 +107,8 @@ impl Publisher {
     }
 
     /// Stops the heartbeat, retires the file and removes it. Idempotent.
-    fn close(&mut self) {
-        self.inner.close();
+    fn close(&mut self, py: Python<'_>) {
+        py.detach(|| self.inner.close());
     }
 
     /// The engine id.
@@ -142,11 +148,12 @@ impl Publisher {
     #[pyo3(signature = (_exc_type=None, _exc_value=None, _traceback=None))]
     fn __exit__(
         &mut self,
+        py: Python<'_>,
         _exc_type: Option<&Bound<'_, PyType>>,
         _exc_value: Option<&Bound<'_, PyAny>>,
         _traceback: Option<&Bound<'_, PyAny>>,
     ) -> bool {
-        self.inner.close();
+        py.detach(|| self.inner.close());
         false
     }
 

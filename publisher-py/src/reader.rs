@@ -11,10 +11,17 @@ use crate::errors::reader_error;
 
 /// Reads every engine of a source: a shared-memory directory (lock-free) or a
 /// Redis server (`redis://…`, one round trip per read).
+///
+/// Every call that can wait on the network (creating a Reader, `read()`,
+/// `errors` while another thread reads) releases the GIL while it waits, so
+/// a stalled Redis server stalls only the thread that reads, for at most the
+/// URI's `?timeout_ms=` (500 ms by default).
 #[pyclass(module = "engine_state._native", name = "Reader")]
 pub(crate) struct Reader {
     // pyo3 needs Sync; one Python thread at a time reads through the lock.
     inner: Mutex<(Box<dyn Source>, Reading)>,
+    /// The source's URI, password hidden (read without the lock).
+    uri: String,
 }
 
 #[pymethods]
@@ -22,6 +29,7 @@ impl Reader {
     #[new]
     #[pyo3(signature = (uri=None, stale_after_ms=None, max_capture_age_ms=None))]
     fn new(
+        py: Python<'_>,
         uri: Option<&str>,
         stale_after_ms: Option<u64>,
         max_capture_age_ms: Option<u64>,
@@ -38,35 +46,45 @@ impl Reader {
             freshness,
             ..ReaderOptions::default()
         };
-        let source = open(&uri, options).map_err(reader_error)?;
+        // Connecting to Redis may wait (at most the URI's timeout).
+        let source = py.detach(|| open(&uri, options)).map_err(reader_error)?;
         Ok(Reader {
+            uri: source.uri(),
             inner: Mutex::new((source, Reading::default())),
         })
     }
 
     /// One `EngineState` per readable engine, sorted by engine id. Files that
     /// cannot be read are listed in `errors` instead.
-    fn read(&self) -> PyResult<Vec<EngineState>> {
-        let mut guard = self.lock();
-        let (source, reading) = &mut *guard;
-        source.read_into(reading).map_err(reader_error)?;
-        Ok(reading.engines.iter().map(EngineState::from).collect())
+    ///
+    /// The GIL is released for the whole read (a Redis round trip may wait
+    /// up to the URI's timeout); other Python threads keep running.
+    fn read(&self, py: Python<'_>) -> PyResult<Vec<EngineState>> {
+        py.detach(|| {
+            let mut guard = self.lock();
+            let (source, reading) = &mut *guard;
+            source.read_into(reading)?;
+            Ok(reading.engines.iter().map(EngineState::from).collect())
+        })
+        .map_err(reader_error)
     }
 
-    /// The per-engine errors of the last `read()` (bad or foreign files).
+    /// The per-engine errors of the last `read()` (bad or foreign files,
+    /// an unreachable or timed-out Redis server).
     #[getter]
-    fn errors(&self) -> Vec<String> {
-        self.lock().1.errors.iter().map(|e| e.to_string()).collect()
+    fn errors(&self, py: Python<'_>) -> Vec<String> {
+        // Another thread may be inside read(): wait for it without the GIL.
+        py.detach(|| self.lock().1.errors.iter().map(|e| e.to_string()).collect())
     }
 
     /// The source's URI (password hidden).
     #[getter]
     fn uri(&self) -> String {
-        self.lock().0.uri()
+        self.uri.clone()
     }
 
     fn __repr__(&self) -> String {
-        format!("Reader(uri={:?})", self.lock().0.uri())
+        format!("Reader(uri={:?})", self.uri)
     }
 }
 

@@ -5,8 +5,10 @@ Python Redis client). Each test starts its own redis-server on a free port."""
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import threading
 import time
 
 import pytest
@@ -121,3 +123,104 @@ def test_malformed_redis_uris_are_value_errors():
         assert "pw-secret" not in str(error.value)
         with pytest.raises(ValueError):
             Publisher(uri=uri, engine_id="x")
+
+
+def test_a_stalled_redis_does_not_hold_the_gil_and_a_read_says_timed_out(tmp_path):
+    """With redis-server SIGSTOPped, read() and Reader() wait for the URI's
+    timeout (500 ms by default) without the GIL: a publisher thread in the
+    same process keeps publishing meanwhile."""
+    proc, port = _start_redis(tmp_path)
+    uri = f"redis://127.0.0.1:{port}/0"
+    stop = threading.Event()
+    published = [0]
+
+    def publish_loop():
+        with Publisher(uri=f"file://{tmp_path}/shm", engine_id="busy", period_ms=50) as pub:
+            while not stop.is_set():
+                pub.publish(step=published[0], num_running=1)
+                published[0] += 1
+
+    worker = threading.Thread(target=publish_loop)
+    try:
+        reader = Reader(uri=uri)
+        assert reader.read() == [] and reader.errors == []
+        worker.start()
+        _wait(lambda: published[0] > 100, "the publisher thread to run")
+        # How many publishes the thread makes in 0.5 s while this thread
+        # sleeps (without the GIL): the pace a non-blocking read keeps.
+        before = published[0]
+        time.sleep(0.5)
+        pace = (published[0] - before) / 0.5
+
+        def kept_pace(call):
+            """Runs `call`; true when the publisher kept at least a quarter
+            of its pace meanwhile (holding the GIL, it gets one 5 ms switch
+            interval at most, about 1 % of a 500 ms wait)."""
+            before, t = published[0], time.monotonic()
+            try:
+                call()
+            finally:
+                waited, during = time.monotonic() - t, published[0] - before
+            return waited, during, during >= 0.25 * pace * waited
+
+        os.kill(proc.pid, signal.SIGSTOP)
+        time.sleep(0.3)  # past the 250 ms rescan interval: the read asks Redis
+        waited, during, kept = kept_pace(lambda: reader.read())
+        (error,) = reader.errors
+        assert 0.45 <= waited < 1.5, waited
+        assert kept, f"{during} publishes while read() waited {waited:.2f} s (pace {pace:.0f}/s)"
+        assert "timed out after 500 ms" in error and "Resource temporarily" not in error, error
+
+        def open_paused():
+            with pytest.raises(EngineStateError, match="timed out after 200 ms"):
+                Reader(uri=f"{uri}?timeout_ms=200")
+
+        waited, during, kept = kept_pace(open_paused)
+        assert waited < 1.0 and kept, (waited, during, pace)
+    finally:
+        stop.set()
+        os.kill(proc.pid, signal.SIGCONT)
+        if worker.is_alive():
+            worker.join()
+        proc.kill()
+        proc.wait()
+
+
+def test_a_second_live_publisher_of_an_id_is_refused_over_redis(redis_port):
+    uri = f"redis://127.0.0.1:{redis_port}/0"
+    with Publisher(uri=uri, engine_id="dup-0", period_ms=20) as first:
+        first.publish(num_running=1)
+        with pytest.raises(EngineStateError, match="already published by a live process"):
+            Publisher(uri=uri, engine_id="dup-0")
+        reader = Reader(uri=uri)
+        _wait(lambda: [s.num_running for s in reader.read()] == [1], "the first publisher")
+    # Closed cleanly: the id is free at once.
+    with Publisher(uri=uri, engine_id="dup-0") as second:
+        second.publish(num_running=2)
+        _wait(lambda: [s.num_running for s in reader.read()] == [2], "the second publisher")
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "redis://127.0.0.1:1/0?password=PW-s3cret",
+        "redis://127.0.0.1:1/0?pass=PW-s3cret",
+        "redis+unix:///tmp/redis.sock?pass=PW-s3cret",
+        "redis://127.0.0.1:1/0?prefix=p:&token=PW-s3cret",
+        "redis://:PW-s3cret@127.0.0.1:1/notadb",
+        "redis://user:PW-s3cret@127.0.0.1:notaport/0",
+        "redis://:PW-s3cret@127.0.0.1:1/0",
+    ],
+)
+def test_no_exception_or_repr_shows_a_credential(uri):
+    for make in (lambda: Reader(uri=uri), lambda: Publisher(uri=uri, engine_id="x")):
+        try:
+            made = make()
+        except Exception as error:  # noqa: BLE001 - every kind is checked
+            for text in (str(error), repr(error)):
+                assert "PW-s3cret" not in text, text
+        else:
+            # A publisher starts even when Redis is unreachable.
+            for text in (repr(made), made.uri):
+                assert "PW-s3cret" not in text, text
+            made.close()

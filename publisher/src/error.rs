@@ -27,6 +27,24 @@ pub enum Error {
         /// Which field is wrong and what would be right.
         what: String,
     },
+    /// Another live publisher already publishes this engine id: the writer
+    /// of a live file (shared memory), or of an unexpired record (Redis).
+    /// The same error for both backends.
+    #[error(
+        "engine id {engine_id:?} is already published by a live process ({holder}) at \
+         {location}; give this engine another id (AGENTIC_WORKER_ID) or stop the other \
+         publisher{takeover}"
+    )]
+    AlreadyPublished {
+        /// The contested id.
+        engine_id: String,
+        /// Who holds it, e.g. "pid 123 in its namespace".
+        holder: String,
+        /// The live file, or the Redis key and server (password hidden).
+        location: String,
+        /// When the id can be taken over, if that needs saying.
+        takeover: &'static str,
+    },
     /// The publisher was used after `close()`.
     #[error("engine-state publisher for {engine_id:?} is closed; create a new one")]
     Closed {
@@ -44,4 +62,24 @@ pub enum Error {
         /// The creating process.
         owner_pid: u32,
     },
+}
+
+impl Error {
+    /// The shared-memory "in use" error as [`Error::AlreadyPublished`], so that
+    /// both backends refuse a second live publisher with one error.
+    pub(crate) fn from_shm(error: engine_state_shm_format::Error) -> Error {
+        match error {
+            engine_state_shm_format::Error::AlreadyPublished {
+                engine_id,
+                path,
+                pid,
+            } => Error::AlreadyPublished {
+                engine_id,
+                holder: format!("pid {pid} in its namespace"),
+                location: path.display().to_string(),
+                takeover: "",
+            },
+            other => Error::Shm(other),
+        }
+    }
 }

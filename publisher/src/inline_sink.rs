@@ -169,7 +169,8 @@ impl InlineSink {
             match con.recv_response() {
                 Ok(reply) => {
                     if result.is_ok() {
-                        result = check_replies(&self.target, std::slice::from_ref(&reply));
+                        result =
+                            check_replies(&self.target, std::slice::from_ref(&reply), &self.stats);
                     }
                 }
                 Err(e) => {

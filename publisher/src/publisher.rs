@@ -5,7 +5,9 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use engine_state_reader::{RedisRecord, RedisTarget, StateUri, STATE_ACTIVE};
+use engine_state_reader::{
+    engine_key, RedisRecord, RedisTarget, StateUri, SET_IF_OWNER_SCRIPT, STATE_ACTIVE,
+};
 use engine_state_shm_format::{
     fork_generation, monotonic_ns, unix_ns, ShmWriter, Snapshot, WriterOptions, FLAG_IDLE,
     FLAG_SHUTTING_DOWN,
@@ -14,7 +16,7 @@ use engine_state_shm_format::{
 use crate::config::PublisherConfig;
 use crate::error::Error;
 use crate::recreate::{Handoff, Keeper, PublisherStats};
-use crate::redis_sink::{RedisSink, SinkHandle, SinkOp};
+use crate::redis_sink::{holder_pid, RedisSink, SinkHandle, SinkOp};
 
 /// The flag bits of layout version 1 (DESIGN §3); the others are reserved.
 const KNOWN_FLAGS: u64 = FLAG_IDLE | FLAG_SHUTTING_DOWN;
@@ -83,9 +85,18 @@ impl Publisher {
     /// `redis://` URI connects and starts the sink thread; then starts the
     /// heartbeat thread.
     ///
+    /// A second live publisher of the same engine id is refused with
+    /// [`Error::AlreadyPublished`], on either backend. Shared memory: the
+    /// file's writer is alive (a dead writer's file is taken over). Redis:
+    /// the engine's key holds another writer's unexpired record (one round
+    /// trip, [`engine_state_reader::SET_IF_OWNER_SCRIPT`]); a restarted
+    /// engine takes the id over once its predecessor's key expired
+    /// (`ttl_ms`, 2 s by default, after its last write).
+    ///
     /// Redis: a wrong password or missing permission is an error here; an
     /// unreachable server is not (the engine must not fail to start because
-    /// telemetry is down): the sink keeps reconnecting with backoff.
+    /// telemetry is down): the sink keeps reconnecting with backoff, and
+    /// its writes claim the key the same way.
     pub fn start(config: PublisherConfig) -> Result<Publisher, Error> {
         let (backend, heartbeat) = match &config.uri {
             StateUri::Shm { dir } => {
@@ -95,7 +106,8 @@ impl Publisher {
                     publish_period: config.period,
                 };
                 let first = stamp(Snapshot::default());
-                let writer = ShmWriter::create(dir, &config.engine_id, &options, &first)?;
+                let writer = ShmWriter::create(dir, &config.engine_id, &options, &first)
+                    .map_err(Error::from_shm)?;
                 let handoff = Arc::new(Handoff::default());
                 // A stamp younger than a period is a publish's: left alone.
                 let mut keeper = Keeper::new(dir.clone(), &writer, options, handoff.clone());
@@ -108,7 +120,7 @@ impl Publisher {
             }
             StateUri::Redis { url } => {
                 let target = RedisTarget::parse(url)?;
-                let connection = match target.connect() {
+                let mut connection = match target.connect() {
                     Ok(con) => Some(con),
                     Err(e) if RedisTarget::is_auth_error(&e) => return Err(Error::Redis(e)),
                     Err(_) => None,
@@ -126,11 +138,24 @@ impl Publisher {
                     snapshot: first,
                     ..RedisRecord::default()
                 }));
+                let owner = *lock(&record);
+                if let Some(con) = connection.as_mut() {
+                    match claim(con, &target, &engine_id, owner) {
+                        Ok(()) => {}
+                        Err(e @ Error::AlreadyPublished { .. }) => return Err(e),
+                        Err(Error::Redis(e)) if RedisTarget::is_auth_error(&e) => {
+                            return Err(Error::Redis(e))
+                        }
+                        // Network trouble: the sink claims the key once it is through.
+                        Err(_) => connection = None,
+                    }
+                }
                 let sink = RedisSink::start(
                     target,
                     connection,
                     None,
                     &format!("es-redis-{}", config.engine_id),
+                    Some(owner),
                 )?;
                 sink.send(&engine_id, SinkOp::Set(*lock(&record)));
                 let (handle, beat_record, beat_id) =
@@ -345,6 +370,37 @@ fn create_dir(dir: &PathBuf) -> Result<(), Error> {
             dir.display()
         ),
     })
+}
+
+/// Writes the first record unless another live writer holds the engine's
+/// key (one round trip, bounded by the network timeout).
+fn claim(
+    con: &mut redis::Connection,
+    target: &RedisTarget,
+    engine_id: &str,
+    mut record: RedisRecord,
+) -> Result<(), Error> {
+    let key = engine_key(target.prefix(), engine_id);
+    let ttl_ms = target.ttl().as_millis() as u32;
+    record.ttl_ms = ttl_ms;
+    let reply: redis::Value = redis::cmd("EVAL")
+        .arg(SET_IF_OWNER_SCRIPT)
+        .arg(1)
+        .arg(&key)
+        .arg(&record.encode()[..])
+        .arg(ttl_ms)
+        .query(con)
+        .map_err(|e| Error::Redis(target.error("cannot claim the engine's key", &e)))?;
+    match reply {
+        redis::Value::BulkString(header) => Err(Error::AlreadyPublished {
+            engine_id: engine_id.to_owned(),
+            holder: format!("pid {} on its host", holder_pid(&header)),
+            location: format!("Redis key {key:?} ({target})"),
+            takeover: "; a restarted engine takes its id over once the old key expires \
+                       (ttl_ms after the last write of its predecessor)",
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// One Redis heartbeat: the latest record again, with the next heartbeat —

@@ -15,7 +15,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use engine_state_reader::{
-    engine_key, registry_key, RedisRecord, RedisTarget, RECONNECT_CAP, RECONNECT_FIRST, RECORD_SIZE,
+    engine_key, registry_key, RedisRecord, RedisTarget, DELETE_IF_OWNER_SCRIPT, RECONNECT_CAP,
+    RECONNECT_FIRST, RECORD_SIZE, SET_IF_OWNER_SCRIPT,
 };
 use engine_state_shm_format::monotonic_ns;
 use redis::{ConnectionLike, Value};
@@ -50,6 +51,13 @@ pub struct SinkStats {
     pub errors: AtomicU64,
     /// Whether the last attempt succeeded.
     pub connected: AtomicBool,
+    /// Records not written because another live publisher holds the
+    /// engine's key (an owner-checked sink only, see [`RedisSink::start`]).
+    pub refused: AtomicU64,
+    /// Registrations (`SADD`/`SREM` of `<prefix>engines`) the server refused
+    /// because that key is not a set: readers cannot discover engines
+    /// written here. Logged once (`log::warn!`).
+    pub registry_errors: AtomicU64,
     last_error: Mutex<Option<String>>,
 }
 
@@ -63,6 +71,19 @@ impl SinkStats {
     pub(crate) fn succeeded(&self) {
         self.connected.store(true, Ordering::Relaxed);
         *lock(&self.last_error) = None;
+    }
+
+    /// Counts a registration the server refused with `WRONGTYPE`; logs the
+    /// first one (the registry key must be deleted by hand).
+    pub(crate) fn registry_refused(&self, target: &RedisTarget, reply: &str) {
+        if self.registry_errors.fetch_add(1, Ordering::Relaxed) == 0 {
+            log::warn!(
+                "engine-state: Redis at {target}: the registry key {:?} is not a set ({reply}); \
+                 engines written there are not registered, so readers will not find them. \
+                 Delete the key, or give this fleet its own ?prefix=",
+                registry_key(target.prefix())
+            );
+        }
     }
 
     /// Records a failed connection attempt or write.
@@ -171,11 +192,20 @@ impl std::fmt::Debug for RedisSink {
 impl RedisSink {
     /// Starts the sink thread. `connection` is an already open connection
     /// (None: the thread connects itself, with backoff).
+    ///
+    /// With `owner` (the writer's record: its `writer_pid` and `generation`
+    /// are its identity), every write is owner-checked
+    /// ([`SET_IF_OWNER_SCRIPT`]): a key that holds another live writer's
+    /// record is left alone, counted in [`SinkStats::refused`] and logged
+    /// once, until that key expires; a delete only removes the key while it
+    /// is the owner's ([`DELETE_IF_OWNER_SCRIPT`]). The [`crate::Publisher`]
+    /// uses this; without `owner` writes are plain `SET`s.
     pub fn start(
         target: RedisTarget,
         connection: Option<redis::Connection>,
         on_written: Option<WrittenObserver>,
         thread_name: &str,
+        owner: Option<RedisRecord>,
     ) -> Result<RedisSink, Error> {
         let shared = Arc::new(Shared {
             mailbox: Mutex::new(Mailbox::default()),
@@ -190,7 +220,7 @@ impl RedisSink {
             .store(connection.is_some(), Ordering::Relaxed);
         let worker = Worker {
             shared: shared.clone(),
-            encoder: PipelineEncoder::new(&target),
+            encoder: PipelineEncoder::new(&target).owned_by(owner),
             target,
             con: connection,
             spare: HashMap::new(),
@@ -304,6 +334,12 @@ pub(crate) struct PipelineEncoder {
     pub(crate) commands: usize,
     /// Heartbeat stamps of the records in `request`.
     pub(crate) sent: Vec<u64>,
+    /// Owner-checked writes: the record whose identity every write claims
+    /// (None: plain `SET`s).
+    owner: Option<[u8; RECORD_SIZE]>,
+    /// Per owner-checked `SET` in `request`: its command index, its index in
+    /// `sent` and its engine.
+    claims: Vec<(usize, usize, Arc<str>)>,
     /// When the pipeline was begun (both clocks).
     began: Instant,
     began_mono_ns: u64,
@@ -316,6 +352,9 @@ struct Written {
     set_head: Vec<u8>,
     /// When the id was last added to the registry (None: not since connecting).
     registered: Option<Instant>,
+    /// Another writer held the key at the last owner-checked write (logged
+    /// once per change).
+    refused: bool,
 }
 
 /// The RESP bytes of a `SET` after the value: `PX <ttl_ms>`.
@@ -428,7 +467,9 @@ impl Worker {
         let replies = con
             .req_packed_commands(&self.encoder.request, 0, self.encoder.commands)
             .map_err(|e| self.target.error("cannot write engines", &e))?;
-        check_replies(&self.target, &replies)?;
+        check_replies(&self.target, &replies, &self.shared.stats)?;
+        self.encoder
+            .settle_claims(&replies, &self.target, &self.shared.stats);
         self.shared.acknowledged(&self.encoder.sent);
         Ok(())
     }
@@ -456,17 +497,28 @@ pub(crate) fn acknowledged(stats: &SinkStats, on_written: Option<&WrittenObserve
 }
 
 /// The first server error among a pipeline's replies, as an error.
+///
+/// `WRONGTYPE` is not one: of the commands a sink sends only `SADD`/`SREM`
+/// of the registry can get it (`SET` replaces any type, the scripts read
+/// with `pcall`), and a registry of the wrong type is not a connection
+/// problem that reconnecting would fix. It is counted and logged once
+/// ([`SinkStats::registry_errors`]); the records are written all the same.
 pub(crate) fn check_replies(
     target: &RedisTarget,
     replies: &[Value],
+    stats: &SinkStats,
 ) -> Result<(), engine_state_reader::Error> {
-    match replies.iter().find(|v| matches!(v, Value::ServerError(_))) {
-        Some(Value::ServerError(e)) => {
+    for reply in replies {
+        if let Value::ServerError(e) = reply {
+            if e.code() == "WRONGTYPE" {
+                stats.registry_refused(target, &format!("{e:?}"));
+                continue;
+            }
             let error: redis::RedisError = e.clone().into();
-            Err(target.error("cannot write engines", &error))
+            return Err(target.error("cannot write engines", &error));
         }
-        _ => Ok(()),
     }
+    Ok(())
 }
 
 impl PipelineEncoder {
@@ -481,8 +533,66 @@ impl PipelineEncoder {
             request: Vec::new(),
             commands: 0,
             sent: Vec::new(),
+            owner: None,
+            claims: Vec::new(),
             began: Instant::now(),
             began_mono_ns: 0,
+        }
+    }
+
+    /// Owner-checked writes as `owner` (see [`RedisSink::start`]); None: plain.
+    pub(crate) fn owned_by(mut self, owner: Option<RedisRecord>) -> PipelineEncoder {
+        self.owner = owner.map(|record| record.encode());
+        self
+    }
+
+    /// After an owner-checked pipeline's replies: counts (and logs, once per
+    /// change) the records refused because another writer holds their key,
+    /// and leaves only the written ones in `sent`.
+    pub(crate) fn settle_claims(
+        &mut self,
+        replies: &[Value],
+        target: &RedisTarget,
+        stats: &SinkStats,
+    ) {
+        if self.claims.is_empty() {
+            return;
+        }
+        let mut refused_sent = Vec::new();
+        for (command, sent, id) in self.claims.drain(..) {
+            let holder = match replies.get(command) {
+                Some(Value::BulkString(header)) => Some(holder_pid(header)),
+                _ => None,
+            };
+            let Some(written) = self.engines.get_mut(&id) else {
+                continue;
+            };
+            match holder {
+                Some(pid) => {
+                    stats.refused.fetch_add(1, Ordering::Relaxed);
+                    refused_sent.push(sent);
+                    if !written.refused {
+                        log::warn!(
+                            "engine-state: engine id {id:?} is published by another live \
+                             process (pid {pid} on its host) at Redis key {:?} ({target}); \
+                             this publisher's records are not written until that key expires",
+                            engine_key(&self.prefix, &id)
+                        );
+                    }
+                    written.refused = true;
+                }
+                None if written.refused => {
+                    log::warn!(
+                        "engine-state: engine id {id:?}: the other publisher's key expired; \
+                         this publisher writes it again ({target})"
+                    );
+                    written.refused = false;
+                }
+                None => {}
+            }
+        }
+        for sent in refused_sent.into_iter().rev() {
+            self.sent.remove(sent);
         }
     }
 
@@ -491,6 +601,7 @@ impl PipelineEncoder {
         self.request.clear();
         self.commands = 0;
         self.sent.clear();
+        self.claims.clear();
         self.began = Instant::now();
         self.began_mono_ns = monotonic_ns();
     }
@@ -512,16 +623,30 @@ impl PipelineEncoder {
                 let written = self.engines.entry(id.clone()).or_insert_with(|| Written {
                     set_head: set_head(&engine_key(prefix, id)),
                     registered: None,
+                    refused: false,
                 });
                 let mut record = *record;
                 record.ttl_ms = self.ttl_ms;
                 record.write_delay_us =
                     (self.began_mono_ns.saturating_sub(record.heartbeat_mono_ns) / 1000)
                         .min(u64::from(u32::MAX)) as u32;
-                // SET <key> <record> PX <ttl>, from the cached prefix.
-                self.request.extend_from_slice(&written.set_head);
-                self.request.extend_from_slice(&record.encode());
-                self.request.extend_from_slice(&self.set_tail);
+                if self.owner.is_some() {
+                    // Written only while no other live writer holds the key.
+                    self.claims
+                        .push((self.commands, self.sent.len(), id.clone()));
+                    redis::cmd("EVAL")
+                        .arg(SET_IF_OWNER_SCRIPT)
+                        .arg(1)
+                        .arg(engine_key(prefix, id))
+                        .arg(&record.encode()[..])
+                        .arg(self.ttl_ms)
+                        .write_packed_command(&mut self.request);
+                } else {
+                    // SET <key> <record> PX <ttl>, from the cached prefix.
+                    self.request.extend_from_slice(&written.set_head);
+                    self.request.extend_from_slice(&record.encode());
+                    self.request.extend_from_slice(&self.set_tail);
+                }
                 self.commands += 1;
                 let due = written
                     .registered
@@ -538,18 +663,38 @@ impl PipelineEncoder {
             }
             SinkOp::Delete => {
                 let key = engine_key(&self.prefix, id);
-                redis::cmd("DEL")
-                    .arg(&key)
-                    .write_packed_command(&mut self.request);
-                redis::cmd("SREM")
-                    .arg(&self.registry)
-                    .arg(&**id)
-                    .write_packed_command(&mut self.request);
-                self.commands += 2;
+                if let Some(owner) = &self.owner {
+                    // Only the owner's key: another writer's stays.
+                    redis::cmd("EVAL")
+                        .arg(DELETE_IF_OWNER_SCRIPT)
+                        .arg(2)
+                        .arg(&key)
+                        .arg(&self.registry)
+                        .arg(&owner[..])
+                        .arg(&**id)
+                        .write_packed_command(&mut self.request);
+                    self.commands += 1;
+                } else {
+                    redis::cmd("DEL")
+                        .arg(&key)
+                        .write_packed_command(&mut self.request);
+                    redis::cmd("SREM")
+                        .arg(&self.registry)
+                        .arg(&**id)
+                        .write_packed_command(&mut self.request);
+                    self.commands += 2;
+                }
                 self.engines.remove(id);
             }
         }
     }
+}
+
+/// The `writer_pid` in a record header (0 if too short to hold one).
+pub(crate) fn holder_pid(header: &[u8]) -> u32 {
+    header
+        .get(16..20)
+        .map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -64,6 +64,19 @@ pub enum Error {
         /// What is wrong with the value.
         what: String,
     },
+    /// A Redis record whose key's expiry does not match it, so its age cannot
+    /// be told (an [`EngineError`]'s cause): never read as "written just now".
+    #[error(
+        "Redis key {key:?} holds an engine-state record whose age cannot be told: {what}; it is \
+         not used. Delete the key (engine-state writers always SET it with PX ttl_ms, and a live \
+         writer writes it again within a period)"
+    )]
+    NoExpiry {
+        /// The key.
+        key: String,
+        /// What is wrong with its expiry.
+        what: String,
+    },
     /// A Redis record has a layout version this build does not know (an
     /// [`EngineError`]'s cause).
     #[error(
@@ -87,8 +100,8 @@ pub struct EngineError {
     /// The engine id, file name or key it concerns.
     pub name: String,
     /// What went wrong, with what to do next (the message names the file or
-    /// key): [`Error::Format`] for a file, [`Error::ForeignValue`] or
-    /// [`Error::UnknownVersion`] for a Redis key, [`Error::Redis`] when a
+    /// key): [`Error::Format`] for a file, [`Error::ForeignValue`],
+    /// [`Error::NoExpiry`] or [`Error::UnknownVersion`] for a Redis key, [`Error::Redis`] when a
     /// source lost its server (then `name` is the source's URI).
     pub error: std::sync::Arc<Error>,
 }

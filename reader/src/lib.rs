@@ -43,15 +43,17 @@ pub use crate::freshness::{
     Freshness, Observation, Status, DEFAULT_MAX_CAPTURE_AGE, DEFAULT_STALE_AFTER,
 };
 pub use crate::redis_schema::{
-    engine_key, registry_key, RedisRecord, RECORD_HEADER_SIZE, RECORD_MAGIC, RECORD_SIZE,
-    STATE_ACTIVE, STATE_RETIRED,
+    engine_key, registry_key, RedisRecord, DELETE_IF_OWNER_SCRIPT, RECORD_HEADER_SIZE,
+    RECORD_MAGIC, RECORD_SIZE, SET_IF_OWNER_SCRIPT, STATE_ACTIVE, STATE_RETIRED,
 };
 pub use crate::redis_source::{RedisSource, PRUNE_AFTER, RECONNECT_CAP, RECONNECT_FIRST};
-pub use crate::redis_target::{RedisTarget, DEFAULT_PREFIX, DEFAULT_TTL, NETWORK_TIMEOUT};
+pub use crate::redis_target::{
+    RedisTarget, DEFAULT_PREFIX, DEFAULT_TTL, NETWORK_TIMEOUT, READ_TIMEOUT,
+};
 pub use crate::shm_dir::ShmDir;
 pub use crate::source::{open, ReaderOptions, Source};
 pub use crate::state::{millis, EngineState, Reading, JSON_KEYS};
-pub use crate::uri::{redact, StateUri, DEFAULT_URI, URI_ENV};
+pub use crate::uri::{is_secret_parameter, redact, StateUri, DEFAULT_URI, URI_ENV};
 pub use engine_state_shm_format::{Snapshot, FLAG_IDLE, FLAG_SHUTTING_DOWN};
 
 #[cfg(test)]

@@ -43,6 +43,49 @@ pub const STATE_ACTIVE: u64 = 1;
 /// `state` of a writer that closed (readers report it dead).
 pub const STATE_RETIRED: u64 = 2;
 
+/// Lua script: writes the record `ARGV[1]` under `KEYS[1]` with `PX ARGV[2]`
+/// unless the key holds an ACTIVE record of another writer (another
+/// `writer_pid` or `generation`). Replies 1 when written, else the holder's
+/// 64-byte header (its `writer_pid` says who holds it).
+///
+/// The engine's key is its own ownership token: a live writer refreshes it
+/// every period, so it expires `ttl_ms` after its writer stops, and only
+/// then (or after a clean close deletes it, or once it is RETIRED) may
+/// another writer take the id. A missing key, a RETIRED record or a value
+/// that is not a record is overwritten, as `SET` would. Byte ranges (1-based
+/// in Lua): 1–8 magic, 17–20 `writer_pid`, 25–32 `state`, 33–40 `generation`.
+pub const SET_IF_OWNER_SCRIPT: &str = r#"
+local new = ARGV[1]
+local old = redis.pcall('GETRANGE', KEYS[1], 0, 192)
+if type(old) == 'string' and #old == #new
+    and string.sub(old, 1, 8) == string.sub(new, 1, 8)
+    and string.sub(old, 25, 32) == string.sub(new, 25, 32)
+    and (string.sub(old, 17, 20) ~= string.sub(new, 17, 20)
+         or string.sub(old, 33, 40) ~= string.sub(new, 33, 40)) then
+  return string.sub(old, 1, 64)
+end
+redis.call('SET', KEYS[1], new, 'PX', ARGV[2])
+return 1
+"#;
+
+/// Lua script: a clean close of the writer whose record is `ARGV[1]`:
+/// deletes `KEYS[1]` and removes the id `ARGV[2]` from the registry
+/// `KEYS[2]`, unless the key holds another writer's record (then it is left
+/// alone: that writer owns the id now). Replies 1 when deleted, else 0.
+pub const DELETE_IF_OWNER_SCRIPT: &str = r#"
+local mine = ARGV[1]
+local old = redis.pcall('GETRANGE', KEYS[1], 0, 192)
+if type(old) == 'string' and #old == #mine
+    and string.sub(old, 1, 8) == string.sub(mine, 1, 8)
+    and (string.sub(old, 17, 20) ~= string.sub(mine, 17, 20)
+         or string.sub(old, 33, 40) ~= string.sub(mine, 33, 40)) then
+  return 0
+end
+redis.call('DEL', KEYS[1])
+redis.call('SREM', KEYS[2], ARGV[2])
+return 1
+"#;
+
 /// The key of the engine-id registry.
 pub fn registry_key(prefix: &str) -> String {
     format!("{prefix}engines")
@@ -222,6 +265,117 @@ mod tests {
                 err.contains(says) && err.contains("fleet:engine:x"),
                 "{err}"
             );
+        }
+    }
+
+    /// The decoder against arbitrary and mutated bytes (a value in Redis is
+    /// whatever anyone wrote): it never panics, and accepts exactly the
+    /// well-formed records, which encode back to the same bytes. 256 cases
+    /// per property in `cargo test`; `make fuzz` (or `PROPTEST_CASES=N`)
+    /// runs more.
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// A well-formed record, said independently of `decode`.
+        fn well_formed(bytes: &[u8]) -> bool {
+            let word = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().unwrap());
+            bytes.len() == RECORD_SIZE
+                && bytes[0..8] == *b"ENGSTATE"
+                && bytes[8..12] == 1u32.to_le_bytes()
+                && bytes[12..14] == 64u16.to_le_bytes()
+                && bytes[14..16] == 128u16.to_le_bytes()
+                && matches!(word(24), 1 | 2)
+        }
+
+        fn check(bytes: &[u8]) -> Result<(), TestCaseError> {
+            match RedisRecord::decode("fuzz:engine:x", bytes) {
+                Ok(record) => {
+                    prop_assert!(well_formed(bytes), "accepted a malformed value");
+                    prop_assert_eq!(&record.encode()[..], bytes);
+                }
+                Err(error) => {
+                    prop_assert!(!well_formed(bytes), "refused a record: {}", error);
+                    prop_assert!(error.to_string().contains("fuzz:engine:x"));
+                }
+            }
+            Ok(())
+        }
+
+        /// A valid record with arbitrary fields.
+        fn record() -> impl Strategy<Value = Vec<u8>> {
+            (
+                any::<[u64; 16]>(),
+                any::<[u64; 4]>(),
+                any::<[u32; 4]>(),
+                1u64..=2,
+            )
+                .prop_map(|(words, longs, ints, state)| {
+                    RedisRecord {
+                        writer_pid: ints[0],
+                        publish_period_us: ints[1],
+                        state,
+                        generation: longs[0],
+                        heartbeat_seq: longs[1],
+                        heartbeat_mono_ns: longs[2],
+                        ttl_ms: ints[2],
+                        write_delay_us: ints[3],
+                        snapshot: Snapshot::from_words(words),
+                    }
+                    .encode()
+                    .to_vec()
+                })
+        }
+
+        /// A valid record with some bytes overwritten, then cut or extended.
+        fn mutated() -> impl Strategy<Value = Vec<u8>> {
+            (
+                record(),
+                prop::collection::vec((0..RECORD_SIZE, any::<u8>()), 0..4),
+                prop_oneof![Just(None), (0..RECORD_SIZE + 64).prop_map(Some),],
+                prop::collection::vec(any::<u8>(), 0..8),
+            )
+                .prop_map(|(mut bytes, writes, length, tail)| {
+                    for (at, byte) in writes {
+                        bytes[at] = byte;
+                    }
+                    if let Some(length) = length {
+                        bytes.resize(length, 0);
+                        bytes.extend(tail);
+                    }
+                    bytes
+                })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::default())]
+
+            #[test]
+            fn arbitrary_bytes_never_panic_and_are_refused(
+                bytes in prop::collection::vec(any::<u8>(), 0..RECORD_SIZE + 64)
+            ) {
+                check(&bytes)?;
+            }
+
+            #[test]
+            fn a_magic_prefix_with_arbitrary_rest_is_decided_by_its_shape(
+                rest in prop::collection::vec(any::<u8>(), 0..RECORD_SIZE + 8)
+            ) {
+                let mut bytes = RECORD_MAGIC.to_vec();
+                bytes.extend(rest);
+                check(&bytes)?;
+            }
+
+            #[test]
+            fn mutated_records_are_accepted_only_when_still_well_formed(bytes in mutated()) {
+                check(&bytes)?;
+            }
+
+            #[test]
+            fn every_valid_record_round_trips(bytes in record()) {
+                prop_assert!(well_formed(&bytes));
+                check(&bytes)?;
+            }
         }
     }
 }

@@ -9,7 +9,7 @@ use redis::{ConnectionLike, Value};
 
 use crate::error::{EngineError, Error};
 use crate::freshness::Observation;
-use crate::redis_schema::{engine_key, registry_key, RedisRecord};
+use crate::redis_schema::{engine_key, registry_key, RedisRecord, RECORD_SIZE};
 use crate::redis_target::RedisTarget;
 use crate::source::{ReaderOptions, Source};
 use crate::state::{EngineState, Reading};
@@ -25,9 +25,13 @@ pub const RECONNECT_CAP: Duration = Duration::from_secs(5);
 /// Every engine published under one key prefix of one Redis server.
 ///
 /// A read is one pipeline: `SMEMBERS <prefix>engines` (at most every
-/// [`ReaderOptions::rescan_interval`]), `MGET` of every engine key and a
-/// `PTTL` per key. Only when the registry names a new engine does a read take
-/// a second round trip (to fetch it at once).
+/// [`ReaderOptions::rescan_interval`]), then per engine key a
+/// `GETRANGE key 0 192` (at most one byte more than a record: a huge foreign
+/// value costs no more than a record, and is that engine's error) and a
+/// `PTTL`. Only when the registry names a new engine does a read take a
+/// second round trip (to fetch it at once). Every connection attempt and
+/// reply waits at most [`RedisTarget::timeout`] (`?timeout_ms=`, default
+/// [`crate::READ_TIMEOUT`], 500 ms).
 ///
 /// Staleness uses no clock of another host: the time since a record was
 /// written is `ttl_ms - PTTL` (the server's clock) plus the writer's own
@@ -42,8 +46,8 @@ pub struct RedisSource {
     registry: String,
     con: Option<redis::Connection>,
     engines: Vec<Tracked>,
-    /// `MGET` of every engine key, then one `PTTL` per key (rebuilt when the
-    /// registry changes).
+    /// `GETRANGE` and `PTTL` of every engine key (rebuilt when the registry
+    /// changes).
     packed: Vec<u8>,
     last_scan: Option<Instant>,
     prune: Vec<Arc<str>>,
@@ -84,6 +88,7 @@ impl RedisSource {
     /// Connects and reads the registry; connection and authentication
     /// failures are errors here (later they only make engines stale).
     pub fn open(target: RedisTarget, options: ReaderOptions) -> Result<RedisSource, Error> {
+        let target = target.for_reading();
         let con = target.connect()?;
         let mut source = RedisSource {
             registry: registry_key(target.prefix()),
@@ -187,11 +192,7 @@ impl RedisSource {
     }
 
     fn value_commands(&self) -> usize {
-        if self.engines.is_empty() {
-            0
-        } else {
-            1 + self.engines.len()
-        }
+        2 * self.engines.len()
     }
 
     fn query(&mut self, request: &[u8], count: usize) -> Result<Vec<Value>, Error> {
@@ -199,8 +200,11 @@ impl RedisSource {
         let replies = con
             .req_packed_commands(request, 0, count)
             .map_err(|e| self.target.error("cannot read engines", &e))?;
-        if let Some(Value::ServerError(e)) =
-            replies.iter().find(|v| matches!(v, Value::ServerError(_)))
+        // WRONGTYPE concerns one engine's key (a hash where a record should
+        // be): that engine's error, not the read's.
+        if let Some(Value::ServerError(e)) = replies
+            .iter()
+            .find(|v| matches!(v, Value::ServerError(e) if e.code() != "WRONGTYPE"))
         {
             let error: redis::RedisError = e.clone().into();
             return Err(self.target.error("cannot read engines", &error));
@@ -208,25 +212,22 @@ impl RedisSource {
         Ok(replies)
     }
 
-    /// Applies `MGET` and `PTTL` replies to the engines they were asked for.
+    /// Applies `GETRANGE` and `PTTL` replies to the engines they were asked for.
     fn apply_values(
         &mut self,
         mut replies: impl Iterator<Item = Value>,
         now: Instant,
     ) -> Result<(), Error> {
-        if self.engines.is_empty() {
-            return Ok(());
-        }
-        let values = match replies.next() {
-            Some(Value::Array(values)) if values.len() == self.engines.len() => values,
-            other => return Err(self.protocol_error(&other)),
-        };
-        for (engine, value) in self.engines.iter_mut().zip(values) {
+        for i in 0..self.engines.len() {
+            let value = replies.next();
             let pttl = match replies.next() {
                 Some(Value::Int(ms)) => ms,
                 other => return Err(self.protocol_error(&other)),
             };
-            engine.apply(value, pttl, now);
+            let Some(value) = value else {
+                return Err(self.protocol_error(&None));
+            };
+            self.engines[i].apply(value, pttl, now);
         }
         let prune = &mut self.prune;
         self.engines.retain(|e| {
@@ -243,6 +244,12 @@ impl RedisSource {
 
     /// Applies an `SMEMBERS` reply; true when it named an engine not known before.
     fn apply_members(&mut self, members: Value) -> Result<bool, Error> {
+        if let Value::ServerError(e) = members {
+            // WRONGTYPE: the registry key holds something else; no engine
+            // can be found, so the read as a whole fails.
+            let error: redis::RedisError = e.into();
+            return Err(self.target.error("cannot read the engine registry", &error));
+        }
         let (Value::Set(members) | Value::Array(members)) = members else {
             return Err(self.protocol_error(&Some(members)));
         };
@@ -287,16 +294,16 @@ impl RedisSource {
         let changed = added || !old.is_empty();
         if changed {
             self.packed.clear();
-            if !self.engines.is_empty() {
-                let mut mget = redis::cmd("MGET");
-                for engine in &self.engines {
-                    mget.arg(&engine.key);
-                }
-                self.packed.extend(mget.get_packed_command());
-                for engine in &self.engines {
-                    self.packed
-                        .extend(redis::cmd("PTTL").arg(&engine.key).get_packed_command());
-                }
+            for engine in &self.engines {
+                // One byte more than a record tells "too large" from "a record".
+                redis::cmd("GETRANGE")
+                    .arg(&engine.key)
+                    .arg(0)
+                    .arg(RECORD_SIZE)
+                    .write_packed_command(&mut self.packed);
+                redis::cmd("PTTL")
+                    .arg(&engine.key)
+                    .write_packed_command(&mut self.packed);
             }
         }
         Ok(added)
@@ -312,66 +319,93 @@ impl RedisSource {
 }
 
 impl Tracked {
+    /// Applies one `GETRANGE key 0 RECORD_SIZE` reply and the key's `PTTL`
+    /// (-2: no such key, -1: no expiry).
     fn apply(&mut self, value: Value, pttl: i64, now: Instant) {
         if self.invalid_id {
             return;
         }
-        match value {
-            Value::BulkString(bytes) => match RedisRecord::decode(&self.key, &bytes) {
-                Ok(record) => {
-                    self.fault = None;
-                    self.missing_since = None;
-                    let advanced = self.seen.is_none_or(|s| {
-                        (s.record.generation, s.record.heartbeat_seq)
-                            != (record.generation, record.heartbeat_seq)
-                    });
-                    let heartbeat_at = match self.seen {
-                        Some(seen) if !advanced => seen.heartbeat_at,
-                        _ => {
-                            // Time since the write by the server's clock, plus
-                            // the writer's delay between heartbeat and write by
-                            // the writer's clock; never a difference of two hosts' clocks.
-                            let since_write_ms = match pttl {
-                                ms if ms >= 0 => u64::from(record.ttl_ms).saturating_sub(ms as u64),
-                                _ => 0,
-                            };
-                            let age = Duration::from_millis(since_write_ms)
-                                + Duration::from_micros(u64::from(record.write_delay_us));
-                            now.checked_sub(age).unwrap_or(now)
-                        }
-                    };
-                    self.seen = Some(Seen {
-                        record,
-                        heartbeat_at,
-                    });
-                }
-                Err(error) => {
-                    self.seen = None;
-                    self.fault = Some(EngineError::new(self.id.to_string(), error));
-                }
-            },
-            Value::Nil if pttl == -2 => {
-                // Expired on the server's clock: the writer stopped.
-                self.fault = None;
-                self.missing_since.get_or_insert(now);
-            }
-            other => {
-                self.seen = None;
-                self.fault = Some(EngineError::new(
-                    self.id.to_string(),
-                    Error::ForeignValue {
-                        key: self.key.clone(),
-                        what: match other {
-                            Value::Nil => {
-                                "the key holds a list, hash, set or other non-string type"
-                                    .to_owned()
-                            }
-                            other => format!("unexpected reply {other:?}"),
-                        },
-                    },
-                ));
-            }
+        if pttl == -2 {
+            // Expired on the server's clock (GETRANGE reads a missing key as
+            // ""): the writer stopped.
+            self.fault = None;
+            self.missing_since.get_or_insert(now);
+            return;
         }
+        let decoded = match value {
+            Value::BulkString(bytes) if bytes.len() > RECORD_SIZE => Err(Error::ForeignValue {
+                key: self.key.clone(),
+                what: format!(
+                    "a value larger than a {RECORD_SIZE}-byte record (only its first \
+                     {} bytes were read)",
+                    RECORD_SIZE + 1
+                ),
+            }),
+            Value::BulkString(bytes) => RedisRecord::decode(&self.key, &bytes)
+                .and_then(|record| self.check_expiry(record, pttl)),
+            Value::ServerError(e) if e.code() == "WRONGTYPE" => Err(Error::ForeignValue {
+                key: self.key.clone(),
+                what: "the key holds a list, hash, set or other non-string type".to_owned(),
+            }),
+            other => Err(Error::ForeignValue {
+                key: self.key.clone(),
+                what: format!("unexpected reply {other:?}"),
+            }),
+        };
+        let record = match decoded {
+            Ok(record) => record,
+            Err(error) => {
+                self.seen = None;
+                self.missing_since = None;
+                self.fault = Some(EngineError::new(self.id.to_string(), error));
+                return;
+            }
+        };
+        self.fault = None;
+        self.missing_since = None;
+        let advanced = self.seen.is_none_or(|s| {
+            (s.record.generation, s.record.heartbeat_seq)
+                != (record.generation, record.heartbeat_seq)
+        });
+        let heartbeat_at = match self.seen {
+            Some(seen) if !advanced => seen.heartbeat_at,
+            _ => {
+                // Time since the write by the server's clock, plus the
+                // writer's delay between heartbeat and write by the writer's
+                // clock; never a difference of two hosts' clocks.
+                // `check_expiry` made sure 0 <= pttl <= ttl_ms.
+                let since_write_ms = u64::from(record.ttl_ms).saturating_sub(pttl as u64);
+                let age = Duration::from_millis(since_write_ms)
+                    + Duration::from_micros(u64::from(record.write_delay_us));
+                now.checked_sub(age).unwrap_or(now)
+            }
+        };
+        self.seen = Some(Seen {
+            record,
+            heartbeat_at,
+        });
+    }
+
+    /// A record's age is `ttl_ms - PTTL`: that only holds for a key written
+    /// with `SET ... PX ttl_ms`. A key without expiry (PERSIST, a plain SET
+    /// or a copy) or with a longer one than its record says would read as
+    /// "written just now" forever: it is that engine's error instead.
+    fn check_expiry(&self, record: RedisRecord, pttl: i64) -> Result<RedisRecord, Error> {
+        let what = if pttl < 0 {
+            "the key has no expiry (PTTL -1; PERSISTed, copied or written without PX)".to_owned()
+        } else if pttl as u64 > u64::from(record.ttl_ms) {
+            format!(
+                "the key expires in {pttl} ms but its record says it was written with PX {} \
+                 (re-expired or written by hand)",
+                record.ttl_ms
+            )
+        } else {
+            return Ok(record);
+        };
+        Err(Error::NoExpiry {
+            key: self.key.clone(),
+            what,
+        })
     }
 
     fn state(&self, now: Instant, now_ns: u64, options: &ReaderOptions) -> Option<EngineState> {

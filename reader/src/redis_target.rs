@@ -12,15 +12,25 @@ pub const DEFAULT_PREFIX: &str = "engine_state:";
 /// Expiry of an engine's key when the URI has no `?ttl_ms=`: the default
 /// `stale_after`, so a key outlives its last heartbeat by exactly that.
 pub const DEFAULT_TTL: Duration = crate::freshness::DEFAULT_STALE_AFTER;
-/// How long a connection attempt, a command or a reply may take.
+/// How long a writer's connection attempt, command or reply may take when
+/// the URI has no `?timeout_ms=` (publisher sink, node agent).
 pub const NETWORK_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a reader's connection attempt or read may take when the URI has
+/// no `?timeout_ms=`: well under the default `stale_after` (2 s), so that a
+/// paused or unreachable server costs a router at most this per read (and
+/// nothing during the reconnection backoff that follows).
+pub const READ_TIMEOUT: Duration = Duration::from_millis(500);
+/// The range `?timeout_ms=` accepts.
+const TIMEOUT_MS_RANGE: std::ops::RangeInclusive<u64> = 10..=60_000;
 
 /// A parsed `redis://` or `rediss://` URI.
 ///
-/// `redis://[user:password@]host[:port][/db][?prefix=P&ttl_ms=N]`:
+/// `redis://[user:password@]host[:port][/db][?prefix=P&ttl_ms=N&timeout_ms=T]`:
 /// `prefix` (default `engine_state:`) separates fleets sharing one server;
 /// `ttl_ms` (default 2000) is how long a publisher's key outlives its last
-/// write. `rediss://` connects with TLS (add `#insecure` to skip certificate
+/// write; `timeout_ms` bounds every connection attempt and every reply
+/// (default [`READ_TIMEOUT`] for readers, [`NETWORK_TIMEOUT`] for writers).
+/// `rediss://` connects with TLS (add `#insecure` to skip certificate
 /// checks, for tests only). `Display` and every error hide the password.
 #[derive(Clone)]
 pub struct RedisTarget {
@@ -32,6 +42,10 @@ pub struct RedisTarget {
     password: Option<String>,
     prefix: String,
     ttl: Duration,
+    /// `?timeout_ms=`, when given.
+    timeout: Option<Duration>,
+    /// The timeout when the URI gives none (readers and writers differ).
+    default_timeout: Duration,
 }
 
 impl RedisTarget {
@@ -59,6 +73,7 @@ impl RedisTarget {
         };
         let mut prefix = DEFAULT_PREFIX.to_owned();
         let mut ttl = DEFAULT_TTL;
+        let mut timeout = None;
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
             match name {
@@ -87,11 +102,29 @@ impl RedisTarget {
                         }
                     }
                 }
+                "timeout_ms" => {
+                    timeout = match value.parse::<u64>() {
+                        Ok(ms) if TIMEOUT_MS_RANGE.contains(&ms) => Some(Duration::from_millis(ms)),
+                        _ => {
+                            return Err(bad(format!(
+                                "timeout_ms={value:?} must be a whole number of milliseconds in \
+                                 10..=60000 (default 500 for readers, 1000 for writers)"
+                            )))
+                        }
+                    }
+                }
                 other => {
+                    // The name only: the value may be a credential (?password=...).
+                    let hint = if crate::uri::is_secret_parameter(other) {
+                        "; give the password in the URI's user part, \
+                         redis://user:PASSWORD@host:port/db"
+                    } else {
+                        ""
+                    };
                     return Err(bad(format!(
                         "unknown parameter {other:?}; the parameters are prefix (default \
-                         {DEFAULT_PREFIX}) and ttl_ms (default 2000)"
-                    )))
+                         {DEFAULT_PREFIX}), ttl_ms (default 2000) and timeout_ms{hint}"
+                    )));
                 }
             }
         }
@@ -122,7 +155,22 @@ impl RedisTarget {
             password,
             prefix,
             ttl,
+            timeout,
+            default_timeout: NETWORK_TIMEOUT,
         })
+    }
+
+    /// The same target with [`READ_TIMEOUT`] as its timeout unless the URI
+    /// gives one (what [`crate::RedisSource`] uses).
+    pub fn for_reading(mut self) -> RedisTarget {
+        self.default_timeout = READ_TIMEOUT;
+        self
+    }
+
+    /// How long a connection attempt or a reply may take: `?timeout_ms=`, else
+    /// [`NETWORK_TIMEOUT`] ([`READ_TIMEOUT`] after [`RedisTarget::for_reading`]).
+    pub fn timeout(&self) -> Duration {
+        self.timeout.unwrap_or(self.default_timeout)
     }
 
     /// The key prefix (default `engine_state:`).
@@ -135,9 +183,11 @@ impl RedisTarget {
         self.ttl
     }
 
-    /// Connects (and authenticates) with [`NETWORK_TIMEOUT`] on every step,
-    /// then sends `PING`: a server that wants a password nobody gave only
-    /// says so at the first command, and that should fail here, clearly.
+    /// Connects (and authenticates), then sends `PING`, all within
+    /// [`RedisTarget::timeout`]: a server that wants a password nobody gave
+    /// only says so at the first command, and that should fail here, clearly;
+    /// a paused server (whose kernel still accepts connections) fails with
+    /// "timed out". The connection keeps that timeout for every reply.
     pub fn connect(&self) -> Result<redis::Connection, Error> {
         #[cfg(feature = "tls")]
         {
@@ -146,24 +196,49 @@ impl RedisTarget {
             // program) is fine.
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
-        let client = redis::Client::open(self.connect_url.as_str())
+        let info = redis::IntoConnectionInfo::into_connection_info(self.connect_url.as_str())
             .map_err(|e| self.error("cannot use the URI", &e))?;
+        // No `CLIENT SETINFO` at connect: on a paused server its replies
+        // would be waited for one by one, each for the whole timeout.
+        let settings = info.redis_settings().clone().set_skip_set_lib_name();
+        let client = redis::Client::open(info.set_redis_settings(settings))
+            .map_err(|e| self.error("cannot use the URI", &e))?;
+        let timeout = self.timeout();
+        let started = std::time::Instant::now();
         let mut con = client
-            .get_connection_with_timeout(NETWORK_TIMEOUT)
+            .get_connection_with_timeout(timeout)
             .map_err(|e| self.error("cannot connect", &e))?;
-        con.set_read_timeout(Some(NETWORK_TIMEOUT))
-            .and_then(|()| con.set_write_timeout(Some(NETWORK_TIMEOUT)))
+        // The PING gets what is left of the timeout, so that connecting as a
+        // whole takes at most `timeout`, not twice that.
+        let left = timeout
+            .saturating_sub(started.elapsed())
+            .max(Duration::from_millis(1));
+        con.set_read_timeout(Some(left))
+            .and_then(|()| con.set_write_timeout(Some(timeout)))
             .map_err(|e| self.error("cannot set timeouts", &e))?;
         redis::cmd("PING")
             .query::<()>(&mut con)
             .map_err(|e| self.error("cannot talk to the server", &e))?;
+        con.set_read_timeout(Some(timeout))
+            .map_err(|e| self.error("cannot set timeouts", &e))?;
         Ok(con)
     }
 
     /// An [`Error::Redis`] for `error`, password scrubbed, with a hint.
     pub fn error(&self, what: &str, error: &redis::RedisError) -> Error {
-        let text = scrub(&error.to_string(), self.password.as_deref());
+        let mut text = scrub(&error.to_string(), self.password.as_deref());
         let code = error.code().unwrap_or("");
+        // A socket timeout surfaces as EAGAIN ("Resource temporarily
+        // unavailable"), which reads like a refusal: say what happened.
+        let timed_out = error.is_timeout()
+            || text.contains("(os error 11)")
+            || text.contains("Resource temporarily unavailable");
+        if timed_out {
+            text = format!(
+                "timed out after {} ms without a reply",
+                self.timeout().as_millis()
+            );
+        }
         let hint = if code == "WRONGPASS"
             || code == "NOAUTH"
             || error.kind() == redis::ErrorKind::AuthenticationFailed
@@ -172,9 +247,12 @@ impl RedisTarget {
         {
             "check the user and password in the URI (redis://user:password@host:port/db)"
         } else if code == "NOPERM" || text.contains("NOPERM") {
-            "give this Redis user read and write access to the prefix's keys (ACL)"
-        } else if error.is_timeout() {
-            "check that Redis runs at that address and that the network lets you reach it"
+            "give this Redis user read and write access to the prefix's keys, and EVAL for \
+             publishers (ACL, e.g. ~PREFIX* +@read +@write +eval)"
+        } else if timed_out {
+            "check that Redis runs at that address, is not paused or overloaded, and that the \
+             network lets you reach it (redis-cli -h HOST -p PORT ping); a slow link may need a \
+             longer ?timeout_ms="
         } else if error.is_connection_refusal() || error.is_io_error() {
             "check that Redis runs at that address (redis-cli -h HOST -p PORT ping)"
         } else {
@@ -220,7 +298,12 @@ impl fmt::Display for RedisTarget {
 
 impl fmt::Debug for RedisTarget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "RedisTarget({self}, ttl {:?})", self.ttl)
+        write!(
+            f,
+            "RedisTarget({self}, ttl {:?}, timeout {:?})",
+            self.ttl,
+            self.timeout()
+        )
     }
 }
 

@@ -90,6 +90,7 @@ conformance!(
     a_killed_writer_turns_dead,
     esdump_json_shows_the_same_engines,
     open_dispatches_on_the_uri_and_hides_nothing_but_passwords,
+    a_second_live_publisher_of_an_id_is_refused_and_a_restarted_one_takes_over,
 );
 
 fn publisher(backend: &impl Backend, id: &str, period_ms: u64) -> Publisher {
@@ -319,4 +320,85 @@ fn open_dispatches_on_the_uri_and_hides_nothing_but_passwords(backend: &impl Bac
     let source = open(&uri, ReaderOptions::default()).unwrap();
     assert_eq!(source.uri(), uri.to_string());
     assert!(source.uri().starts_with(&backend.uri()[..7]));
+}
+
+fn a_second_live_publisher_of_an_id_is_refused_and_a_restarted_one_takes_over(
+    backend: &impl Backend,
+) {
+    let start = |id: &str| {
+        Publisher::start(
+            PublisherConfig::resolve(Some(&backend.uri()), Some(id), Some(20), None).unwrap(),
+        )
+    };
+    let refused = |id: &str| {
+        let error = start(id).expect_err("a second live publisher must be refused");
+        assert!(
+            matches!(&error, engine_state_publisher::Error::AlreadyPublished { engine_id, .. }
+                if engine_id == id),
+            "{error:?}"
+        );
+        let text = error.to_string();
+        assert!(
+            text.contains("already published by a live process")
+                && text.contains("AGENTIC_WORKER_ID"),
+            "{text}"
+        );
+    };
+
+    // In one process: the first stays the only writer, readers see only it.
+    let mut first = start("dup-0").unwrap();
+    first.publish(running(1)).unwrap();
+    let mut source = reader(backend, Duration::from_secs(2));
+    wait_for_engine(&mut *source, "dup-0", "the first publisher", |s| {
+        s.snapshot.num_running == 1
+    });
+    let generation = source.read().unwrap().get("dup-0").unwrap().generation;
+    refused("dup-0");
+    for _ in 0..20 {
+        first.publish(running(1)).unwrap();
+        let reading = source.read().unwrap();
+        let state = reading.get("dup-0").unwrap();
+        assert_eq!(
+            (state.generation, state.snapshot.num_running, state.status),
+            (generation, 1, Status::Fresh),
+            "readers see the first publisher only"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // A clean close frees the id at once.
+    first.close();
+    let mut next = start("dup-0").expect("the id is free after close()");
+    next.publish(running(2)).unwrap();
+    wait_for_engine(&mut *source, "dup-0", "the next publisher", |s| {
+        s.snapshot.num_running == 2
+    });
+
+    // Across processes: refused while the other process lives; once it is
+    // killed, a restarted engine takes the id over (shared memory: at once,
+    // the lock died with it; Redis: once its key expired, ttl_ms = 400 here).
+    let mut writer = Proc::spawn(
+        Command::new(bin("espublish"))
+            .args(["--uri", &backend.uri(), "--engine-id", "dup-1"])
+            .args(["--period-ms", "20", "--set", "num_running=7"])
+            .stdout(Stdio::piped()),
+    );
+    assert!(writer.first_line().contains("publishing dup-1"));
+    wait_for_engine(&mut *source, "dup-1", "the other process", |s| {
+        s.snapshot.num_running == 7
+    });
+    refused("dup-1");
+    writer.kill();
+    let mut restarted = None;
+    wait_for(
+        || {
+            restarted = start("dup-1").ok();
+            restarted.is_some()
+        },
+        "a restarted engine to take the id over",
+    );
+    let mut restarted = restarted.unwrap();
+    restarted.publish(running(8)).unwrap();
+    wait_for_engine(&mut *source, "dup-1", "the restarted engine", |s| {
+        s.snapshot.num_running == 8 && s.status == Status::Fresh
+    });
 }

@@ -216,3 +216,294 @@ fn rediss_tls_round_trip() {
         .to_string();
     assert!(error.contains("Redis at"), "{error}");
 }
+
+/// Puts `value` under engine `id`'s key (with `PX px_ms` when given) and
+/// registers the id.
+fn put_raw(redis: &RedisServer, id: &str, value: &[u8], px_ms: Option<u64>) {
+    let mut con = redis.connection();
+    let mut set = redis::cmd("SET");
+    set.arg(engine_key(DEFAULT_PREFIX, id)).arg(value);
+    if let Some(ms) = px_ms {
+        set.arg("PX").arg(ms);
+    }
+    let _: () = set.query(&mut con).unwrap();
+    let _: () = redis::cmd("SADD")
+        .arg(registry_key(DEFAULT_PREFIX))
+        .arg(id)
+        .query(&mut con)
+        .unwrap();
+}
+
+fn median_read(source: &mut dyn Source, reads: usize) -> std::time::Duration {
+    let mut times: Vec<_> = (0..reads)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            source.read().unwrap();
+            t.elapsed()
+        })
+        .collect();
+    times.sort_unstable();
+    times[reads / 2]
+}
+
+#[test]
+fn a_huge_value_is_one_engines_error_and_does_not_slow_the_fleets_reads() {
+    let redis = RedisServer::start();
+    let uri = redis.uri("");
+    let mut good = Publisher::start(
+        PublisherConfig::resolve(Some(&uri), Some("good"), Some(20), None).unwrap(),
+    )
+    .unwrap();
+    good.publish(Snapshot {
+        num_running: 3,
+        ..Snapshot::default()
+    })
+    .unwrap();
+    let mut source = test_reader(&uri, DEFAULT_STALE_AFTER);
+    wait_for_engine(&mut *source, "good", "the healthy engine", |s| {
+        s.snapshot.num_running == 3
+    });
+    let normal = median_read(&mut *source, 21);
+
+    // 64 MB of junk under one engine's key, and a record one byte too long.
+    put_raw(&redis, "huge", &vec![b'x'; 64 << 20], None);
+    let mut long = RedisRecord::default().encode().to_vec();
+    long.push(0);
+    put_raw(&redis, "long", &long, Some(60_000));
+    wait_for(
+        || source.read().unwrap().errors.len() == 2,
+        "the two oversize values to be read",
+    );
+    let with_huge = median_read(&mut *source, 21);
+    let reading = source.read().unwrap();
+    assert_eq!(reading.get("good").unwrap().snapshot.num_running, 3);
+    for error in &reading.errors {
+        let text = error.to_string();
+        assert!(
+            text.contains("a value larger than a 192-byte record") && text.contains("delete it"),
+            "{}: {text}",
+            error.name
+        );
+    }
+    // Reading the whole value took ~124 ms per read on the benchmark VM; a
+    // bounded read costs what a read of two more small records costs.
+    assert!(
+        with_huge < normal + std::time::Duration::from_millis(10),
+        "a read with a 64 MB value takes {with_huge:?}, without {normal:?}"
+    );
+}
+
+#[test]
+fn a_record_without_a_matching_expiry_is_an_error_never_fresh() {
+    let redis = RedisServer::start();
+    let uri = redis.uri("");
+    let record = |ttl_ms: u32| {
+        RedisRecord {
+            state: engine_state_reader::STATE_ACTIVE,
+            generation: 5,
+            heartbeat_seq: 1,
+            ttl_ms,
+            ..RedisRecord::default()
+        }
+        .encode()
+    };
+    // A copy without expiry; a record claiming PX 0 on a key that lives 60 s;
+    // a correctly written record that was then PERSISTed.
+    put_raw(&redis, "copied", &record(2000), None);
+    put_raw(&redis, "zero-ttl", &record(0), Some(60_000));
+    put_raw(&redis, "persisted", &record(60_000), Some(60_000));
+    let mut source = test_reader(&uri, DEFAULT_STALE_AFTER);
+    let reading = source.read().unwrap();
+    assert!(
+        reading
+            .get("persisted")
+            .is_some_and(|s| s.status == engine_state_reader::Status::Fresh),
+        "a record with its own expiry reads as usual: {reading:?}"
+    );
+    let _: () = redis::cmd("PERSIST")
+        .arg(engine_key(DEFAULT_PREFIX, "persisted"))
+        .query(&mut redis.connection())
+        .unwrap();
+    // Its (generation, heartbeat_seq) did not change: the reader must still
+    // notice that the key lost its expiry.
+    let reading = source.read().unwrap();
+    assert!(reading.engines.is_empty(), "{:?}", reading.engines);
+    let mut names: Vec<&str> = reading.errors.iter().map(|e| e.name.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["copied", "persisted", "zero-ttl"]);
+    for error in &reading.errors {
+        let text = error.to_string();
+        assert!(
+            text.contains("whose age cannot be told") && text.contains("Delete the key"),
+            "{text}"
+        );
+        let says = if error.name == "zero-ttl" {
+            "expires in"
+        } else {
+            "has no expiry (PTTL -1"
+        };
+        assert!(text.contains(says), "{text}");
+    }
+}
+
+/// Runs `command` for at most `limit` (a publisher or agent with an
+/// unreachable server keeps running), then returns all it printed.
+fn output_within(command: &mut Command, limit: std::time::Duration) -> String {
+    let mut child = command
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn no_output_for_a_bad_uri_ever_contains_a_credential() {
+    const SECRET: &str = "PW-s3cret";
+    let guarded = RedisServer::start_with(Some("the-right-one"));
+    let unreachable = free_port();
+    let port = guarded.port();
+    let uris = [
+        format!("redis://127.0.0.1:6379/0?password={SECRET}"),
+        format!("redis://127.0.0.1:6379/0?pass={SECRET}"),
+        format!("redis://127.0.0.1:6379/0?prefix=p:&PASSWORD={SECRET}"),
+        format!("redis://127.0.0.1:6379/0?token={SECRET}&ttl_ms=500"),
+        format!("redis://127.0.0.1:6379/0?api_key={SECRET}#insecure"),
+        format!("redis+unix:///tmp/redis.sock?pass={SECRET}"),
+        format!("redis+unix:///tmp/redis.sock?password={SECRET}&db=0"),
+        format!("redis://:{SECRET}@127.0.0.1:1/notadb"),
+        format!("redis://user:{SECRET}@127.0.0.1:notaport/0"),
+        format!("rediss://user:{SECRET}@127.0.0.1:1/0?secret={SECRET}"),
+        format!("redis://{SECRET}@127.0.0.1:{unreachable}/0"),
+        format!("redis://:{SECRET}@127.0.0.1:{port}/0"),
+        format!("redis://default:{SECRET}@127.0.0.1:{port}/0?prefix=x:"),
+    ];
+    let python_script = "import sys\nfrom engine_state import Reader, Publisher\n\
+         for uri in sys.argv[1:]:\n\
+         \x20   for make in (lambda: Reader(uri=uri), lambda: Publisher(uri=uri, engine_id='x')):\n\
+         \x20       try:\n\
+         \x20           made = make()\n\
+         \x20           print(repr(made), made.uri)\n\
+         \x20           made.close() if hasattr(made, 'close') else None\n\
+         \x20       except Exception as e:\n\
+         \x20           print(str(e), repr(e))\n";
+    let mut outputs: Vec<(String, String)> = Vec::new();
+    for uri in &uris {
+        let mut said = |what: &str, text: String| outputs.push((format!("{what} {uri}"), text));
+        match StateUri::parse(uri) {
+            Ok(parsed) => said("StateUri", format!("{parsed} {parsed:?}")),
+            Err(e) => said("StateUri::parse", format!("{e} {e:?}")),
+        }
+        match engine_state_reader::RedisTarget::parse(uri) {
+            Ok(target) => said("RedisTarget", format!("{target} {target:?}")),
+            Err(e) => said("RedisTarget::parse", format!("{e} {e:?}")),
+        }
+        if let Ok(parsed) = StateUri::parse(uri) {
+            match open(&parsed, ReaderOptions::default()) {
+                Ok(source) => said("open", source.uri()),
+                Err(e) => said("open", format!("{e} {e:?}")),
+            }
+        }
+        match PublisherConfig::resolve(Some(uri), Some("x"), None, None) {
+            Ok(config) => {
+                said("PublisherConfig", format!("{config:?}"));
+                match Publisher::start(config) {
+                    Ok(publisher) => {
+                        std::thread::sleep(std::time::Duration::from_millis(100));
+                        let last = publisher.redis_stats().and_then(|s| s.last_error());
+                        said("Publisher", format!("{publisher:?} {last:?}"));
+                    }
+                    Err(e) => said("Publisher::start", format!("{e} {e:?}")),
+                }
+            }
+            Err(e) => said("PublisherConfig::resolve", format!("{e} {e:?}")),
+        }
+        let limit = std::time::Duration::from_millis(1500);
+        for args in [&["--uri", uri][..], &["--json", "--uri", uri][..]] {
+            said(
+                "esdump",
+                output_within(Command::new(bin("esdump")).args(args), limit),
+            );
+        }
+        said(
+            "espublish",
+            output_within(
+                Command::new(bin("espublish")).args(["--uri", uri, "--engine-id", "x"]),
+                limit,
+            ),
+        );
+        said(
+            "esagent",
+            output_within(
+                Command::new(bin("esagent"))
+                    .args(["--redis", uri, "--listen", "127.0.0.1:0"])
+                    .args(["--uri", "file:///nonexistent-engine-state-dir"]),
+                limit,
+            ),
+        );
+    }
+    outputs.push((
+        "python".to_owned(),
+        output_within(
+            Command::new(python())
+                .arg("-c")
+                .arg(python_script)
+                .args(&uris),
+            std::time::Duration::from_secs(60),
+        ),
+    ));
+    for (what, text) in &outputs {
+        assert!(
+            !text.contains(SECRET),
+            "{what} leaked the credential: {text}"
+        );
+        assert!(!text.contains("s3cret"), "{what} leaked part of it: {text}");
+    }
+    // The outputs are real messages, not empty: spot-check a few.
+    let text = |what: &str| {
+        outputs
+            .iter()
+            .find(|(w, _)| w.starts_with(what))
+            .map(|(_, t)| t.as_str())
+            .unwrap()
+    };
+    assert!(
+        text("StateUri::parse").contains("password=***"),
+        "{}",
+        text("StateUri::parse")
+    );
+    assert!(
+        text("python").contains("EngineStateError"),
+        "{}",
+        text("python")
+    );
+    let refused = outputs
+        .iter()
+        .find(|(w, _)| w.starts_with("open") && w.contains(&format!(":{unreachable}/")))
+        .unwrap();
+    assert!(
+        refused.1.contains("cannot connect") && !refused.1.contains("timed out"),
+        "a refused connection is not a timeout: {}",
+        refused.1
+    );
+    let wrong = outputs
+        .iter()
+        .find(|(w, _)| w.starts_with("esdump") && w.contains(&format!(":{port}/0?prefix")))
+        .unwrap();
+    assert!(
+        wrong.1.contains("check the user and password"),
+        "{}",
+        wrong.1
+    );
+}

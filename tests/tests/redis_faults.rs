@@ -364,3 +364,171 @@ fn inline_sink_reports_a_server_error_among_the_replies_and_writes_after() {
     let step = |id: &str| reading.get(id).map(|e| e.snapshot.step);
     assert_eq!((step("a"), step("b")), (Some(2), Some(2)), "{reading:?}");
 }
+
+#[test]
+fn a_paused_server_costs_a_read_at_most_its_timeout_and_says_timed_out() {
+    let redis = RedisServer::start();
+    for (suffix, timeout_ms) in [("", 500u64), ("?timeout_ms=100", 100)] {
+        let uri = redis.uri(suffix);
+        let mut source = reader(&uri, 2000);
+        source.read().unwrap();
+        redis.freeze(true);
+        let t = Instant::now();
+        let reading = source.read().unwrap();
+        let waited = t.elapsed();
+        let opened = Instant::now();
+        let open_error = open(&StateUri::parse(&uri).unwrap(), ReaderOptions::default())
+            .err()
+            .expect("open must fail on a paused server");
+        let open_waited = opened.elapsed();
+        redis.freeze(false);
+        let bound = Duration::from_millis(timeout_ms + 300);
+        assert!(
+            waited >= Duration::from_millis(timeout_ms) && waited < bound,
+            "{uri}: a read waited {waited:?}"
+        );
+        // Connecting (the kernel still accepts) and the PING share one timeout.
+        assert!(open_waited < bound, "{uri}: open waited {open_waited:?}");
+        let read_error = reading.errors[0].to_string();
+        for error in [read_error, open_error.to_string()] {
+            assert!(
+                error.contains(&format!("timed out after {timeout_ms} ms"))
+                    && !error.contains("Resource temporarily unavailable")
+                    && error.contains("not paused or overloaded"),
+                "{uri}: {error}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_publisher_never_overwrites_another_live_writers_record_and_takes_over_after_it_expires() {
+    let redis = RedisServer::start();
+    let uri = redis.uri("?ttl_ms=300");
+    let mut publisher = start(&uri, "held", 20).unwrap();
+    publisher
+        .publish(Snapshot {
+            num_running: 1,
+            ..Snapshot::default()
+        })
+        .unwrap();
+    let mut source = reader(&uri, 2000);
+    wait_for_engine(&mut *source, "held", "the publisher", |s| {
+        s.snapshot.num_running == 1
+    });
+    // Another writer (e.g. a restarted engine after this one hung longer
+    // than ttl_ms) writes the key: this publisher must not overwrite it.
+    let other = RedisRecord {
+        writer_pid: 4242,
+        state: engine_state_reader::STATE_ACTIVE,
+        generation: 99,
+        heartbeat_seq: 1,
+        ttl_ms: 1500,
+        snapshot: Snapshot {
+            num_running: 42,
+            ..Snapshot::default()
+        },
+        ..RedisRecord::default()
+    };
+    let key = engine_state_reader::engine_key(engine_state_reader::DEFAULT_PREFIX, "held");
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg(&other.encode()[..])
+        .arg("PX")
+        .arg(1500)
+        .query(&mut redis.connection())
+        .unwrap();
+    let refused = |p: &Publisher| p.redis_stats().unwrap().refused.load(Ordering::Relaxed);
+    let refused_before = refused(&publisher);
+    for step in 0..50 {
+        publisher
+            .publish(Snapshot {
+                step,
+                num_running: 1,
+                ..Snapshot::default()
+            })
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+        let reading = source.read().unwrap();
+        assert_eq!(
+            reading.get("held").map(|s| s.snapshot.num_running),
+            Some(42),
+            "the other writer's record stays: {reading:?}"
+        );
+    }
+    assert!(refused(&publisher) > refused_before);
+    // Its key expires (nobody refreshes it): this publisher writes again.
+    wait_for_engine(&mut *source, "held", "the publisher to take over", |s| {
+        s.snapshot.num_running == 1
+    });
+    // A close does not delete a key another writer holds.
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg(&other.encode()[..])
+        .arg("PX")
+        .arg(60_000)
+        .query(&mut redis.connection())
+        .unwrap();
+    publisher.close();
+    let still: Option<Vec<u8>> = redis::cmd("GET")
+        .arg(&key)
+        .query(&mut redis.connection())
+        .unwrap();
+    assert_eq!(still.as_deref(), Some(&other.encode()[..]));
+}
+
+#[test]
+fn a_registry_key_of_the_wrong_type_is_counted_and_the_records_are_still_written() {
+    let redis = RedisServer::start();
+    let _: () = redis::cmd("SET")
+        .arg(engine_state_reader::registry_key("bad:"))
+        .arg("not a set")
+        .query(&mut redis.connection())
+        .unwrap();
+    let uri = redis.uri("?prefix=bad:");
+    let publisher = start(&uri, "unlisted", 20).unwrap();
+    let stats = publisher.redis_stats().unwrap();
+    wait_for(
+        || stats.registry_errors.load(Ordering::Relaxed) >= 1,
+        "the refused registration to be counted",
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    // Not a connection failure: no reconnect loop, the key stays refreshed.
+    assert_eq!(stats.errors.load(Ordering::Relaxed), 0, "{stats:?}");
+    assert!(stats.connected.load(Ordering::Relaxed));
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(engine_state_reader::engine_key("bad:", "unlisted"))
+        .query(&mut redis.connection())
+        .unwrap();
+    assert!(
+        pttl > 1500,
+        "the key is refreshed every period: PTTL {pttl}"
+    );
+}
+
+#[test]
+fn a_publisher_whose_user_may_not_eval_is_told_so_at_start() {
+    let redis = RedisServer::start();
+    let _: () = redis::cmd("ACL")
+        .arg(
+            &[
+                "SETUSER",
+                "noeval",
+                "on",
+                ">noeval-pw",
+                "~*",
+                "+@all",
+                "-eval",
+            ][..],
+        )
+        .query(&mut redis.connection())
+        .unwrap();
+    let uri = format!("redis://noeval:noeval-pw@127.0.0.1:{}/0", redis.port());
+    let error = start(&uri, "limited", 20).unwrap_err().to_string();
+    assert!(
+        error.contains("no permissions to run the 'eval' command")
+            && error.contains("+eval")
+            && !error.contains("noeval-pw"),
+        "{error}"
+    );
+}

@@ -166,7 +166,7 @@ fn e2e_part(redis: &RedisServer, seconds: u64, agent_flags: &[String], agent_lab
 
 fn read_part(redis: &RedisServer) {
     println!(
-        "\n## one read of N engines (SMEMBERS every 250 ms, MGET + PTTL per key: one round trip)"
+        "\n## one read of N engines (SMEMBERS every 250 ms, GETRANGE 0..192 + PTTL per key: one round trip)"
     );
     for n in [8, 64, 1024] {
         let uri = redis.uri(&format!("?prefix=read{n}:"));

@@ -92,9 +92,9 @@ def start_publisher(
             suffix += f"-{os.urandom(2).hex()}"
         fallback = engine_id[: _MAX_ID - len(suffix)] + suffix
         logger.warning(
-            "engine-state: engine id %r is already published by another live engine on this "
-            "host; publishing as %r instead. Give each engine its own AGENTIC_WORKER_ID to "
-            "choose the names. (%s)",
+            "engine-state: engine id %r is already published by another live engine (in this "
+            "directory or Redis prefix); publishing as %r instead. Give each engine its own "
+            "AGENTIC_WORKER_ID to choose the names. (%s)",
             engine_id,
             fallback,
             error,
