@@ -66,3 +66,5 @@ pub use crate::writer::{Heartbeat, ShmWriter, WriterOptions, WrongProcess};
 
 #[cfg(all(test, not(loom)))]
 mod file_tests;
+#[cfg(all(test, not(loom)))]
+mod hostile_tests;
