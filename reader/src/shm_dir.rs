@@ -28,6 +28,8 @@ const REOPEN_BACKOFF: Duration = Duration::from_millis(20);
 /// at most every [`ReaderOptions::rescan_interval`]; between listings a read
 /// touches only the mappings: a seqlock read and two loads per engine. A file
 /// that its writer retired (replaced by a restarted engine) is reopened at once.
+/// A file truncated under its mapping reads [`crate::Status::Torn`] until the next
+/// listing, which opens it again and reports it in [`Reading::errors`].
 /// [`ShmDir::read_changed_at`] is cheaper still: two loads from one cache line
 /// per engine (sequence and heartbeat words), and a full read only of the
 /// engines that published (or heartbeat) since, or whose file was replaced.
@@ -129,7 +131,9 @@ impl ShmDir {
                 continue;
             }
             if let Some(mut kept) = old_engines.remove(name.as_str()) {
-                if kept.file.inode() == inode {
+                // A mapping whose file was truncated under it is dropped and
+                // the file opened again (which reports its size).
+                if kept.file.inode() == inode && !kept.file.is_truncated() {
                     kept.writer_alive = writer_alive(kept.file.header());
                     engines.push(kept);
                     continue;

@@ -1,6 +1,6 @@
-//! What other processes can put into a state directory: FIFOs, symbolic
-//! links, names that are not UTF-8. Each is one engine's error; the other
-//! engines are still read.
+//! What other processes can put into (or do to) a state directory: FIFOs,
+//! symbolic links, names that are not UTF-8, files truncated under a live
+//! mapping. Each is one engine's error; the other engines are still read.
 
 use std::os::unix::ffi::OsStrExt;
 use std::time::Duration;
@@ -65,4 +65,41 @@ fn fifos_links_and_odd_names_are_reported_not_opened() {
     assert!(error_of(&reading, "fifo").starts_with("not a regular file (a FIFO): "));
     assert!(error_of(&reading, "outside").starts_with("symbolic link, not followed: "));
     assert!(error_of(&reading, "odd-\u{fffd}").starts_with("name is not UTF-8"));
+}
+
+#[test]
+fn file_truncated_under_the_reader_reads_torn_then_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let _victim = writer(dir.path(), "victim");
+    let _other = writer(dir.path(), "other");
+    let options = ReaderOptions {
+        rescan_interval: Duration::from_secs(3600),
+        ..ReaderOptions::default()
+    };
+    let mut source = ShmDir::open(dir.path(), options).unwrap();
+    assert!(source.read().unwrap().engines.iter().all(|e| e.is_fresh()));
+    // `truncate -s 0` by another process: the next read of the mapping faults.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join("victim"))
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let reading = source.read().unwrap();
+    assert_eq!(reading.get("victim").unwrap().status, Status::Torn);
+    assert_eq!(reading.get("other").unwrap().status, Status::Fresh);
+    let mut changed = Reading::default();
+    source
+        .read_changed_at(&mut changed, monotonic_ns(), None)
+        .unwrap();
+    assert!(changed
+        .engines
+        .iter()
+        .all(|e| e.engine_id.as_ref() != "other"));
+    // The next listing drops the mapping and reports what the file is now.
+    source.rescan().unwrap();
+    let reading = source.read().unwrap();
+    assert!(reading.get("victim").is_none(), "{reading:?}");
+    assert_eq!(reading.get("other").unwrap().status, Status::Fresh);
+    assert!(error_of(&reading, "victim").contains("is 0 bytes"));
 }

@@ -1,6 +1,6 @@
 //! Tests of what other processes can put into (or do to) the state
-//! directory: FIFOs, symbolic links and unreadable files. None may
-//! hang a reader.
+//! directory: FIFOs, symbolic links, unreadable files, truncation of a mapped
+//! file. None may hang or kill a reader.
 
 use std::os::unix::fs::PermissionsExt;
 
@@ -61,4 +61,54 @@ fn unreadable_file_says_readers_need_read_access() {
         err.contains("read access") && err.contains("AGENTIC_ENGINE_STATE_FILE_MODE=644"),
         "{err}"
     );
+}
+
+#[test]
+fn truncated_mapping_reads_torn_instead_of_killing_the_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut writer = create(dir.path(), "victim");
+    let _b = create(dir.path(), "bystander");
+    let victim = ShmFile::open(dir.path().join("victim")).unwrap();
+    let bystander = ShmFile::open(dir.path().join("bystander")).unwrap();
+    assert!(victim.read().is_ok());
+    // Another process's `truncate -s 0`: the mapping now lies beyond the end
+    // of the file, and touching it raises SIGBUS.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join("victim"))
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    assert!(victim.read().is_err(), "a truncated file reads torn");
+    assert!(victim.is_truncated());
+    assert_eq!(victim.heartbeat_mono_ns(), 0, "the mapping reads zeros now");
+    assert!(!victim.is_retired());
+    assert!(victim.read().is_err(), "and stays torn");
+    // The writer in this process survives too: its stores land in zero pages.
+    writer.publish(&Snapshot::default()).unwrap();
+    let (snapshot, _) = bystander.read().unwrap();
+    assert_eq!(snapshot.num_running, 4);
+    assert!(!bystander.is_truncated());
+    // Opening it again says what it is now.
+    assert!(matches!(
+        ShmFile::open(dir.path().join("victim")).unwrap_err(),
+        Error::WrongSize { size: 0, .. }
+    ));
+    drop(victim);
+    // The slot is free again and a new mapping starts untruncated.
+    let again = ShmFile::open(dir.path().join("bystander")).unwrap();
+    assert!(!again.is_truncated());
+}
+
+#[test]
+fn many_mappings_register_and_unregister() {
+    let dir = tempfile::tempdir().unwrap();
+    let _w = create(dir.path(), "e");
+    // More than one chunk of registry slots, opened and dropped twice.
+    for _ in 0..2 {
+        let files: Vec<ShmFile> = (0..600)
+            .map(|_| ShmFile::open(dir.path().join("e")).unwrap())
+            .collect();
+        assert!(files.iter().all(|f| f.read().is_ok() && !f.is_truncated()));
+    }
 }

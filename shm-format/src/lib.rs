@@ -48,6 +48,8 @@ mod mapping;
 pub mod seqlock;
 #[cfg(not(loom))]
 mod shm_file;
+#[cfg(not(loom))]
+mod sigbus;
 mod snapshot;
 #[cfg(not(loom))]
 mod writer;

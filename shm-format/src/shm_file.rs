@@ -93,7 +93,21 @@ impl ShmFile {
     pub fn read(&self) -> Result<(Snapshot, u64), Torn> {
         let (words, seq) =
             seqlock::read(self.map.word(SEQ_OFFSET), self.map.words(PAYLOAD_OFFSET))?;
+        // The file was truncated under the mapping: what was read is zeros
+        // the `SIGBUS` handler mapped in, not a snapshot.
+        if self.map.truncated() {
+            return Err(Torn { last_seq: seq });
+        }
         Ok((Snapshot::from_words(words), seq))
+    }
+
+    /// Another process truncated the file under this reader's mapping (a
+    /// read touched a page beyond its end). From then on the mapping reads
+    /// zeros, [`ShmFile::read`] returns [`Torn`], and the file should be
+    /// opened again (which reports what it is now, e.g. its wrong size).
+    #[inline]
+    pub fn is_truncated(&self) -> bool {
+        self.map.truncated()
     }
 
     /// The seqlock sequence word as it is now (one Relaxed load, no fence):

@@ -171,3 +171,141 @@ fn unreadable_engine_file_says_readers_need_read_access() {
         "{stderr}"
     );
 }
+
+/// An `espublish` of engine `id` into `uri`, once its first snapshot is out.
+fn espublish(uri: &str, id: &str) -> Proc {
+    let mut proc = Proc::spawn(
+        Command::new(bin("espublish"))
+            .args(["--engine-id", id, "--uri", uri, "--period-ms", "20"])
+            .args(["--set", "num_running=5", "--duration", "60"])
+            .stdout(Stdio::piped()),
+    );
+    let line = proc.first_line();
+    assert!(line.contains("publishing"), "espublish: {line:?}");
+    proc
+}
+
+/// Whether the child is still running (and not, e.g., killed by SIGBUS).
+fn running(proc: &mut Proc, what: &str) {
+    if let Some(status) = proc.0.try_wait().unwrap() {
+        panic!("{what} died: {status}");
+    }
+}
+
+const PY_READ_LOOP: &str = "import json, sys, time\nfrom engine_state import Reader\n\
+    r = Reader(uri=sys.argv[1])\n\
+    while True:\n\
+    \x20   states = {s.engine_id: s.status for s in r.read()}\n\
+    \x20   print(json.dumps({'engines': states, 'errors': r.errors}), flush=True)\n\
+    \x20   time.sleep(0.02)\n";
+
+/// `truncate -s 0` of an engine's file while `esdump --watch`, a Python
+/// `Reader` loop and `esagent` have it mapped: none of them dies of SIGBUS
+/// (exit 135 before); the engine reads torn, then is reported as a 0-byte
+/// file, and the other engine stays fresh throughout.
+#[test]
+fn truncating_a_mapped_file_kills_no_reader() {
+    let shm = std::path::Path::new("/dev/shm");
+    let dir = if shm.is_dir() {
+        tempfile::tempdir_in(shm).unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
+    };
+    let uri = format!("file://{}", dir.path().display());
+    let mut victim_writer = espublish(&uri, "victim");
+    let _other_writer = espublish(&uri, "other");
+
+    let screen_path = dir.path().join(".esdump-screen");
+    let screen = std::fs::File::create(&screen_path).unwrap();
+    let mut esdump = Proc::spawn(
+        Command::new(bin("esdump"))
+            .args(["--watch", "--interval", "50", "--uri", &uri])
+            .stdout(screen),
+    );
+    let mut python_reader = Proc::spawn(
+        Command::new(python())
+            .args(["-c", PY_READ_LOOP, &uri])
+            .stdout(Stdio::piped()),
+    );
+    let python_lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let collector = {
+        let lines = python_lines.clone();
+        let stdout = python_reader.0.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
+                let Ok(line) = line else { break };
+                lines.lock().unwrap().push(line);
+            }
+        })
+    };
+    let redis = RedisServer::start();
+    let redis_uri = redis.uri("?prefix=hostile:&ttl_ms=400");
+    let mut agent = Proc::spawn(
+        Command::new(bin("esagent"))
+            .args(["--uri", &uri, "--redis", &redis_uri, "--period-ms", "20"])
+            .args(["--listen", "127.0.0.1:0", "--stale-after-ms", "500"])
+            .stdout(Stdio::null()),
+    );
+    let mut remote = test_reader(&redis_uri, Duration::from_millis(500));
+    let last_python = || python_lines.lock().unwrap().last().cloned();
+    let last_frame = || {
+        let text = std::fs::read_to_string(&screen_path).unwrap();
+        text.rsplit("\x1b[2J").next().unwrap_or_default().to_owned()
+    };
+    wait_for(
+        || {
+            last_frame().contains("victim")
+                && remote.read().unwrap().engines.len() == 2
+                && last_python().is_some_and(|l| l.contains(r#""victim": "fresh""#))
+        },
+        "every reader sees both engines",
+    );
+
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join("victim"))
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    wait_for(
+        || {
+            running(&mut esdump, "esdump --watch");
+            running(&mut python_reader, "the Python Reader");
+            running(&mut agent, "esagent");
+            last_frame().contains("victim: ")
+                && last_python().is_some_and(|l| l.contains("is 0 bytes"))
+        },
+        "the truncated file reported by esdump and the Python Reader",
+    );
+    // A few more rounds of every reader over the truncated file.
+    std::thread::sleep(Duration::from_millis(500));
+    running(&mut esdump, "esdump --watch");
+    running(&mut python_reader, "the Python Reader");
+    running(&mut agent, "esagent");
+    running(&mut victim_writer, "the truncated engine's writer");
+
+    let frame = last_frame();
+    let other_row = frame.lines().find(|l| l.starts_with("other ")).unwrap();
+    assert!(other_row.contains(" fresh "), "{frame}");
+    assert!(!frame.lines().any(|l| l.starts_with("victim ")), "{frame}");
+    assert!(
+        frame.contains("! victim: ") && frame.contains("is 0 bytes"),
+        "{frame}"
+    );
+    let line = last_python().unwrap();
+    let parsed: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(
+        parsed["engines"],
+        serde_json::json!({"other": "fresh"}),
+        "{line}"
+    );
+    let errors = parsed["errors"].as_array().unwrap();
+    assert!(
+        errors.len() == 1 && errors[0].as_str().unwrap().contains("victim"),
+        "{line}"
+    );
+    let relayed = remote.read().unwrap();
+    assert!(relayed.get("other").unwrap().is_fresh(), "{relayed:?}");
+    drop(python_reader);
+    collector.join().unwrap();
+}
