@@ -112,3 +112,20 @@ fn many_mappings_register_and_unregister() {
         assert!(files.iter().all(|f| f.read().is_ok() && !f.is_truncated()));
     }
 }
+
+#[test]
+fn file_zeroed_in_place_reads_torn() {
+    let dir = tempfile::tempdir().unwrap();
+    let _w = create(dir.path(), "zeroed");
+    let reader = ShmFile::open(dir.path().join("zeroed")).unwrap();
+    // Truncated and grown back before the reader touched it: no fault, the
+    // mapping just reads zeros (sequence 0, which no writer publishes).
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join("zeroed"))
+        .unwrap();
+    file.set_len(0).unwrap();
+    file.set_len(FILE_SIZE as u64).unwrap();
+    assert_eq!(reader.read().unwrap_err().last_seq, 0);
+    assert!(!reader.is_truncated(), "no fault happened");
+}

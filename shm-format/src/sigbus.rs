@@ -4,18 +4,20 @@
 //! raises `SIGBUS`, whose default action ends the process. Any process that
 //! may write the state directory (an operator's `truncate -s 0`, a buggy
 //! tool) could so kill every router reading it, and the engine writing it.
-//! Every mapping of an engine file is therefore registered here; the first registration installs a `SIGBUS`
-//! handler (once per process, chained to the handler that was there before).
-//! When a fault hits a registered mapping, the handler maps an anonymous zero
-//! page over the mapping's range (`mmap(MAP_FIXED | MAP_PRIVATE |
-//! MAP_ANONYMOUS)`, one system call) and sets the mapping's `truncated` flag;
-//! the faulting load then re-executes and reads zero. Zero fails every check
-//! (magic, state, heartbeat), the reader sees the flag after its seqlock read
-//! and reports the engine torn, and its next listing reopens the file (which
-//! then fails validation: wrong size). A writer whose file was truncated
-//! keeps running; its stores land in its private zero pages. Faults anywhere else go to the previous
-//! handler unchanged. `docs/ARCHITECTURE.md` says why this and not the
-//! alternatives (a per-read `fstat`, file seals).
+//! Every mapping of an engine file is therefore registered here; the first
+//! registration installs a `SIGBUS` handler (once per process, chained to
+//! the handler that was there before). When a fault hits a registered
+//! mapping, the handler maps an anonymous zero page over the mapping's
+//! range (`mmap(MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS)`, one system call)
+//! and sets the mapping's `truncated` flag; the faulting load then
+//! re-executes and reads zero. Zero fails every check (magic, state,
+//! heartbeat; a sequence of 0 is never published, so the seqlock read
+//! reports the engine torn), and the reader's next listing sees the flag
+//! and reopens the file (which then fails validation: wrong size). A writer
+//! whose file was truncated keeps running; its stores land in its private
+//! zero pages. Faults anywhere else go to the previous handler unchanged.
+//! `docs/ARCHITECTURE.md` says why this and not the alternatives (a
+//! per-read `fstat`, file seals).
 //!
 //! The registry is a list of fixed-size chunks of slots that is only ever
 //! appended to (never freed), so the handler walks it with atomic loads only:
