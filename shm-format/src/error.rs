@@ -122,6 +122,9 @@ impl Error {
                  engines publish into"
             }
             io::ErrorKind::NotFound => "; check the path (AGENTIC_ENGINE_STATE_URI / --uri)",
+            _ if action == "use as a directory" => {
+                "; remove that file, or point AGENTIC_ENGINE_STATE_URI / --uri at a directory"
+            }
             io::ErrorKind::PermissionDenied if action == OPEN_FOR_READING => {
                 "; a reader needs read access to the engine files: run it as a user that may read \
                  them, or have the publishers create them readable by others \
