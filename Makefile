@@ -18,7 +18,7 @@ BIN := $(TARGET_DIR)/$(PROFILE)
 export ENGINE_STATE_PYTHON := $(PY)
 
 .PHONY: help build bins py venv test test-rust test-loom test-py test-vllm vllm-venv \
-        lint fmt miri bench bench-vllm demo demo-smoke clean
+        lint fmt miri bench bench-vllm demo demo-smoke clean fuzz
 
 help:
 	@echo "make demo        four demo engines, live in esdump --watch for DURATION=$(DURATION) s"
@@ -90,6 +90,10 @@ miri:
 	    echo "Miri is not installed for the nightly toolchain here (rustup component add miri --toolchain nightly);"; \
 	    echo "the seqlock model is still checked by loom: make test-loom"; \
 	fi
+
+# The reader's file parser, fuzzed (arbitrary bytes and mutated valid files).
+fuzz:
+	PROPTEST_CASES=$${PROPTEST_CASES:-100000} $(CARGO) test --release -p engine-state-shm-format --test fuzz_file
 
 # ---- demo --------------------------------------------------------------------
 
