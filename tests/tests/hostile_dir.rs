@@ -133,6 +133,50 @@ fn fifo_and_symbolic_link_neither_hang_nor_escape_the_directory() {
     );
 }
 
+/// `esagent` with a FIFO and a link out of the directory: it neither stalls
+/// nor relays the link's target to Redis, and relays the healthy engine.
+#[test]
+fn esagent_neither_stalls_on_a_fifo_nor_relays_a_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let uri = format!("file://{}", dir.path().display());
+    let _good = espublish(&uri, "good");
+    let _outside = espublish(&format!("file://{}", elsewhere.path().display()), "outside");
+    nix::unistd::mkfifo(
+        &dir.path().join("x"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(elsewhere.path().join("outside"), dir.path().join("outside"))
+        .unwrap();
+    let redis = RedisServer::start();
+    let redis_uri = redis.uri("?prefix=hostile-links:&ttl_ms=400");
+    let mut agent = Proc::spawn(
+        Command::new(bin("esagent"))
+            .args(["--uri", &uri, "--redis", &redis_uri, "--period-ms", "20"])
+            .args(["--listen", "127.0.0.1:0", "--stale-after-ms", "500"])
+            .stdout(Stdio::null()),
+    );
+    let mut remote = test_reader(&redis_uri, Duration::from_millis(500));
+    wait_for(
+        || {
+            running(&mut agent, "esagent");
+            remote
+                .read()
+                .unwrap()
+                .get("good")
+                .is_some_and(|e| e.is_fresh())
+        },
+        "esagent relays the healthy engine",
+    );
+    // Long enough for several full passes over the directory (every 500 ms).
+    std::thread::sleep(Duration::from_millis(1200));
+    running(&mut agent, "esagent");
+    let relayed = remote.read().unwrap();
+    let ids: Vec<&str> = relayed.engines.iter().map(|e| &*e.engine_id).collect();
+    assert_eq!(ids, ["good"], "{relayed:?}");
+}
+
 /// A reader that may not read an engine's file is told it needs read access
 /// (and how publishers grant it). Root reads anything, so as root `esdump`
 /// runs as `nobody` (via setpriv).
