@@ -53,7 +53,8 @@ impl Reader {
         Ok(reading.engines.iter().map(EngineState::from).collect())
     }
 
-    /// The per-engine errors of the last `read()` (bad or foreign files).
+    /// The per-engine errors of the last `read()` (bad or foreign files,
+    /// FIFOs and other non-regular files, symbolic links, non-UTF-8 names).
     #[getter]
     fn errors(&self) -> Vec<String> {
         self.lock().1.errors.iter().map(|e| e.to_string()).collect()

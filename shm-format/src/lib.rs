@@ -9,7 +9,9 @@
 //!   `flock` against a second writer, seqlock publish, [`Heartbeat`] handle for
 //!   a timer thread, retirement.
 //! - [`ShmFile`]: a reader's read-only mapping, validated at open; lock-free
-//!   [`ShmFile::read`].
+//!   [`ShmFile::read`]. Opening never blocks or follows a link, and a file
+//!   truncated under the mapping reads [`Torn`] instead of killing the
+//!   process with `SIGBUS` (module `sigbus`).
 //! - [`seqlock`]: the protocol itself over atomic words (checked with loom and
 //!   Miri).
 //! - [`layout`]: every offset, pinned by compile-time asserts and a

@@ -9,6 +9,9 @@
 //! 256 cases per property in `cargo test`; `make fuzz` runs many more
 //! (`PROPTEST_CASES`, read by proptest's default config).
 
+// Under `--cfg loom` the crate has no files (only the protocol is built).
+#![cfg(not(loom))]
+
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
