@@ -43,8 +43,8 @@ pub enum Error {
     /// followed), a FIFO, socket, device or directory (opening those can block
     /// or has side effects), or a name that is not UTF-8 (so no engine id).
     #[error(
-        "{what}: {}; engine-state readers open only regular files named after an engine id, \
-         and never follow links: remove it from the engine-state directory",
+        "{what}: {}; engine-state opens only regular files named after an engine id, and \
+         never follows links: remove it from the engine-state directory",
         path.display()
     )]
     RefusedEntry {

@@ -129,3 +129,29 @@ fn file_zeroed_in_place_reads_torn() {
     assert_eq!(reader.read().unwrap_err().last_seq, 0);
     assert!(!reader.is_truncated(), "no fault happened");
 }
+
+#[test]
+fn writer_does_not_take_over_through_a_symbolic_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    // A dead writer's file elsewhere (dropping a writer removes its file,
+    // so keep a copy of its bytes).
+    let bytes = {
+        let _w = create(elsewhere.path(), "eng");
+        std::fs::read(elsewhere.path().join("eng")).unwrap()
+    };
+    std::fs::write(elsewhere.path().join("eng"), &bytes).unwrap();
+    std::os::unix::fs::symlink(elsewhere.path().join("eng"), dir.path().join("eng")).unwrap();
+    let first = Snapshot::default();
+    let err =
+        ShmWriter::create(dir.path(), &id("eng"), &WriterOptions::default(), &first).unwrap_err();
+    assert!(
+        err.to_string().starts_with("symbolic link, not followed: "),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(elsewhere.path().join("eng")).unwrap(),
+        bytes,
+        "the file the link points to is not retired"
+    );
+}
