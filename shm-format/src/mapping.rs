@@ -2,7 +2,7 @@
 //!
 //! The `unsafe` of the crate lives here (turning offsets into the mapping
 //! into `&AtomicU64`) and in `sigbus` (surviving a file truncated under a
-//! read-only mapping).
+//! mapping).
 
 use std::fs::File;
 use std::path::Path;
@@ -75,8 +75,8 @@ impl Mapping {
         //   `offset..offset + 8` is inside it; the file was at least that long
         //   when checked (reader) or reserved (writer) and a writer never
         //   truncates it; if another process truncates it anyway, an access
-        //   faults once and the `sigbus` handler maps zero
-        //   pages over it (still `FILE_SIZE` readable bytes at this address);
+        //   faults once and the `sigbus` handler maps zero pages over the
+        //   range (still `FILE_SIZE` accessible bytes at this address);
         // - mmap returns a page-aligned address and `offset` is a multiple of 8,
         //   so the pointer is aligned for `AtomicU64`, which has the size and
         //   alignment of `u64`;

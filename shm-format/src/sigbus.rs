@@ -118,6 +118,8 @@ pub(crate) fn register(start: usize, writable: bool) -> &'static Slot {
 /// Forgets the mapping of `slot` (before it is unmapped, so that a later
 /// mapping at the same address is never mistaken for it).
 pub(crate) fn unregister(slot: &'static Slot) {
+    // Pairs with the handler's Acquire load of `start`: from here on, no
+    // fault is attributed to this slot.
     slot.start.store(0, Ordering::Release);
     // Pairs with the Acquire compare-exchange in `free_slot`.
     slot.taken.store(false, Ordering::Release);
