@@ -28,8 +28,17 @@ use proptest::prelude::*;
 const NAME: &str = "fuzzed-engine";
 
 thread_local! {
-    /// A scratch directory per test thread (the properties run in parallel).
-    static SCRATCH: tempfile::TempDir = tempfile::tempdir().unwrap();
+    /// A scratch directory per test thread (the properties run in parallel),
+    /// on tmpfs like the real state directory when there is one: a disk
+    /// under /tmp makes the long `make fuzz` runs wait on writeback.
+    static SCRATCH: tempfile::TempDir = {
+        let shm = std::path::Path::new("/dev/shm");
+        if shm.is_dir() {
+            tempfile::tempdir_in(shm).unwrap()
+        } else {
+            tempfile::tempdir().unwrap()
+        }
+    };
 }
 
 /// The bytes of a valid file of engine [`NAME`], made by the real writer.
