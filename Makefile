@@ -18,7 +18,7 @@ BIN := $(TARGET_DIR)/$(PROFILE)
 export ENGINE_STATE_PYTHON := $(PY)
 
 .PHONY: help build bins py venv test test-rust test-loom test-py test-vllm vllm-venv \
-        lint fmt miri bench bench-vllm demo demo-smoke clean
+        lint fmt miri bench bench-vllm demo demo-smoke clean fuzz
 
 help:
 	@echo "make demo        four demo engines, live in esdump --watch for DURATION=$(DURATION) s"
@@ -26,6 +26,7 @@ help:
 	@echo "make bench       benchmarks against their baselines (see BENCHMARKS.md)"
 	@echo "make lint        cargo fmt --check and clippy -D warnings"
 	@echo "make miri        the seqlock module under Miri (needs nightly with miri)"
+	@echo "make fuzz        the file parser and the Redis record decoder, 100k cases each"
 
 # ---- build -------------------------------------------------------------------
 
@@ -91,6 +92,13 @@ miri:
 	    echo "the seqlock model is still checked by loom: make test-loom"; \
 	fi
 
+# The parsers of what other processes write, fuzzed longer than in `cargo test`
+# (256 cases there): the reader's file parser and the Redis record decoder,
+# with arbitrary bytes and mutated valid inputs.
+fuzz:
+	PROPTEST_CASES=$${PROPTEST_CASES:-100000} $(CARGO) test --release -p engine-state-shm-format --test fuzz_file
+	PROPTEST_CASES=$${PROPTEST_CASES:-100000} $(CARGO) test --release -p engine-state-reader --lib redis_schema::tests::fuzz
+
 # ---- demo --------------------------------------------------------------------
 
 DEMO_DIR ?= /dev/shm/engine_state_demo
@@ -127,7 +135,3 @@ bench-vllm: vllm-venv
 clean:
 	$(CARGO) clean
 	rm -rf $(VENV)
-
-# The Redis record decoder against arbitrary and mutated bytes, longer than in `cargo test`.
-fuzz:
-	PROPTEST_CASES=$${PROPTEST_CASES:-100000} $(CARGO) test --release -p engine-state-reader --lib redis_schema::tests::fuzz

@@ -70,6 +70,7 @@ impl Reader {
     }
 
     /// The per-engine errors of the last `read()` (bad or foreign files,
+    /// FIFOs and other non-regular files, symbolic links, non-UTF-8 names;
     /// an unreachable or timed-out Redis server).
     #[getter]
     fn errors(&self, py: Python<'_>) -> Vec<String> {

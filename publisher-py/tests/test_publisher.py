@@ -120,6 +120,15 @@ def test_unwritable_location_is_a_clear_error(tmp_path):
         Publisher(uri=f"file://{blocker}/sub", engine_id="e")
 
 
+def test_directory_that_is_a_regular_file_is_an_engine_state_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(EngineStateError, match="not a directory; remove that file"):
+        Publisher(uri=f"file://{blocker}", engine_id="e")
+    with pytest.raises(EngineStateError, match="Not a directory"):
+        Reader(uri=f"file://{blocker}")
+
+
 def test_publish_after_close_raises(uri):
     pub = Publisher(uri=uri, engine_id="closed")
     pub.close()

@@ -360,7 +360,11 @@ fn stamp(mut snapshot: Snapshot) -> Snapshot {
 }
 
 fn create_dir(dir: &PathBuf) -> Result<(), Error> {
-    if dir.is_dir() {
+    // Something that exists but is not a directory (a regular file) is not a
+    // bad setting but a bad directory: `ShmWriter::create` refuses it with
+    // the same error as every other unusable directory (`EngineStateError`
+    // in Python, not `ValueError`).
+    if dir.exists() {
         return Ok(());
     }
     std::fs::create_dir_all(dir).map_err(|e| Error::Config {

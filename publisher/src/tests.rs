@@ -103,6 +103,22 @@ fn uncreatable_directory_is_a_clear_error() {
     );
 }
 
+#[test]
+fn directory_path_that_is_a_regular_file_is_a_directory_error_not_a_bad_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("file"), b"").unwrap();
+    let uri = format!("file://{}/file", dir.path().display());
+    let err =
+        Publisher::start(PublisherConfig::resolve(Some(&uri), Some("e"), None, None).unwrap())
+            .unwrap_err();
+    assert!(matches!(err, Error::Shm(_)), "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.contains("not a directory") && text.contains("remove that file"),
+        "{text}"
+    );
+}
+
 /// The heartbeat word (`CLOCK_MONOTONIC` ns) of `id` in `dir`, read directly.
 fn heartbeat_word(dir: &std::path::Path, id: &str) -> u64 {
     engine_state_shm_format::ShmFile::open(dir.join(id))

@@ -21,7 +21,8 @@ pub enum Status {
     Stale,
     /// The writer process is gone, or the file was retired.
     Dead,
-    /// No consistent copy within the seqlock's retry bound.
+    /// No consistent copy within the seqlock's retry bound, or the file was
+    /// truncated under the reader's mapping.
     Torn,
 }
 

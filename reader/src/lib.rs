@@ -57,4 +57,6 @@ pub use crate::uri::{is_secret_parameter, redact, StateUri, DEFAULT_URI, URI_ENV
 pub use engine_state_shm_format::{Snapshot, FLAG_IDLE, FLAG_SHUTTING_DOWN};
 
 #[cfg(test)]
+mod shm_dir_hostile_tests;
+#[cfg(test)]
 mod shm_dir_tests;

@@ -11,7 +11,7 @@ use nix::errno::Errno;
 use nix::sys::signal::kill;
 use nix::unistd::Pid;
 
-use crate::error::{EngineError, Error};
+use crate::error::{EngineError, Error, FormatError};
 use crate::freshness::Observation;
 use crate::source::{ReaderOptions, Source};
 use crate::state::{EngineState, Reading};
@@ -28,6 +28,8 @@ const REOPEN_BACKOFF: Duration = Duration::from_millis(20);
 /// at most every [`ReaderOptions::rescan_interval`]; between listings a read
 /// touches only the mappings: a seqlock read and two loads per engine. A file
 /// that its writer retired (replaced by a restarted engine) is reopened at once.
+/// A file truncated under its mapping reads [`crate::Status::Torn`] until the next
+/// listing, which opens it again and reports it in [`Reading::errors`].
 /// [`ShmDir::read_changed_at`] is cheaper still: two loads from one cache line
 /// per engine (sequence and heartbeat words), and a full read only of the
 /// engines that published (or heartbeat) since, or whose file was replaced.
@@ -105,16 +107,33 @@ impl ShmDir {
             .map(|b| (b.error.name.clone(), b))
             .collect();
         for entry in listing.flatten() {
+            let inode = entry.ino();
             let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+                // Never an engine id (those are ASCII), never a writer's
+                // temporary file: reported, never opened.
+                let path = entry.path();
+                bad.push(Bad {
+                    inode,
+                    error: EngineError::new(
+                        entry.file_name().to_string_lossy(),
+                        FormatError::RefusedEntry {
+                            path,
+                            what: "name is not UTF-8, so no engine id".to_owned(),
+                        },
+                    ),
+                });
                 continue;
             };
-            // Dot-files are writers' temporary files (and never engine ids).
-            if name.starts_with('.') {
+            // Regular dot-files are writers' temporary files (and never engine
+            // ids). `file_type` is the listing's d_type: no system call on
+            // tmpfs. Dot-named links, FIFOs and the like are reported below.
+            if name.starts_with('.') && entry.file_type().is_ok_and(|t| t.is_file()) {
                 continue;
             }
-            let inode = entry.ino();
             if let Some(mut kept) = old_engines.remove(name.as_str()) {
-                if kept.file.inode() == inode {
+                // A mapping whose file was truncated under it is dropped and
+                // the file opened again (which reports its size).
+                if kept.file.inode() == inode && !kept.file.is_truncated() {
                     kept.writer_alive = writer_alive(kept.file.header());
                     engines.push(kept);
                     continue;
@@ -330,7 +349,7 @@ impl Entry {
         }
         self.next_reopen = now + REOPEN_BACKOFF;
         let path = dir.join(&*self.id);
-        match std::fs::metadata(&path) {
+        match std::fs::symlink_metadata(&path) {
             Ok(meta) if meta.ino() != self.file.inode() => {
                 if let Ok(file) = ShmFile::open(&path) {
                     if file.engine_id().as_str() == &*self.id {

@@ -39,6 +39,20 @@ pub enum Error {
         /// The foreign file.
         path: PathBuf,
     },
+    /// A directory entry that readers refuse to open: a symbolic link (never
+    /// followed), a FIFO, socket, device or directory (opening those can block
+    /// or has side effects), or a name that is not UTF-8 (so no engine id).
+    #[error(
+        "{what}: {}; engine-state opens only regular files named after an engine id, and \
+         never follows links: remove it from the engine-state directory",
+        path.display()
+    )]
+    RefusedEntry {
+        /// The entry.
+        path: PathBuf,
+        /// What it is: "symbolic link, not followed", "not a regular file (a FIFO)", ...
+        what: String,
+    },
     /// The file has a layout version this build does not know.
     #[error(
         "{} has layout version {found}, but this build reads version {supported}; upgrade \
@@ -95,6 +109,10 @@ pub enum Error {
     },
 }
 
+/// The action of a reader opening an engine file (its permission hint is about
+/// read access, not write access).
+pub(crate) const OPEN_FOR_READING: &str = "open for reading";
+
 impl Error {
     #[cfg_attr(loom, allow(dead_code))]
     pub(crate) fn io(action: &'static str, path: impl Into<PathBuf>, io: io::Error) -> Error {
@@ -104,6 +122,14 @@ impl Error {
                  engines publish into"
             }
             io::ErrorKind::NotFound => "; check the path (AGENTIC_ENGINE_STATE_URI / --uri)",
+            _ if action == "use as a directory" => {
+                "; remove that file, or point AGENTIC_ENGINE_STATE_URI / --uri at a directory"
+            }
+            io::ErrorKind::PermissionDenied if action == OPEN_FOR_READING => {
+                "; a reader needs read access to the engine files: run it as a user that may read \
+                 them, or have the publishers create them readable by others \
+                 (AGENTIC_ENGINE_STATE_FILE_MODE=644)"
+            }
             io::ErrorKind::PermissionDenied => {
                 "; run as a user that may write there, or choose another directory \
                  (AGENTIC_ENGINE_STATE_URI / --uri)"

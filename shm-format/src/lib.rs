@@ -9,7 +9,9 @@
 //!   `flock` against a second writer, seqlock publish, [`Heartbeat`] handle for
 //!   a timer thread, retirement.
 //! - [`ShmFile`]: a reader's read-only mapping, validated at open; lock-free
-//!   [`ShmFile::read`].
+//!   [`ShmFile::read`]. Opening never blocks or follows a link, and a file
+//!   truncated under the mapping reads [`Torn`] instead of killing the
+//!   process with `SIGBUS` (module `sigbus`).
 //! - [`seqlock`]: the protocol itself over atomic words (checked with loom and
 //!   Miri).
 //! - [`layout`]: every offset, pinned by compile-time asserts and a
@@ -48,6 +50,8 @@ mod mapping;
 pub mod seqlock;
 #[cfg(not(loom))]
 mod shm_file;
+#[cfg(not(loom))]
+mod sigbus;
 mod snapshot;
 #[cfg(not(loom))]
 mod writer;
@@ -66,3 +70,5 @@ pub use crate::writer::{Heartbeat, ShmWriter, WriterOptions, WrongProcess};
 
 #[cfg(all(test, not(loom)))]
 mod file_tests;
+#[cfg(all(test, not(loom)))]
+mod hostile_tests;

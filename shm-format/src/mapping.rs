@@ -1,7 +1,8 @@
 //! A mapped engine-state file seen as atomic words.
 //!
-//! The only `unsafe` of the crate lives here: turning offsets into the mapping
-//! into `&AtomicU64`.
+//! The `unsafe` of the crate lives here (turning offsets into the mapping
+//! into `&AtomicU64`) and in `sigbus` (surviving a file truncated under a
+//! mapping).
 
 use std::fs::File;
 use std::path::Path;
@@ -11,11 +12,23 @@ use memmap2::{MmapOptions, MmapRaw};
 
 use crate::error::Error;
 use crate::layout::{FILE_SIZE, HEADER_SIZE};
+use crate::sigbus::{self, Slot};
 
 /// A `FILE_SIZE`-byte shared mapping of an engine-state file.
 #[derive(Debug)]
 pub(crate) struct Mapping {
     map: MmapRaw,
+    /// Where the `SIGBUS` handler flags this mapping when the file was
+    /// truncated under it.
+    slot: &'static Slot,
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // Before `map` is dropped (unmapped): a later mapping at the same
+        // address must never be taken for this one.
+        sigbus::unregister(self.slot);
+    }
 }
 
 impl Mapping {
@@ -25,7 +38,8 @@ impl Mapping {
             .len(FILE_SIZE)
             .map_raw_read_only(file)
             .map_err(|e| Error::io("map", path, e))?;
-        Ok(Mapping { map })
+        let slot = sigbus::register(map.as_ptr() as usize, false);
+        Ok(Mapping { map, slot })
     }
 
     /// Maps `file` read-write and shared. The caller checked or reserved its size.
@@ -34,7 +48,17 @@ impl Mapping {
             .len(FILE_SIZE)
             .map_raw(file)
             .map_err(|e| Error::io("map", path, e))?;
-        Ok(Mapping { map })
+        let slot = sigbus::register(map.as_ptr() as usize, true);
+        Ok(Mapping { map, slot })
+    }
+
+    /// Whether the file was truncated under this mapping: a load touched a
+    /// page beyond the file's end and the `SIGBUS` handler replaced the
+    /// mapping with zero pages. Every load from the mapping before this call
+    /// has completed (reading the old bytes, or zero).
+    #[inline]
+    pub(crate) fn truncated(&self) -> bool {
+        self.slot.truncated()
     }
 
     /// The `u64` word at byte `offset`.
@@ -47,9 +71,12 @@ impl Mapping {
             "word offset {offset} out of layout"
         );
         // SAFETY:
-        // - the mapping is `FILE_SIZE` bytes (length passed to mmap, and the file
-        //   is at least that long: checked by the reader, reserved by the writer,
-        //   and never truncated while live), so `offset..offset + 8` is inside it;
+        // - the mapping is `FILE_SIZE` bytes (length passed to mmap), so
+        //   `offset..offset + 8` is inside it; the file was at least that long
+        //   when checked (reader) or reserved (writer) and a writer never
+        //   truncates it; if another process truncates it anyway, an access
+        //   faults once and the `sigbus` handler maps zero pages over the
+        //   range (still `FILE_SIZE` accessible bytes at this address);
         // - mmap returns a page-aligned address and `offset` is a multiple of 8,
         //   so the pointer is aligned for `AtomicU64`, which has the size and
         //   alignment of `u64`;

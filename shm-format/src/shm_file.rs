@@ -1,14 +1,14 @@
 //! A reader's view of one engine-state file: opened read-only, validated,
 //! mapped `PROT_READ`, never written.
 
-use std::fs::File;
+use std::fs::{File, FileType, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
 use crate::engine_id::EngineId;
-use crate::error::Error;
+use crate::error::{Error, OPEN_FOR_READING};
 use crate::layout::*;
 use crate::mapping::Mapping;
 use crate::seqlock::{self, Torn};
@@ -30,9 +30,13 @@ pub struct ShmFile {
 
 impl ShmFile {
     /// Opens and validates `path`.
+    ///
+    /// Never blocks and never leaves the directory: a symbolic link is not
+    /// followed and anything but a regular file (a FIFO, a socket, a device, a
+    /// directory) is refused with [`Error::RefusedEntry`].
     pub fn open(path: impl AsRef<Path>) -> Result<ShmFile, Error> {
         let path = path.as_ref();
-        let file = File::open(path).map_err(|e| Error::io("open", path, e))?;
+        let file = open_regular(path)?;
         ShmFile::from_file(file, path)
     }
 
@@ -89,7 +93,25 @@ impl ShmFile {
     pub fn read(&self) -> Result<(Snapshot, u64), Torn> {
         let (words, seq) =
             seqlock::read(self.map.word(SEQ_OFFSET), self.map.words(PAYLOAD_OFFSET))?;
+        // A writer publishes its first snapshot (sequence 2) before the file
+        // appears, so sequence 0 is never a snapshot: the file was truncated
+        // under the mapping (the `SIGBUS` handler mapped zero pages over it;
+        // any load that faulted makes the final reload of the sequence 0) or
+        // zeroed. A compare of a register, not a load: the read path keeps
+        // its cost (BENCHMARKS.md).
+        if seq == 0 {
+            return Err(Torn { last_seq: seq });
+        }
         Ok((Snapshot::from_words(words), seq))
+    }
+
+    /// Another process truncated the file under this reader's mapping (a
+    /// read touched a page beyond its end). From then on the mapping reads
+    /// zeros, [`ShmFile::read`] returns [`Torn`], and the file should be
+    /// opened again (which reports what it is now, e.g. its wrong size).
+    #[inline]
+    pub fn is_truncated(&self) -> bool {
+        self.map.truncated()
     }
 
     /// The seqlock sequence word as it is now (one Relaxed load, no fence):
@@ -138,6 +160,56 @@ impl ShmFile {
     /// The file's generation.
     pub fn generation(&self) -> u64 {
         self.header.generation
+    }
+}
+
+/// Opens `path` read-only in a way that cannot block or follow a link:
+/// `O_NONBLOCK` (opening a FIFO without a writer would otherwise wait forever),
+/// `O_NOFOLLOW` (a symbolic link fails with `ELOOP` instead of being
+/// followed out of the directory), `O_CLOEXEC`; then `fstat` of the
+/// descriptor itself (not of the path, which may have changed meanwhile)
+/// refuses anything that is not a regular file. `O_NONBLOCK` changes nothing
+/// for a regular file: the reader only maps it and `pread`s its first bytes.
+fn open_regular(path: &Path) -> Result<File, Error> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(nix::libc::ELOOP) => Error::RefusedEntry {
+                path: path.to_owned(),
+                what: "symbolic link, not followed".to_owned(),
+            },
+            _ => Error::io(OPEN_FOR_READING, path, e),
+        })?;
+    let kind = file
+        .metadata()
+        .map_err(|e| Error::io("stat", path, e))?
+        .file_type();
+    if !kind.is_file() {
+        return Err(Error::RefusedEntry {
+            path: path.to_owned(),
+            what: format!("not a regular file ({})", kind_name(kind)),
+        });
+    }
+    Ok(file)
+}
+
+fn kind_name(kind: FileType) -> &'static str {
+    if kind.is_dir() {
+        "a directory"
+    } else if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_char_device() {
+        "a character device"
+    } else if kind.is_block_device() {
+        "a block device"
+    } else if kind.is_symlink() {
+        "a symbolic link"
+    } else {
+        "an unknown file type"
     }
 }
 

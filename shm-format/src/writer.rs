@@ -303,9 +303,22 @@ enum TakeOver {
 /// dead writer's file (locked and retired, its generation returned), or a
 /// foreign file (error: never clobbered).
 fn take_over(path: &Path, engine_id: &EngineId) -> Result<TakeOver, Error> {
-    let file = match OpenOptions::new().read(true).write(true).open(path) {
+    // Like a reader (shm_file.rs): never follow a link out of the directory
+    // (retiring a file elsewhere), never block on a FIFO.
+    let file = match OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_CLOEXEC)
+        .open(path)
+    {
         Ok(file) => file,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(TakeOver::Nothing),
+        Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
+            return Err(Error::RefusedEntry {
+                path: path.to_owned(),
+                what: "symbolic link, not followed".to_owned(),
+            })
+        }
         Err(e) => return Err(Error::io("open", path, e)),
     };
     let lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {

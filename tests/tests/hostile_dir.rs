@@ -1,0 +1,355 @@
+//! What other processes can put into, or do to, the state directory while
+//! the real readers (`esdump`, a Python `Reader`) run: a FIFO, a symbolic
+//! link out of the directory, an unreadable file. No reader may hang, follow
+//! the link, or stop reading the healthy engines.
+
+use std::io::Read;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use engine_state_shm_format::{monotonic_ns, EngineId, ShmWriter, Snapshot, WriterOptions};
+use engine_state_tests::*;
+
+fn writer(dir: &std::path::Path, id: &str) -> ShmWriter {
+    let first = Snapshot {
+        captured_mono_ns: monotonic_ns(),
+        num_running: 5,
+        ..Snapshot::default()
+    };
+    ShmWriter::create(
+        dir,
+        &EngineId::new(id).unwrap(),
+        &WriterOptions::default(),
+        &first,
+    )
+    .unwrap()
+}
+
+/// Runs `command` to its end, or kills it and fails after `limit`.
+fn run_within(command: &mut Command, limit: Duration) -> Output {
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{command:?} still running after {limit:?}: it hangs");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_end(&mut stdout)
+        .unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_end(&mut stderr)
+        .unwrap();
+    Output {
+        status,
+        stdout,
+        stderr,
+    }
+}
+
+const PY_READ_ONCE: &str = "import sys\nfrom engine_state import Reader\n\
+    r = Reader(uri=sys.argv[1])\n\
+    for s in r.read(): print('engine', s.engine_id, s.status)\n\
+    for e in r.errors: print('error', e)\n";
+
+#[test]
+fn fifo_and_symbolic_link_neither_hang_nor_escape_the_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let _good = writer(dir.path(), "good");
+    let _outside = writer(elsewhere.path(), "outside");
+    nix::unistd::mkfifo(
+        &dir.path().join("x"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(elsewhere.path().join("outside"), dir.path().join("outside"))
+        .unwrap();
+    let uri = format!("file://{}", dir.path().display());
+
+    let out = run_within(
+        Command::new(bin("esdump")).args(["--json", "--uri", &uri]),
+        Duration::from_secs(10),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ids: Vec<&str> = json
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["engine_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["good"], "the link's target is not read: {stderr}");
+    assert!(
+        stderr.contains("not a regular file (a FIFO)") && stderr.contains("/x"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("symbolic link, not followed") && stderr.contains("/outside"),
+        "{stderr}"
+    );
+
+    let out = run_within(
+        Command::new(python()).args(["-c", PY_READ_ONCE, &uri]),
+        Duration::from_secs(20),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let engines: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("engine "))
+        .collect();
+    assert_eq!(engines, ["engine good fresh"], "{stdout}");
+    assert!(
+        stdout.contains("error not a regular file (a FIFO)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("error symbolic link, not followed"),
+        "{stdout}"
+    );
+}
+
+/// `esagent` with a FIFO and a link out of the directory: it neither stalls
+/// nor relays the link's target to Redis, and relays the healthy engine.
+#[test]
+fn esagent_neither_stalls_on_a_fifo_nor_relays_a_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let uri = format!("file://{}", dir.path().display());
+    let _good = espublish(&uri, "good");
+    let _outside = espublish(&format!("file://{}", elsewhere.path().display()), "outside");
+    nix::unistd::mkfifo(
+        &dir.path().join("x"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(elsewhere.path().join("outside"), dir.path().join("outside"))
+        .unwrap();
+    let redis = RedisServer::start();
+    let redis_uri = redis.uri("?prefix=hostile-links:&ttl_ms=400");
+    let mut agent = Proc::spawn(
+        Command::new(bin("esagent"))
+            .args(["--uri", &uri, "--redis", &redis_uri, "--period-ms", "20"])
+            .args(["--listen", "127.0.0.1:0", "--stale-after-ms", "500"])
+            .stdout(Stdio::null()),
+    );
+    let mut remote = test_reader(&redis_uri, Duration::from_millis(500));
+    wait_for(
+        || {
+            running(&mut agent, "esagent");
+            remote
+                .read()
+                .unwrap()
+                .get("good")
+                .is_some_and(|e| e.is_fresh())
+        },
+        "esagent relays the healthy engine",
+    );
+    // Long enough for several full passes over the directory (every 500 ms).
+    std::thread::sleep(Duration::from_millis(1200));
+    running(&mut agent, "esagent");
+    let relayed = remote.read().unwrap();
+    let ids: Vec<&str> = relayed.engines.iter().map(|e| &*e.engine_id).collect();
+    assert_eq!(ids, ["good"], "{relayed:?}");
+}
+
+/// A reader that may not read an engine's file is told it needs read access
+/// (and how publishers grant it). Root reads anything, so as root `esdump`
+/// runs as `nobody` (via setpriv).
+#[test]
+fn unreadable_engine_file_says_readers_need_read_access() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let _private = writer(dir.path(), "private"); // mode 600, owned by us
+    let uri = format!("file://{}", dir.path().display());
+    let mut command = if nix::unistd::geteuid().is_root() {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(bin("esdump"));
+        c
+    } else {
+        // Another user's file cannot be made here: check the message's
+        // wording only through the file's own permissions.
+        std::fs::set_permissions(
+            dir.path().join("private"),
+            std::fs::Permissions::from_mode(0o200),
+        )
+        .unwrap();
+        Command::new(bin("esdump"))
+    };
+    let out = run_within(
+        command.args(["--json", "--uri", &uri]),
+        Duration::from_secs(10),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("Permission denied")
+            && stderr.contains("a reader needs read access")
+            && stderr.contains("AGENTIC_ENGINE_STATE_FILE_MODE=644"),
+        "{stderr}"
+    );
+}
+
+/// An `espublish` of engine `id` into `uri`, once its first snapshot is out.
+fn espublish(uri: &str, id: &str) -> Proc {
+    let mut proc = Proc::spawn(
+        Command::new(bin("espublish"))
+            .args(["--engine-id", id, "--uri", uri, "--period-ms", "20"])
+            .args(["--set", "num_running=5", "--duration", "60"])
+            .stdout(Stdio::piped()),
+    );
+    let line = proc.first_line();
+    assert!(line.contains("publishing"), "espublish: {line:?}");
+    proc
+}
+
+/// Whether the child is still running (and not, e.g., killed by SIGBUS).
+fn running(proc: &mut Proc, what: &str) {
+    if let Some(status) = proc.0.try_wait().unwrap() {
+        panic!("{what} died: {status}");
+    }
+}
+
+const PY_READ_LOOP: &str = "import json, sys, time\nfrom engine_state import Reader\n\
+    r = Reader(uri=sys.argv[1])\n\
+    while True:\n\
+    \x20   states = {s.engine_id: s.status for s in r.read()}\n\
+    \x20   print(json.dumps({'engines': states, 'errors': r.errors}), flush=True)\n\
+    \x20   time.sleep(0.02)\n";
+
+/// `truncate -s 0` of an engine's file while `esdump --watch`, a Python
+/// `Reader` loop and `esagent` have it mapped: none of them dies of SIGBUS
+/// (exit 135 before); the engine reads torn, then is reported as a 0-byte
+/// file, and the other engine stays fresh throughout.
+#[test]
+fn truncating_a_mapped_file_kills_no_reader() {
+    let shm = std::path::Path::new("/dev/shm");
+    let dir = if shm.is_dir() {
+        tempfile::tempdir_in(shm).unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
+    };
+    let uri = format!("file://{}", dir.path().display());
+    let mut victim_writer = espublish(&uri, "victim");
+    let _other_writer = espublish(&uri, "other");
+
+    let screen_path = dir.path().join(".esdump-screen");
+    let screen = std::fs::File::create(&screen_path).unwrap();
+    let mut esdump = Proc::spawn(
+        Command::new(bin("esdump"))
+            .args(["--watch", "--interval", "50", "--uri", &uri])
+            .stdout(screen),
+    );
+    let mut python_reader = Proc::spawn(
+        Command::new(python())
+            .args(["-c", PY_READ_LOOP, &uri])
+            .stdout(Stdio::piped()),
+    );
+    let python_lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let collector = {
+        let lines = python_lines.clone();
+        let stdout = python_reader.0.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
+                let Ok(line) = line else { break };
+                lines.lock().unwrap().push(line);
+            }
+        })
+    };
+    let redis = RedisServer::start();
+    let redis_uri = redis.uri("?prefix=hostile:&ttl_ms=400");
+    let mut agent = Proc::spawn(
+        Command::new(bin("esagent"))
+            .args(["--uri", &uri, "--redis", &redis_uri, "--period-ms", "20"])
+            .args(["--listen", "127.0.0.1:0", "--stale-after-ms", "500"])
+            .stdout(Stdio::null()),
+    );
+    let mut remote = test_reader(&redis_uri, Duration::from_millis(500));
+    let last_python = || python_lines.lock().unwrap().last().cloned();
+    let last_frame = || {
+        let text = std::fs::read_to_string(&screen_path).unwrap();
+        text.rsplit("\x1b[2J").next().unwrap_or_default().to_owned()
+    };
+    wait_for(
+        || {
+            last_frame().contains("victim")
+                && remote.read().unwrap().engines.len() == 2
+                && last_python().is_some_and(|l| l.contains(r#""victim": "fresh""#))
+        },
+        "every reader sees both engines",
+    );
+
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join("victim"))
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    wait_for(
+        || {
+            running(&mut esdump, "esdump --watch");
+            running(&mut python_reader, "the Python Reader");
+            running(&mut agent, "esagent");
+            last_frame().contains("victim: ")
+                && last_python().is_some_and(|l| l.contains("is 0 bytes"))
+        },
+        "the truncated file reported by esdump and the Python Reader",
+    );
+    // A few more rounds of every reader over the truncated file.
+    std::thread::sleep(Duration::from_millis(500));
+    running(&mut esdump, "esdump --watch");
+    running(&mut python_reader, "the Python Reader");
+    running(&mut agent, "esagent");
+    running(&mut victim_writer, "the truncated engine's writer");
+
+    let frame = last_frame();
+    let other_row = frame.lines().find(|l| l.starts_with("other ")).unwrap();
+    assert!(other_row.contains(" fresh "), "{frame}");
+    assert!(!frame.lines().any(|l| l.starts_with("victim ")), "{frame}");
+    assert!(
+        frame.contains("! victim: ") && frame.contains("is 0 bytes"),
+        "{frame}"
+    );
+    let line = last_python().unwrap();
+    let parsed: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(
+        parsed["engines"],
+        serde_json::json!({"other": "fresh"}),
+        "{line}"
+    );
+    let errors = parsed["errors"].as_array().unwrap();
+    assert!(
+        errors.len() == 1 && errors[0].as_str().unwrap().contains("victim"),
+        "{line}"
+    );
+    let relayed = remote.read().unwrap();
+    assert!(relayed.get("other").unwrap().is_fresh(), "{relayed:?}");
+    drop(python_reader);
+    collector.join().unwrap();
+}
