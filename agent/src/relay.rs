@@ -31,7 +31,7 @@ pub const RESCAN_INTERVAL: Duration = Duration::from_secs(1);
 /// How often the agent reads every engine ([`Relay::tick`]). The polls relay
 /// snapshots, heartbeats and replaced files; a full read of 1024 engines
 /// every 50 ms was ~10 % of the agent's CPU (perf; about one point of a
-/// core, BENCHMARKS.md section 3) for what changes rarely: removals, unreadable files,
+/// core, docs/bench-history/2026-11-30-issues-2-to-11.md section 3) for what changes rarely: removals, unreadable files,
 /// the gauges, /healthz. (Under 30 s whatever the period: the exporter drops
 /// gauges not set for that long.)
 pub const FULL_PASS_INTERVAL: Duration = Duration::from_millis(500);
