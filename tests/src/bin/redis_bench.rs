@@ -1,4 +1,4 @@
-//! Redis benchmarks (results in BENCHMARKS.md, section 3; `make bench` runs them):
+//! Redis benchmarks (results in BENCHMARKS.md, history in docs/bench-history/; `make bench` runs them):
 //!
 //! 1. publish → visible to a reader in another process, direct sink and via
 //!    the agent (p50/p99, loopback);
