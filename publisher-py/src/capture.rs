@@ -113,9 +113,9 @@ impl RequestCapture {
 /// The three numbers a request's remaining prefill is computed from.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RequestFields {
-    prompt: i64,
-    computed: i64,
-    tokens: i64,
+    pub(crate) prompt: i64,
+    pub(crate) computed: i64,
+    pub(crate) tokens: i64,
 }
 
 impl RequestFields {
@@ -154,21 +154,59 @@ impl RequestReader {
     }
 
     pub(crate) fn fields(&self, request: &Bound<'_, PyAny>) -> PyResult<RequestFields> {
-        let py = request.py();
-        let get = |name: &Py<PyString>| request.getattr(name.bind(py));
-        let prompt: i64 = get(&self.prompt_attr)?.extract()?;
-        let computed: i64 = get(&self.computed_attr)?.extract()?;
-        let value = get(&self.tokens_attr)?;
-        let tokens = if self.tokens_is_sequence {
-            value.len()? as i64
-        } else {
-            value.extract()?
-        };
+        let prompt = self.prompt(request)?;
+        self.fields_with_prompt(request, prompt)
+    }
+
+    /// The request's prompt length.
+    pub(crate) fn prompt(&self, request: &Bound<'_, PyAny>) -> PyResult<i64> {
+        request
+            .getattr(self.prompt_attr.bind(request.py()))?
+            .extract()
+    }
+
+    /// The request's fields, its prompt length already known.
+    pub(crate) fn fields_with_prompt(
+        &self,
+        request: &Bound<'_, PyAny>,
+        prompt: i64,
+    ) -> PyResult<RequestFields> {
+        let computed = self.computed(request)?;
+        let tokens = self.tokens(&self.tokens_value(request)?)?;
         Ok(RequestFields {
             prompt,
             computed,
             tokens,
         })
+    }
+
+    /// The request's computed tokens.
+    pub(crate) fn computed(&self, request: &Bound<'_, PyAny>) -> PyResult<i64> {
+        request
+            .getattr(self.computed_attr.bind(request.py()))?
+            .extract()
+    }
+
+    /// The value of the request's `tokens_attr`.
+    pub(crate) fn tokens_value<'py>(
+        &self,
+        request: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        request.getattr(self.tokens_attr.bind(request.py()))
+    }
+
+    /// The token count, from the value of `tokens_attr`.
+    pub(crate) fn tokens(&self, value: &Bound<'_, PyAny>) -> PyResult<i64> {
+        if self.tokens_is_sequence {
+            Ok(value.len()? as i64)
+        } else {
+            value.extract()
+        }
+    }
+
+    /// True when `tokens_attr` is the token list itself (its length is the count).
+    pub(crate) fn tokens_is_sequence(&self) -> bool {
+        self.tokens_is_sequence
     }
 
     fn is_preempted(&self, request: &Bound<'_, PyAny>) -> PyResult<bool> {
@@ -196,21 +234,24 @@ impl RequestReader {
         totals: &mut Totals,
     ) -> PyResult<()> {
         for_each(running, |request| {
-            let fields = self.fields(request)?;
-            let remaining = fields.remaining_prefill();
-            totals.num_running += 1;
-            totals.add_prefill(remaining);
-            if remaining > 0 {
-                totals.num_prefilling += 1;
-            } else {
-                totals.ongoing_decode_tokens += fields.tokens.max(0) as u64;
-            }
+            totals.add_running(self.fields(request)?);
             Ok(())
         })
     }
 }
 
 impl Totals {
+    pub(crate) fn add_running(&mut self, fields: RequestFields) {
+        let remaining = fields.remaining_prefill();
+        self.num_running += 1;
+        self.add_prefill(remaining);
+        if remaining > 0 {
+            self.num_prefilling += 1;
+        } else {
+            self.ongoing_decode_tokens += fields.tokens.max(0) as u64;
+        }
+    }
+
     pub(crate) fn add_prefill(&mut self, remaining: u64) {
         self.pending_prefill_tokens += remaining;
         self.max_prefill_remaining = self.max_prefill_remaining.max(remaining);

@@ -16,6 +16,15 @@
 //! capture are dropped at its end. `max_prefill_remaining` stays exact
 //! through a count of the cached requests per remaining-prefill value.
 //!
+//! Running requests are read at every capture, but their prompt length and
+//! token list only when they are new to `running` or the hook reported them
+//! admitted since (`forget_running`); then the token count is the length of
+//! the remembered list. vLLM changes a prompt length only for a streaming
+//! session between two of its turns, outside `running`; a request enters
+//! `running` only by admission, which every `SchedulerOutput` reports; and a
+//! request's token list is never replaced, only changed in place (its
+//! `all_token_ids` is a read-only view of that list object).
+//!
 //! `recount` reads everything as a full capture does and returns both sums,
 //! so that the hook can cross-check the cache and fall back to full captures
 //! on any difference.
@@ -23,8 +32,11 @@
 use std::collections::{BTreeMap, HashMap};
 
 use pyo3::prelude::*;
+use pyo3::types::PyList;
 
-use crate::capture::{for_each, RequestReader, Totals, TotalsTuple, WaitingContribution};
+use crate::capture::{
+    for_each, RequestFields, RequestReader, Totals, TotalsTuple, WaitingContribution,
+};
 
 /// Aggregates the same fields as `RequestCapture`, reading only the waiting
 /// requests that may have changed.
@@ -34,6 +46,8 @@ pub(crate) struct IncrementalCapture {
     cache: WaitingCache,
     /// Requests to read at every capture while they wait, by address.
     volatile: HashMap<usize, Marked>,
+    /// The prompt length of each running request, by address.
+    prompts: HashMap<usize, Prompt>,
     /// Numbers the last capture, to tell which entries it saw.
     generation: u64,
     /// Requests read (not answered from the cache) by the last capture.
@@ -45,6 +59,16 @@ struct Entry {
     /// Keeps the address (the key) from being reused while the entry lives.
     _request: Py<PyAny>,
     contribution: WaitingContribution,
+    seen: u64,
+}
+
+/// What stays the same about a running request while it runs.
+struct Prompt {
+    /// Keeps the address (the key) from being reused while the entry lives.
+    _request: Py<PyAny>,
+    prompt: i64,
+    /// The request's token list, when `tokens_attr` names one.
+    tokens: Option<Py<PyList>>,
     seen: u64,
 }
 
@@ -91,6 +115,7 @@ impl IncrementalCapture {
             ),
             cache: WaitingCache::default(),
             volatile: HashMap::new(),
+            prompts: HashMap::new(),
             generation: 0,
             last_reads: 0,
         }
@@ -137,10 +162,19 @@ impl IncrementalCapture {
             });
     }
 
+    /// Reads the prompt length of each of `requests` (admitted to `running`
+    /// since the last capture) again at the next capture.
+    fn forget_running(&mut self, requests: Vec<Bound<'_, PyAny>>) {
+        for request in requests {
+            self.prompts.remove(&(request.as_ptr() as usize));
+        }
+    }
+
     /// Forgets every cached and volatile request (their references too).
     fn clear(&mut self) {
         self.cache = WaitingCache::default();
         self.volatile.clear();
+        self.prompts.clear();
     }
 
     /// Waiting requests answered from the cache at the last capture.
@@ -178,21 +212,69 @@ impl IncrementalCapture {
         let reader = &self.reader;
         let volatile = &mut self.volatile;
         let cache = &mut self.cache;
+        let prompts = &mut self.prompts;
         let mut totals = Totals::default();
-        reader.add_running(running, &mut totals)?;
-        let mut reads = totals.num_running;
+        let mut full = verify.then(Totals::default);
+        let mut reads = 0;
+        for_each(running, |request| {
+            let key = request.as_ptr() as usize;
+            let fields = match prompts.get_mut(&key) {
+                Some(entry) => {
+                    entry.seen = generation;
+                    let tokens = match &entry.tokens {
+                        Some(list) => list.bind(request.py()).len() as i64,
+                        None => reader.tokens(&reader.tokens_value(request)?)?,
+                    };
+                    RequestFields {
+                        prompt: entry.prompt,
+                        computed: reader.computed(request)?,
+                        tokens,
+                    }
+                }
+                None => {
+                    let prompt = reader.prompt(request)?;
+                    let value = reader.tokens_value(request)?;
+                    let fields = RequestFields {
+                        prompt,
+                        computed: reader.computed(request)?,
+                        tokens: reader.tokens(&value)?,
+                    };
+                    let tokens = match value.downcast_into::<PyList>() {
+                        Ok(list) if reader.tokens_is_sequence() => Some(list.unbind()),
+                        _ => None,
+                    };
+                    let entry = Prompt {
+                        _request: request.clone().unbind(),
+                        prompt,
+                        tokens,
+                        seen: generation,
+                    };
+                    prompts.insert(key, entry);
+                    fields
+                }
+            };
+            totals.add_running(fields);
+            if let Some(full) = full.as_mut() {
+                full.add_running(reader.fields(request)?);
+            }
+            reads += 1;
+            Ok(())
+        })?;
+        prompts.retain(|_, entry| entry.seen == generation);
         for queue in read_queues {
             for_each(queue, |request| {
                 if let Some(marked) = volatile.get_mut(&(request.as_ptr() as usize)) {
                     marked.seen = generation;
                 }
-                totals.add_waiting(reader.waiting_contribution(request)?);
+                let contribution = reader.waiting_contribution(request)?;
+                totals.add_waiting(contribution);
+                if let Some(full) = full.as_mut() {
+                    full.add_waiting(contribution);
+                }
                 reads += 1;
                 Ok(())
             })?;
         }
-        // Until here both captures read the same requests.
-        let mut full = verify.then_some(totals);
         for_each(cached_queue, |request| {
             let key = request.as_ptr() as usize;
             let fresh = if let Some(marked) = volatile.get_mut(&key) {

@@ -20,7 +20,10 @@ Read from vLLM 0.33.0 (the PyPI wheel), files inside the ``vllm`` package:
   (every comparison reads two requests), so the hook walks ``_heap`` instead
   (the sums do not depend on order). ``FCFSRequestQueue`` is a ``deque``.
 - ``v1/core/sched/output.py``: ``SchedulerOutput.preempted_req_ids`` (the
-  ids preempted in or since the previous ``schedule()``).
+  ids preempted in or since the previous ``schedule()``);
+  ``scheduled_new_reqs`` (``NewRequestData`` with ``req_id``) and
+  ``scheduled_cached_reqs.resumed_req_ids``: every request ``schedule()``
+  moved from a waiting queue to ``running`` (the only way into ``running``).
 - ``v1/core/block_pool.py``: ``BlockPool.num_gpu_blocks`` counts the null
   block 0 too; ``get_num_free_blocks()`` (free + evictable cached blocks) only
   reads a counter.
@@ -87,6 +90,10 @@ PRIORITY_HEAP = "_heap"  # PriorityRequestQueue's list
 
 # SchedulerOutput attributes.
 PREEMPTED_REQ_IDS = "preempted_req_ids"
+SCHEDULED_NEW_REQS = "scheduled_new_reqs"  # of NewRequestData
+REQ_ID = "req_id"  # NewRequestData's
+SCHEDULED_CACHED_REQS = "scheduled_cached_reqs"
+RESUMED_REQ_IDS = "resumed_req_ids"  # CachedRequestData's
 
 # Request attributes.
 NUM_PROMPT_TOKENS = "num_prompt_tokens"
@@ -174,6 +181,16 @@ def preempted_in(output: Any) -> Any:
     """The request ids a ``SchedulerOutput`` reports preempted (may be empty
     or None)."""
     return getattr(output, PREEMPTED_REQ_IDS, None)
+
+
+def admitted_in(output: Any) -> list:
+    """The ids of the requests a ``SchedulerOutput`` reports moved from a
+    waiting queue to ``running`` (new and resumed)."""
+    new = getattr(output, SCHEDULED_NEW_REQS, None)
+    resumed = getattr(getattr(output, SCHEDULED_CACHED_REQS, None), RESUMED_REQ_IDS, None)
+    if not new and not resumed:
+        return []
+    return [getattr(data, REQ_ID) for data in new or ()] + list(resumed or ())
 
 
 def preempted_since_schedule(scheduler: Any) -> Any:

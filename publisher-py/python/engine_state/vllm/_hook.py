@@ -7,7 +7,7 @@ engine-core process. The wrapped methods call ``after_schedule``,
 ``after_update``, ``after_finish`` and ``close``; each call costs a clock read
 and three ``len()`` calls unless a capture is due: at most once per period,
 and at once when the engine turns idle or busy (``after_schedule`` also notes
-the requests its ``SchedulerOutput`` reports preempted). A capture reads the
+the requests its ``SchedulerOutput`` reports preempted or admitted). A capture reads the
 requests through ``engine_state._native.IncrementalCapture`` (Rust, names from
 the adapter): every running request, and of the waiting ones only those that
 may have changed since the last capture (docs/VLLM.md, "What the capture
@@ -178,10 +178,16 @@ class EngineStateHook:
         if self._thread is None:
             self._thread = threading.get_ident()
         self.step += 1
-        if self._incremental is not None:
+        if self._incremental is not None and output is not None:
             preempted = adapter.preempted_in(output)
             if preempted:
                 self._mark_volatile(scheduler, preempted)
+            admitted = adapter.admitted_in(output)
+            if admitted:
+                requests = adapter.requests_by_id(scheduler)
+                self._incremental.forget_running(
+                    [requests[i] for i in admitted if i in requests]
+                )
         self.maybe_capture(scheduler)
 
     def after_update(self, scheduler: Any, output: Any = None) -> None:
