@@ -42,7 +42,7 @@ SCENARIOS = {
     "AsyncScheduler-fcfs": (True, "fcfs", 2, 3),
     "AsyncScheduler-priority": (True, "priority", 2, 4),
 }
-STEPS = 2_500  # per scenario: 10,000 steps in all
+STEPS = 3_000  # per scenario: 12,000 steps in all
 PERIOD = 50  # the plugin hook's period, in fake-clock units
 
 
@@ -83,28 +83,41 @@ class Workload:
         self.rng = rng
         self.priorities = priorities
         self.count = 0
+        self.arrivals = 0
         self.families = [[20 + f] * 48 + [30 + f] * 16 for f in range(4)]
 
-    def request(self):
-        from vllm.v1.request import Request
-
+    def request(self, session: bool = False):
         rng = self.rng
-        self.count += 1
         family = rng.choice(self.families)
         prompt = family[: rng.randint(1, len(family))] + [
             100 + rng.randrange(800) for _ in range(rng.choice((0, 1, 8, 40, 90)))
         ]
         max_tokens = rng.randint(1, min(40, MAX_MODEL_LEN - len(prompt) - 1))
+        self.count += 1
+        return self._request(f"{'s' if session else 'w'}{self.count}", prompt, max_tokens, session)
+
+    def chunk(self, session, end: bool):
+        """The next input of a streaming session (vLLM appends it to the
+        session's prompt), or its end."""
+        size = self.rng.choice((self.rng.randint(1, 12), self.rng.randint(70, 100)))  # chunked
+        prompt = [100 + self.rng.randrange(800) for _ in range(size)]
+        return self._request(session.request_id, prompt, self.rng.randint(1, 8), not end)
+
+    def _request(self, request_id: str, prompt: list, max_tokens: int, resumable: bool):
+        from vllm.v1.request import Request
+
         params = self.params(max_tokens=max_tokens, ignore_eos=True)
         params.update_from_generation_config({}, EOS_TOKEN_ID)
+        self.arrivals += 1
         return Request(
-            request_id=f"w{self.count}",
+            request_id=request_id,
             prompt_token_ids=prompt,
             sampling_params=params,
             pooling_params=None,
-            arrival_time=float(self.count),
-            priority=rng.randrange(4) if self.priorities else 0,
+            arrival_time=float(self.arrivals),
+            priority=self.rng.randrange(4) if self.priorities else 0,
             block_hasher=self.hasher,
+            resumable=resumable,
         )
 
 
@@ -142,10 +155,12 @@ def test_incremental_capture_equals_full_capture_at_every_boundary(name, plugin,
     workload = Workload(rng, priorities=policy == "priority")
 
     seen = dict(boundaries=0, gap_captures=0, preemptions=0, aborts=0, chunked=0,
-                prefix_hits=0, returned=0, stale_to_waiting=0)
+                prefix_hits=0, returned=0, stale_to_waiting=0, session_inputs=0,
+                prompt_changed_while_away=0)
     queued_at_capture: set = set()  # gap hook: ids in `waiting` at its last capture
     left_since_capture: set = set()  # ... and admitted to running since
     last_tokens_waiting: dict = {}
+    prompts_seen_running: dict = {}
 
     def advance() -> int:
         """Before a wrapped vLLM call: time passes; the gap hook's captures."""
@@ -160,8 +175,12 @@ def test_incremental_capture_equals_full_capture_at_every_boundary(name, plugin,
             every_hook.after_schedule(scheduler, output)
         elif kind == "update":
             every_hook.after_update(scheduler)
-        else:
+        else:  # an abort (finish_requests) or a session's input (add_request)
             every_hook.capture(scheduler)
+        for r in scheduler.running:  # a running request whose prompt grew since it last ran
+            old = prompts_seen_running.get(r.request_id)
+            seen["prompt_changed_while_away"] += old is not None and old != r.num_prompt_tokens
+            prompts_seen_running[r.request_id] = r.num_prompt_tokens
         expected = full.capture(adapter.running(scheduler), adapter.waiting_queues(scheduler))
         assert expected == python_fields(scheduler), (kind, seen)
         assert every_hook.totals == expected, (kind, seen, every_hook.totals)
@@ -187,7 +206,17 @@ def test_incremental_capture_equals_full_capture_at_every_boundary(name, plugin,
             backlog = rng.choice((3, 12, 24))
         for _ in range(rng.choice((0, 0, 1, 1, 2, 3))):
             if len(scheduler.requests) < backlog:
-                scheduler.add_request(workload.request())
+                scheduler.add_request(workload.request(session=rng.random() < 0.08))
+        sessions = [r for r in scheduler.requests.values() if r.resumable and not r.is_finished()]
+        if sessions and rng.random() < 0.2:
+            # A streaming session's next input: vLLM extends its prompt in place
+            # (at once if it waits for input, else when its turn stops).
+            session = rng.choice(sessions)
+            end = session.num_tokens > MAX_MODEL_LEN - 120 or rng.random() < 0.2
+            before = advance()
+            scheduler.add_request(workload.chunk(session, end))
+            seen["session_inputs"] += 1
+            boundary("session", before)
         if rng.random() < 0.08 and scheduler.requests:
             victim = rng.choice(list(scheduler.requests))
             before = advance()
@@ -224,7 +253,8 @@ def test_incremental_capture_equals_full_capture_at_every_boundary(name, plugin,
     assert gap_hook.recounts == 1 and every_hook.recounts == 1  # their first capture only
     print(name, seen)
     # The cases the cache must get right did happen.
-    for key in ("preemptions", "aborts", "chunked", "prefix_hits", "returned"):
+    for key in ("preemptions", "aborts", "chunked", "prefix_hits", "returned",
+                "session_inputs", "prompt_changed_while_away"):
         assert seen[key] > 0, seen
     assert seen["gap_captures"] > STEPS // 5, seen
     if async_scheduling:
