@@ -126,10 +126,15 @@ def plugin():
     import vllm.plugins
     import vllm.v1.core.sched.scheduler as sched_module
 
+    from engine_state.vllm import _patch
+
+    installed_before = hook_pkg.is_installed(sched_module)
     vllm.plugins.plugins_loaded = False
     vllm.plugins.load_general_plugins()
     assert hook_pkg.is_installed(sched_module)
-    return sched_module
+    yield sched_module
+    if not installed_before:  # leave vLLM as found (test_contract's baseline runs without)
+        _patch.uninstall(sched_module)
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
