@@ -30,6 +30,7 @@
 //! on any difference.
 
 use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use pyo3::prelude::*;
 use pyo3::types::PyList;
@@ -38,6 +39,38 @@ use crate::capture::{
     for_each, RequestFields, RequestReader, Totals, TotalsTuple, WaitingContribution,
 };
 
+/// A map keyed by object address. The default SipHash costs about as much
+/// as the rest of a cached request's lookup; an address needs no protection
+/// against chosen keys, only mixing (`AddressHasher`).
+type ByAddress<V> = HashMap<usize, V, BuildHasherDefault<AddressHasher>>;
+
+/// Hashes one address: a folded 64x64->128-bit multiply, so that every bit
+/// of the address (whose low four are always zero) reaches every bit of the
+/// hash.
+#[derive(Default)]
+struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.write_u64(u64::from(byte));
+        }
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        let product = u128::from(self.0 ^ value) * 0x9E37_79B9_7F4A_7C15;
+        self.0 = (product as u64) ^ ((product >> 64) as u64);
+    }
+
+    fn write_usize(&mut self, value: usize) {
+        self.write_u64(value as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
 /// Aggregates the same fields as `RequestCapture`, reading only the waiting
 /// requests that may have changed.
 #[pyclass(module = "engine_state._native", name = "IncrementalCapture")]
@@ -45,9 +78,9 @@ pub(crate) struct IncrementalCapture {
     reader: RequestReader,
     cache: WaitingCache,
     /// Requests to read at every capture while they wait, by address.
-    volatile: HashMap<usize, Marked>,
+    volatile: ByAddress<Marked>,
     /// The prompt length of each running request, by address.
-    prompts: HashMap<usize, Prompt>,
+    prompts: ByAddress<Prompt>,
     /// Numbers the last capture, to tell which entries it saw.
     generation: u64,
     /// Requests read (not answered from the cache) by the last capture.
@@ -82,7 +115,7 @@ struct Marked {
 /// The cached requests and their sums.
 #[derive(Default)]
 struct WaitingCache {
-    entries: HashMap<usize, Entry>,
+    entries: ByAddress<Entry>,
     pending_prefill_tokens: u64,
     num_preempted: u64,
     /// How many cached requests have each remaining prefill (> 0).
@@ -114,8 +147,8 @@ impl IncrementalCapture {
                 preempted_status,
             ),
             cache: WaitingCache::default(),
-            volatile: HashMap::new(),
-            prompts: HashMap::new(),
+            volatile: ByAddress::default(),
+            prompts: ByAddress::default(),
             generation: 0,
             last_reads: 0,
         }
