@@ -30,6 +30,10 @@ machine, other processes preempting the thread); "from medians" is the
 typical step: median capture cost x captures per step + median boundary cost
 x the other boundaries.
 
+``--breakdown STEPS`` (third table): the parts of an in-loop capture timed
+one at a time: running requests, the waiting walk, the block counts and the
+publish, with the full read of the same requests for comparison.
+
 A/B (second table): the hook as shipped (incremental capture: of the waiting
 requests it reads only those that may have changed, with a full recount once
 a second) against the same hook forced to full captures (every request read
@@ -224,6 +228,7 @@ def forward_spin() -> None:
 
 
 FORWARD = {"sleep": forward_sleep, "spin": forward_spin}
+BREAKDOWN_STEPS = 0  # --breakdown
 forward = forward_sleep
 
 
@@ -327,6 +332,7 @@ def run(n: int, setup, steps: int, ab_block: int = 50) -> dict:
     _, _, work_daemon = emulate_steps(scheduler, hook, steps, False)
     daemon.stop.set()
     daemon.join()
+    parts = breakdown(scheduler, hook, BREAKDOWN_STEPS) if BREAKDOWN_STEPS else None
     hook.close(scheduler)
     daemon_tick = statistics.median(daemon.ticks)
     return dict(
@@ -361,8 +367,51 @@ def run(n: int, setup, steps: int, ab_block: int = 50) -> dict:
             for mode, (per_step, calls, _) in ab.items()
         },
         recounts=hook.recounts,
+        parts=parts,
+        num_waiting=len(scheduler.waiting),
         mismatches=hook.recount_mismatches,
     )
+
+
+def breakdown(scheduler, hook, steps: int) -> dict:
+    """Where an in-loop capture's time goes: each part timed alone right after
+    the emulated update_from_output() of its own step (so each meets the
+    caches a capture meets), parts in rotation. Each part has its own
+    IncrementalCapture, kept warm by its own previous calls. {part: µs}."""
+    from engine_state._native import IncrementalCapture
+    from engine_state.vllm import _adapter as adapter
+
+    names = adapter.request_capture_names(True)
+    running_part = IncrementalCapture(preempted_status=hook._preempted, **names)
+    waiting_part = IncrementalCapture(preempted_status=hook._preempted, **names)
+    running = adapter.running(scheduler)
+    read, cached = adapter.read_waiting_queues(scheduler), adapter.cached_waiting_queue(scheduler)
+    full = hook._capture
+    saved = hook.last_recount_ns
+    hook.last_recount_ns = time.monotonic_ns() + 10**15  # no recount inside this table
+    parts = {
+        "hook capture (incremental)": lambda: hook.capture(scheduler),
+        "running: computed + len(token list)": lambda: running_part.capture(running, [], []),
+        "running: full read (3 fields)": lambda: full.capture(running, []),
+        "waiting: identity walk": lambda: waiting_part.capture([], read, cached),
+        "waiting: full read (4 fields)": lambda: full.capture([], adapter.waiting_queues(scheduler)),
+        "block counts": lambda: adapter.block_counts(scheduler),
+        "publish": lambda: hook.publisher.publish(step=1, num_running=1, flags=0),
+    }
+    for part in parts.values():
+        part()
+    times: dict = {name: [] for name in parts}
+    order = list(parts)
+    for step in range(steps):
+        schedule_work(scheduler)
+        forward()
+        decode_step(scheduler)
+        name = order[step % len(order)]
+        t0 = time.perf_counter_ns()
+        parts[name]()
+        times[name].append((time.perf_counter_ns() - t0) / 1000)
+    hook.last_recount_ns = saved
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def emulate_ab(scheduler, hook, steps: int, block: int) -> dict:
@@ -395,6 +444,8 @@ def main() -> int:
     parser.add_argument("--vllm", action="store_true", help="use vLLM's real Scheduler/Requests")
     parser.add_argument("--steps", type=int, default=150, help="emulated 20 ms steps per run")
     parser.add_argument("--sizes", default="64,512,1024")
+    parser.add_argument("--breakdown", type=int, default=0, metavar="STEPS",
+                        help="also time the parts of an in-loop capture over STEPS steps")
     parser.add_argument("--ab-block", type=int, default=50,
                         help="steps per block in the full/incremental A/B")
     parser.add_argument(
@@ -405,8 +456,9 @@ def main() -> int:
         "as vLLM 0.33's message-queue reader and CUDA syncs do; default) or sleep (an idle core)",
     )
     args = parser.parse_args()
-    global forward
+    global forward, BREAKDOWN_STEPS
     forward = FORWARD[args.forward]
+    BREAKDOWN_STEPS = args.breakdown
     os.environ["AGENTIC_ENGINE_STATE_URI"] = f"file://{tempfile.mkdtemp(prefix='es-hook-bench-')}"
     os.environ["AGENTIC_ENGINE_STATE_PERIOD_MS"] = str(PERIOD_MS)
     os.environ.pop("AGENTIC_WORKER_ID", None)
@@ -456,6 +508,21 @@ def main() -> int:
             f"{f['per_step']:.1f} / {i['per_step']:.1f} | {r['recounts']} ({r['mismatches']}) |",
             flush=True,
         )
+    if args.breakdown:
+        print()
+        print(f"# where an in-loop capture goes (median µs over {args.breakdown} steps, parts in "
+              "rotation; per request in parentheses, in ns)")
+        names = list(results[0]["parts"])
+        print("| live requests (running / waiting) | " + " | ".join(names) + " |")
+        print("|---" * (len(names) + 1) + "|")
+        for r in results:
+            n_run, n_wait = r["n"] - r["num_waiting"], r["num_waiting"]
+            cells = []
+            for name, value in r["parts"].items():
+                count = n_run if name.startswith("running") else n_wait if name.startswith(
+                    "waiting") else 0
+                cells.append(f"{value:.1f}" + (f" ({1000 * value / count:.0f})" if count else ""))
+            print(f"| {r['n']} ({n_run} / {n_wait}) | " + " | ".join(cells) + " |", flush=True)
     return 0
 
 
