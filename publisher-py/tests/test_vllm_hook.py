@@ -498,6 +498,7 @@ def test_num_tokens_fallback_when_the_token_list_disagrees(shm_uri, module, capl
         state = published(shm_uri, hook_of(scheduler).engine_id)
         assert state.ongoing_decode_tokens == 30  # from the property, not len([1, 2])
         assert any("reading the property" in r.getMessage() for r in caplog.records)
+        assert hook_of(scheduler)._incremental is None  # nothing cached on such a vLLM
     finally:
         type(request).num_tokens = property(lambda self: len(self._all_token_ids))
 

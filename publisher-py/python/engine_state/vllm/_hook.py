@@ -190,7 +190,8 @@ class EngineStateHook:
                 )
         self.maybe_capture(scheduler)
 
-    def after_update(self, scheduler: Any, output: Any = None) -> None:
+    def after_update(self, scheduler: Any, outputs: Any = None) -> None:
+        # (``outputs``: what update_from_output() returned; not needed.)
         self.maybe_capture(scheduler)
 
     def after_finish(self, scheduler: Any) -> None:
@@ -271,8 +272,9 @@ class EngineStateHook:
                 "engine-state: the incremental capture of engine %r differed from a full recount "
                 "(%s instead of %s: num_running, num_waiting, pending_prefill_tokens, "
                 "ongoing_decode_tokens, num_prefilling, max_prefill_remaining, num_preempted); "
-                "this engine reads every request at every capture from now on. Published "
-                "values are unaffected. Please report this with your vLLM version.",
+                "this engine reads every request at every capture from now on. This capture "
+                "publishes the recount's values; those of the last second may have been off. "
+                "Please report this with your vLLM version.",
                 self.engine_id,
                 counted,
                 full,
@@ -335,10 +337,12 @@ class EngineStateHook:
                 adapter.NUM_TOKENS,
                 adapter.ALL_TOKEN_IDS,
             )
-            names = adapter.request_capture_names(False)
-            self._capture = RequestCapture(preempted_status=self._preempted, **names)
-            if self._incremental is not None:
-                self._incremental = IncrementalCapture(preempted_status=self._preempted, **names)
+            self._capture = RequestCapture(
+                preempted_status=self._preempted, **adapter.request_capture_names(False)
+            )
+            # What the incremental capture may cache was proven for vLLM 0.33,
+            # where the shortcut holds: on a vLLM that differs, read everything.
+            self._incremental = None
 
 
 def attach(scheduler: Any, preempted_status: Any) -> Optional[EngineStateHook]:
