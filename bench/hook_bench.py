@@ -29,6 +29,19 @@ waiting) it measures:
 machine, other processes preempting the thread); "from medians" is the
 typical step: median capture cost x captures per step + median boundary cost
 x the other boundaries.
+
+``--breakdown STEPS`` (third table): the parts of an in-loop capture timed
+one at a time: running requests, the waiting walk, the block counts and the
+publish, with the full read of the same requests for comparison.
+
+A/B (second table): the hook as shipped (incremental capture: of the waiting
+requests it reads only those that may have changed, with a full recount once
+a second) against the same hook forced to full captures (every request read
+at every capture), alternating blocks of ``--ab-block`` steps in one run so
+that both see the same machine. Before each incremental block the cache is
+emptied, so every block pays for rebuilding it (as the steady state pays for
+reading arrivals, which this emulation has none of); the recounts are
+included.
 """
 
 from __future__ import annotations
@@ -215,6 +228,7 @@ def forward_spin() -> None:
 
 
 FORWARD = {"sleep": forward_sleep, "spin": forward_spin}
+BREAKDOWN_STEPS = 0  # --breakdown
 forward = forward_sleep
 
 
@@ -276,7 +290,7 @@ class JsonDaemon(threading.Thread):
             self.ticks.append((time.perf_counter_ns() - t0) / 1000)
 
 
-def run(n: int, setup, steps: int) -> dict:
+def run(n: int, setup, steps: int, ab_block: int = 50) -> dict:
     scheduler, hook, preempted = setup(n)
     assert hook is not None, "the hook did not attach"
     # Check: the hook and the Python capture agree.
@@ -305,7 +319,12 @@ def run(n: int, setup, steps: int) -> dict:
                                       time_calls(lambda: noop(scheduler), 20_000))]
     hook.last_capture_ns = 0
 
-    hook_per_step, in_situ, work_hook = emulate_steps(scheduler, hook, steps, True)
+    incremental = hook._incremental
+    hook._incremental = None
+    full_capture = time_calls(lambda: hook.capture(scheduler), repeat)
+    hook._incremental = incremental
+    ab = emulate_ab(scheduler, hook, steps, ab_block)
+    hook_per_step, in_situ, work_hook = ab["incremental"]
     _, _, work_plain = emulate_steps(scheduler, hook, steps, False)
     path = os.path.join(tempfile.mkdtemp(), "engine.json")
     daemon = JsonDaemon(scheduler, preempted, path)
@@ -313,6 +332,7 @@ def run(n: int, setup, steps: int) -> dict:
     _, _, work_daemon = emulate_steps(scheduler, hook, steps, False)
     daemon.stop.set()
     daemon.join()
+    parts = breakdown(scheduler, hook, BREAKDOWN_STEPS) if BREAKDOWN_STEPS else None
     hook.close(scheduler)
     daemon_tick = statistics.median(daemon.ticks)
     return dict(
@@ -334,7 +354,89 @@ def run(n: int, setup, steps: int) -> dict:
         work_daemon=statistics.mean(work_daemon),
         work_daemon_p99=percentile(work_daemon, 0.99),
         work_plain_p99=percentile(work_plain, 0.99),
+        full_capture_med=statistics.median(full_capture),
+        ab={
+            mode: dict(
+                per_step=per_step,
+                in_situ_med=statistics.median(calls),
+                in_situ_p90=percentile(calls, 0.9),
+                captures_per_step=len(calls) / steps,
+                typical_per_step=statistics.median(calls) * len(calls) / steps
+                + statistics.median(boundary) * (2 - len(calls) / steps),
+            )
+            for mode, (per_step, calls, _) in ab.items()
+        },
+        recounts=hook.recounts,
+        parts=parts,
+        num_waiting=len(scheduler.waiting),
+        mismatches=hook.recount_mismatches,
     )
+
+
+def breakdown(scheduler, hook, steps: int) -> dict:
+    """Where an in-loop capture's time goes: each part timed alone right after
+    the emulated update_from_output() of its own step (so each meets the
+    caches a capture meets), parts in rotation. Each part has its own
+    IncrementalCapture, kept warm by its own previous calls. {part: µs}."""
+    from engine_state._native import IncrementalCapture
+    from engine_state.vllm import _adapter as adapter
+
+    names = adapter.request_capture_names(True)
+    running_part = IncrementalCapture(preempted_status=hook._preempted, **names)
+    waiting_part = IncrementalCapture(preempted_status=hook._preempted, **names)
+    running = adapter.running(scheduler)
+    read, cached = adapter.read_waiting_queues(scheduler), adapter.cached_waiting_queue(scheduler)
+    full = hook._capture
+    saved = hook.last_recount_ns
+    hook.last_recount_ns = time.monotonic_ns() + 10**15  # no recount inside this table
+    parts = {
+        "hook capture (incremental)": lambda: hook.capture(scheduler),
+        "running: computed + len(token list)": lambda: running_part.capture(running, [], []),
+        "running: full read (3 fields)": lambda: full.capture(running, []),
+        "waiting: identity walk": lambda: waiting_part.capture([], read, cached),
+        "waiting: full read (4 fields)": lambda: full.capture([], adapter.waiting_queues(scheduler)),
+        "block counts": lambda: adapter.block_counts(scheduler),
+        "publish": lambda: hook.publisher.publish(step=1, num_running=1, flags=0),
+    }
+    for part in parts.values():
+        part()
+    times: dict = {name: [] for name in parts}
+    order = list(parts)
+    for step in range(steps):
+        schedule_work(scheduler)
+        forward()
+        decode_step(scheduler)
+        name = order[step % len(order)]
+        t0 = time.perf_counter_ns()
+        parts[name]()
+        times[name].append((time.perf_counter_ns() - t0) / 1000)
+    hook.last_recount_ns = saved
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def emulate_ab(scheduler, hook, steps: int, block: int) -> dict:
+    """``emulate_steps`` for the incremental and the full capture, in
+    alternating blocks of ``block`` steps; ``steps`` steps each. Returns
+    {mode: (µs in the hook per step, [µs of each capturing call], [work])}."""
+    incremental = hook._incremental
+    assert incremental is not None, "the hook does not capture incrementally"
+    out = {"full": [0.0, [], []], "incremental": [0.0, [], []]}
+    done = 0
+    while done < steps:
+        n = min(block, steps - done)
+        for mode in ("full", "incremental"):
+            if mode == "full":
+                hook._incremental = None
+            else:
+                incremental.clear()
+                hook._incremental = incremental
+            per_step, calls, work = emulate_steps(scheduler, hook, n, True)
+            out[mode][0] += per_step * n / steps
+            out[mode][1].extend(calls)
+            out[mode][2].extend(work)
+        done += n
+    hook._incremental = incremental
+    return {mode: tuple(v) for mode, v in out.items()}
 
 
 def main() -> int:
@@ -342,6 +444,10 @@ def main() -> int:
     parser.add_argument("--vllm", action="store_true", help="use vLLM's real Scheduler/Requests")
     parser.add_argument("--steps", type=int, default=150, help="emulated 20 ms steps per run")
     parser.add_argument("--sizes", default="64,512,1024")
+    parser.add_argument("--breakdown", type=int, default=0, metavar="STEPS",
+                        help="also time the parts of an in-loop capture over STEPS steps")
+    parser.add_argument("--ab-block", type=int, default=50,
+                        help="steps per block in the full/incremental A/B")
     parser.add_argument(
         "--forward",
         choices=sorted(FORWARD),
@@ -350,8 +456,9 @@ def main() -> int:
         "as vLLM 0.33's message-queue reader and CUDA syncs do; default) or sleep (an idle core)",
     )
     args = parser.parse_args()
-    global forward
+    global forward, BREAKDOWN_STEPS
     forward = FORWARD[args.forward]
+    BREAKDOWN_STEPS = args.breakdown
     os.environ["AGENTIC_ENGINE_STATE_URI"] = f"file://{tempfile.mkdtemp(prefix='es-hook-bench-')}"
     os.environ["AGENTIC_ENGINE_STATE_PERIOD_MS"] = str(PERIOD_MS)
     os.environ.pop("AGENTIC_WORKER_ID", None)
@@ -366,8 +473,10 @@ def main() -> int:
           "JSON daemon per tick median (p99) | JSON daemon per step | share of 20 ms step | "
           "scheduler's own work per step: plain / hook / daemon (daemon p99 vs plain p99) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    results = []
     for n in [int(x) for x in args.sizes.split(",")]:
-        r = run(n, setup, args.steps)
+        r = run(n, setup, args.steps, args.ab_block)
+        results.append(r)
         print(
             f"| {r['n']} | {r['capture_med']:.1f} ({r['capture_p99']:.1f}) | "
             f"{r['py_capture_med']:.1f} | {r['boundary_med']:.2f} | {r['in_situ_med']:.1f} | "
@@ -380,6 +489,40 @@ def main() -> int:
             f"({r['work_daemon_p99']:.0f} vs {r['work_plain_p99']:.0f}) |",
             flush=True,
         )
+    print()
+    print(f"# A/B in the same run: full capture vs incremental capture (the hook as shipped), "
+          f"alternating blocks of {args.ab_block} steps, {args.steps} steps each; times in µs")
+    print("| live requests | back to back: full / incremental | in the step loop, median (p90): "
+          "full / incremental | hook per step from medians: full / incremental | share of 20 ms: "
+          "full / incremental | hook per step, mean: full / incremental | recounts (mismatches) |")
+    print("|---|---|---|---|---|---|---|")
+    for r in results:
+        f, i = r["ab"]["full"], r["ab"]["incremental"]
+        print(
+            f"| {r['n']} | {r['full_capture_med']:.1f} / {r['capture_med']:.1f} | "
+            f"{f['in_situ_med']:.1f} ({f['in_situ_p90']:.1f}) / "
+            f"{i['in_situ_med']:.1f} ({i['in_situ_p90']:.1f}) | "
+            f"{f['typical_per_step']:.1f} / {i['typical_per_step']:.1f} | "
+            f"{100 * f['typical_per_step'] / (STEP_MS * 1000):.3f} % / "
+            f"{100 * i['typical_per_step'] / (STEP_MS * 1000):.3f} % | "
+            f"{f['per_step']:.1f} / {i['per_step']:.1f} | {r['recounts']} ({r['mismatches']}) |",
+            flush=True,
+        )
+    if args.breakdown:
+        print()
+        print(f"# where an in-loop capture goes (median µs over {args.breakdown} steps, parts in "
+              "rotation; per request in parentheses, in ns)")
+        names = list(results[0]["parts"])
+        print("| live requests (running / waiting) | " + " | ".join(names) + " |")
+        print("|---" * (len(names) + 1) + "|")
+        for r in results:
+            n_run, n_wait = r["n"] - r["num_waiting"], r["num_waiting"]
+            cells = []
+            for name, value in r["parts"].items():
+                count = n_run if name.startswith("running") else n_wait if name.startswith(
+                    "waiting") else 0
+                cells.append(f"{value:.1f}" + (f" ({1000 * value / count:.0f})" if count else ""))
+            print(f"| {r['n']} ({n_run} / {n_wait}) | " + " | ".join(cells) + " |", flush=True)
     return 0
 
 

@@ -1,6 +1,8 @@
 //! `engine_state._native.RequestCapture`: the per-request half of the vLLM
 //! hook's capture (DESIGN §3), in Rust because it runs on vLLM's scheduler
-//! thread and touches every live request.
+//! thread and touches every live request. It reads every request at every
+//! capture; `IncrementalCapture` (`incremental.rs`) reads only the requests
+//! that may have changed, and uses this one's reader and sums.
 //!
 //! It knows no vLLM attribute name of its own: the hook's adapter module
 //! (`engine_state/vllm/_adapter.py`) passes them in, so every name the hook
@@ -15,6 +17,11 @@ use pyo3::types::{PyList, PyString};
 /// Aggregates the snapshot fields that depend on individual requests.
 #[pyclass(module = "engine_state._native", name = "RequestCapture", frozen)]
 pub(crate) struct RequestCapture {
+    reader: RequestReader,
+}
+
+/// The interned attribute names a request is read through.
+pub(crate) struct RequestReader {
     prompt_attr: Py<PyString>,
     computed_attr: Py<PyString>,
     tokens_attr: Py<PyString>,
@@ -24,15 +31,26 @@ pub(crate) struct RequestCapture {
 }
 
 /// The sums of one capture, accumulated request by request.
-#[derive(Debug, Default)]
-struct Totals {
-    num_running: u64,
-    num_waiting: u64,
-    pending_prefill_tokens: u64,
-    ongoing_decode_tokens: u64,
-    num_prefilling: u64,
-    max_prefill_remaining: u64,
-    num_preempted: u64,
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Totals {
+    pub(crate) num_running: u64,
+    pub(crate) num_waiting: u64,
+    pub(crate) pending_prefill_tokens: u64,
+    pub(crate) ongoing_decode_tokens: u64,
+    pub(crate) num_prefilling: u64,
+    pub(crate) max_prefill_remaining: u64,
+    pub(crate) num_preempted: u64,
+}
+
+/// `(num_running, num_waiting, pending_prefill_tokens, ongoing_decode_tokens,
+/// num_prefilling, max_prefill_remaining, num_preempted)`, as Python sees it.
+pub(crate) type TotalsTuple = (u64, u64, u64, u64, u64, u64, u64);
+
+/// What one waiting request adds to a capture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WaitingContribution {
+    pub(crate) remaining_prefill: u64,
+    pub(crate) preempted: bool,
 }
 
 #[pymethods]
@@ -54,12 +72,15 @@ impl RequestCapture {
         preempted_status: Py<PyAny>,
     ) -> RequestCapture {
         RequestCapture {
-            prompt_attr: PyString::intern(py, prompt_attr).unbind(),
-            computed_attr: PyString::intern(py, computed_attr).unbind(),
-            tokens_attr: PyString::intern(py, tokens_attr).unbind(),
-            tokens_is_sequence,
-            status_attr: PyString::intern(py, status_attr).unbind(),
-            preempted_status,
+            reader: RequestReader::new(
+                py,
+                prompt_attr,
+                computed_attr,
+                tokens_attr,
+                tokens_is_sequence,
+                status_attr,
+                preempted_status,
+            ),
         }
     }
 
@@ -71,53 +92,30 @@ impl RequestCapture {
         &self,
         running: &Bound<'_, PyAny>,
         waiting_queues: Vec<Bound<'_, PyAny>>,
-    ) -> PyResult<(u64, u64, u64, u64, u64, u64, u64)> {
+    ) -> PyResult<TotalsTuple> {
         let mut totals = Totals::default();
-        for_each(running, |request| {
-            let fields = self.fields(request)?;
-            let remaining = fields.remaining_prefill();
-            totals.num_running += 1;
-            totals.add_prefill(remaining);
-            if remaining > 0 {
-                totals.num_prefilling += 1;
-            } else {
-                totals.ongoing_decode_tokens += fields.tokens.max(0) as u64;
-            }
-            Ok(())
-        })?;
+        self.reader.add_running(running, &mut totals)?;
         for queue in &waiting_queues {
             for_each(queue, |request| {
-                totals.num_waiting += 1;
-                totals.add_prefill(self.fields(request)?.remaining_prefill());
-                if self.is_preempted(request)? {
-                    totals.num_preempted += 1;
-                }
+                totals.add_waiting(self.reader.waiting_contribution(request)?);
                 Ok(())
             })?;
         }
-        Ok((
-            totals.num_running,
-            totals.num_waiting,
-            totals.pending_prefill_tokens,
-            totals.ongoing_decode_tokens,
-            totals.num_prefilling,
-            totals.max_prefill_remaining,
-            totals.num_preempted,
-        ))
+        Ok(totals.as_tuple())
     }
 
     /// The remaining prefill of one request (DESIGN §3), for tests and tools.
     fn remaining_prefill(&self, request: &Bound<'_, PyAny>) -> PyResult<u64> {
-        Ok(self.fields(request)?.remaining_prefill())
+        Ok(self.reader.fields(request)?.remaining_prefill())
     }
 }
 
 /// The three numbers a request's remaining prefill is computed from.
 #[derive(Debug, Clone, Copy)]
-struct RequestFields {
-    prompt: i64,
-    computed: i64,
-    tokens: i64,
+pub(crate) struct RequestFields {
+    pub(crate) prompt: i64,
+    pub(crate) computed: i64,
+    pub(crate) tokens: i64,
 }
 
 impl RequestFields {
@@ -125,7 +123,7 @@ impl RequestFields {
     /// num_prompt_tokens`, and the newest sampled token is decode work, not
     /// prefill. Floored at 0: with async scheduling `computed` can run one
     /// token ahead of `num_tokens`.
-    fn remaining_prefill(self) -> u64 {
+    pub(crate) fn remaining_prefill(self) -> u64 {
         let remaining = if self.tokens > self.prompt {
             self.tokens - 1 - self.computed
         } else {
@@ -135,18 +133,46 @@ impl RequestFields {
     }
 }
 
-impl RequestCapture {
-    fn fields(&self, request: &Bound<'_, PyAny>) -> PyResult<RequestFields> {
-        let py = request.py();
-        let get = |name: &Py<PyString>| request.getattr(name.bind(py));
-        let prompt: i64 = get(&self.prompt_attr)?.extract()?;
-        let computed: i64 = get(&self.computed_attr)?.extract()?;
-        let value = get(&self.tokens_attr)?;
-        let tokens = if self.tokens_is_sequence {
-            value.len()? as i64
-        } else {
-            value.extract()?
-        };
+impl RequestReader {
+    pub(crate) fn new(
+        py: Python<'_>,
+        prompt_attr: &str,
+        computed_attr: &str,
+        tokens_attr: &str,
+        tokens_is_sequence: bool,
+        status_attr: &str,
+        preempted_status: Py<PyAny>,
+    ) -> RequestReader {
+        RequestReader {
+            prompt_attr: PyString::intern(py, prompt_attr).unbind(),
+            computed_attr: PyString::intern(py, computed_attr).unbind(),
+            tokens_attr: PyString::intern(py, tokens_attr).unbind(),
+            tokens_is_sequence,
+            status_attr: PyString::intern(py, status_attr).unbind(),
+            preempted_status,
+        }
+    }
+
+    pub(crate) fn fields(&self, request: &Bound<'_, PyAny>) -> PyResult<RequestFields> {
+        let prompt = self.prompt(request)?;
+        self.fields_with_prompt(request, prompt)
+    }
+
+    /// The request's prompt length.
+    pub(crate) fn prompt(&self, request: &Bound<'_, PyAny>) -> PyResult<i64> {
+        request
+            .getattr(self.prompt_attr.bind(request.py()))?
+            .extract()
+    }
+
+    /// The request's fields, its prompt length already known.
+    pub(crate) fn fields_with_prompt(
+        &self,
+        request: &Bound<'_, PyAny>,
+        prompt: i64,
+    ) -> PyResult<RequestFields> {
+        let computed = self.computed(request)?;
+        let tokens = self.tokens(&self.tokens_value(request)?)?;
         Ok(RequestFields {
             prompt,
             computed,
@@ -154,23 +180,106 @@ impl RequestCapture {
         })
     }
 
+    /// The request's computed tokens.
+    pub(crate) fn computed(&self, request: &Bound<'_, PyAny>) -> PyResult<i64> {
+        request
+            .getattr(self.computed_attr.bind(request.py()))?
+            .extract()
+    }
+
+    /// The value of the request's `tokens_attr`.
+    pub(crate) fn tokens_value<'py>(
+        &self,
+        request: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        request.getattr(self.tokens_attr.bind(request.py()))
+    }
+
+    /// The token count, from the value of `tokens_attr`.
+    pub(crate) fn tokens(&self, value: &Bound<'_, PyAny>) -> PyResult<i64> {
+        if self.tokens_is_sequence {
+            Ok(value.len()? as i64)
+        } else {
+            value.extract()
+        }
+    }
+
+    /// True when `tokens_attr` is the token list itself (its length is the count).
+    pub(crate) fn tokens_is_sequence(&self) -> bool {
+        self.tokens_is_sequence
+    }
+
     fn is_preempted(&self, request: &Bound<'_, PyAny>) -> PyResult<bool> {
         let status = request.getattr(self.status_attr.bind(request.py()))?;
         let preempted = self.preempted_status.bind(request.py());
         Ok(status.is(preempted) || status.eq(preempted)?)
     }
+
+    /// Reads a waiting request: its remaining prefill and whether it is
+    /// preempted.
+    pub(crate) fn waiting_contribution(
+        &self,
+        request: &Bound<'_, PyAny>,
+    ) -> PyResult<WaitingContribution> {
+        Ok(WaitingContribution {
+            remaining_prefill: self.fields(request)?.remaining_prefill(),
+            preempted: self.is_preempted(request)?,
+        })
+    }
+
+    /// Reads every running request into `totals`.
+    pub(crate) fn add_running(
+        &self,
+        running: &Bound<'_, PyAny>,
+        totals: &mut Totals,
+    ) -> PyResult<()> {
+        for_each(running, |request| {
+            totals.add_running(self.fields(request)?);
+            Ok(())
+        })
+    }
 }
 
 impl Totals {
-    fn add_prefill(&mut self, remaining: u64) {
+    pub(crate) fn add_running(&mut self, fields: RequestFields) {
+        let remaining = fields.remaining_prefill();
+        self.num_running += 1;
+        self.add_prefill(remaining);
+        if remaining > 0 {
+            self.num_prefilling += 1;
+        } else {
+            self.ongoing_decode_tokens += fields.tokens.max(0) as u64;
+        }
+    }
+
+    pub(crate) fn add_prefill(&mut self, remaining: u64) {
         self.pending_prefill_tokens += remaining;
         self.max_prefill_remaining = self.max_prefill_remaining.max(remaining);
+    }
+
+    pub(crate) fn add_waiting(&mut self, contribution: WaitingContribution) {
+        self.num_waiting += 1;
+        self.add_prefill(contribution.remaining_prefill);
+        self.num_preempted += u64::from(contribution.preempted);
+    }
+
+    pub(crate) fn as_tuple(&self) -> TotalsTuple {
+        (
+            self.num_running,
+            self.num_waiting,
+            self.pending_prefill_tokens,
+            self.ongoing_decode_tokens,
+            self.num_prefilling,
+            self.max_prefill_remaining,
+            self.num_preempted,
+        )
     }
 }
 
 /// Calls `f` on every item of `queue`, indexing lists directly (the running
-/// list) and iterating anything else (vLLM's waiting queues).
-fn for_each<'py>(
+/// list, a priority queue's heap) and iterating anything else (vLLM's FCFS
+/// waiting deque).
+pub(crate) fn for_each<'py>(
     queue: &Bound<'py, PyAny>,
     mut f: impl FnMut(&Bound<'py, PyAny>) -> PyResult<()>,
 ) -> PyResult<()> {

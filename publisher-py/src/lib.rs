@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 
 mod capture;
 mod errors;
+mod incremental;
 mod publisher;
 mod reader;
 mod router;
@@ -19,6 +20,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<router::Reservation>()?;
     m.add_function(wrap_pyfunction!(router::block_hashes, m)?)?;
     m.add_class::<capture::RequestCapture>()?;
+    m.add_class::<incremental::IncrementalCapture>()?;
     m.add(
         "EngineStateError",
         m.py().get_type::<errors::EngineStateError>(),

@@ -26,8 +26,8 @@ def test_every_public_name_is_stubbed_and_exported():
     stubbed |= {f.name for f in tree.body if isinstance(f, ast.FunctionDef)}
     public = {n for n in dir(_native) if not n.startswith("_")} | {"__version__"}
     assert public == stubbed
-    # RequestCapture serves the vLLM hook (engine_state.vllm), not users.
-    assert set(engine_state.__all__) == public - {"RequestCapture"}
+    # RequestCapture and IncrementalCapture serve the vLLM hook (engine_state.vllm), not users.
+    assert set(engine_state.__all__) == public - {"RequestCapture", "IncrementalCapture"}
 
 
 def test_methods_and_parameters_match():

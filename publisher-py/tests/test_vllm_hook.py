@@ -498,6 +498,7 @@ def test_num_tokens_fallback_when_the_token_list_disagrees(shm_uri, module, capl
         state = published(shm_uri, hook_of(scheduler).engine_id)
         assert state.ongoing_decode_tokens == 30  # from the property, not len([1, 2])
         assert any("reading the property" in r.getMessage() for r in caplog.records)
+        assert hook_of(scheduler)._incremental is None  # nothing cached on such a vLLM
     finally:
         type(request).num_tokens = property(lambda self: len(self._all_token_ids))
 
@@ -517,3 +518,52 @@ def test_finish_requests_from_another_thread_does_not_capture(shm_uri, module):
     scheduler.finish_requests([], RequestStatus.FINISHED_ABORTED)  # on this thread: captures
     assert hook.captures == captures + 1
     assert published(shm_uri, hook.engine_id).flags & engine_state.FLAG_IDLE
+
+
+def test_a_recount_that_differs_falls_back_to_full_captures(shm_uri, module, caplog):
+    """Once a second the incremental capture is checked by a full recount; a
+    difference is logged once, counted, and the engine reads every request
+    at every capture from then on (publishing the recount's values)."""
+    clock = FakeClock()
+    scheduler = module.Scheduler()
+    hook = hook_of(scheduler)
+    hook._clock = clock
+    hook.last_recount_ns = None  # the next capture recounts
+    waiting = [Request("a", 40), Request("b", 30)]
+    for request in waiting:
+        scheduler.add_request(request)
+    hook.recounts = 0
+    hook.capture(scheduler)  # a recount; a and b are cached
+    assert hook.recounts == 1 and hook._incremental is not None
+    assert hook._incremental.num_cached == 2
+    assert_published_matches(shm_uri, scheduler, 0)
+    # A change to a waiting request that vLLM 0.33 never makes unseen.
+    waiting[0].num_computed_tokens = 16
+    clock.advance_ms(100)
+    hook.capture(scheduler)  # answered from the cache, no recount yet
+    assert hook.recounts == 1 and hook.totals[2] == 70
+    clock.advance_ms(1_000)
+    with caplog.at_level(logging.WARNING, logger="engine_state.vllm"):
+        hook.capture(scheduler)
+        assert hook.recounts == 2 and hook.recount_mismatches == 1
+        assert hook._incremental is None
+        assert_published_matches(shm_uri, scheduler, 1)  # the recount's values
+        waiting[1].num_computed_tokens = 16
+        for _ in range(3):
+            clock.advance_ms(1_000)
+            hook.capture(scheduler)
+            assert_published_matches(shm_uri, scheduler, 2)
+    warnings = [r.getMessage() for r in caplog.records if "full recount" in r.getMessage()]
+    assert len(warnings) == 1 and hook.recount_mismatches == 1, warnings
+
+
+def test_a_scheduler_with_a_connector_gets_full_captures(shm_uri, module):
+    class WithConnector(module.Scheduler):
+        connector = "a KV connector"
+
+    assert hook_of(module.Scheduler())._incremental is not None
+    scheduler = WithConnector()
+    assert hook_of(scheduler)._incremental is None
+    scheduler.add_request(Request("a", 40))
+    hook_of(scheduler).capture(scheduler)
+    assert_published_matches(shm_uri, scheduler, 0)

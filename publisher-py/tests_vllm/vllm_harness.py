@@ -66,6 +66,7 @@ def build_scheduler(
     num_blocks: int = NUM_BLOCKS,
     max_num_seqs: int = 8,
     max_batched: int = MAX_BATCHED,
+    policy: str = "fcfs",
 ):
     """Returns (scheduler, vllm_config), built like EngineCore builds it."""
     import torch
@@ -89,6 +90,7 @@ def build_scheduler(
         async_scheduling=async_scheduling,
         is_encoder_decoder=False,
         watermark=0.0,
+        policy=policy,
     )
     cache_config = CacheConfig(
         block_size=BLOCK_SIZE,

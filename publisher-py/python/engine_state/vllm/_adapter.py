@@ -11,6 +11,19 @@ Read from vLLM 0.33.0 (the PyPI wheel), files inside the ``vllm`` package:
   ``EngineCore`` (``v1/engine/core.py``) calls ``schedule()`` then
   ``update_from_output()`` on its busy-loop thread, ``finish_requests()`` for
   aborts on the same thread, and ``shutdown()`` at teardown.
+  ``requests`` (id -> Request); ``reset_preempted_req_ids`` (ids preempted
+  since the last ``schedule()``, handed to the next ``SchedulerOutput``);
+  ``connector``, ``ec_connector``, ``aux_output_connector`` (None unless a
+  KV / encoder-cache / aux-output connector is configured).
+- ``v1/core/sched/request_queue.py``: ``PriorityRequestQueue`` keeps its
+  requests in the list ``_heap``; its ``__iter__`` pops a copy of the heap
+  (every comparison reads two requests), so the hook walks ``_heap`` instead
+  (the sums do not depend on order). ``FCFSRequestQueue`` is a ``deque``.
+- ``v1/core/sched/output.py``: ``SchedulerOutput.preempted_req_ids`` (the
+  ids preempted in or since the previous ``schedule()``);
+  ``scheduled_new_reqs`` (``NewRequestData`` with ``req_id``) and
+  ``scheduled_cached_reqs.resumed_req_ids``: every request ``schedule()``
+  moved from a waiting queue to ``running`` (the only way into ``running``).
 - ``v1/core/block_pool.py``: ``BlockPool.num_gpu_blocks`` counts the null
   block 0 too; ``get_num_free_blocks()`` (free + evictable cached blocks) only
   reads a counter.
@@ -70,6 +83,18 @@ PARALLEL_CONFIG = "parallel_config"
 DATA_PARALLEL_INDEX = "data_parallel_index"
 DATA_PARALLEL_SIZE = "data_parallel_size"
 
+REQUESTS = "requests"
+RESET_PREEMPTED_REQ_IDS = "reset_preempted_req_ids"
+CONNECTORS = ("connector", "ec_connector", "aux_output_connector")
+PRIORITY_HEAP = "_heap"  # PriorityRequestQueue's list
+
+# SchedulerOutput attributes.
+PREEMPTED_REQ_IDS = "preempted_req_ids"
+SCHEDULED_NEW_REQS = "scheduled_new_reqs"  # of NewRequestData
+REQ_ID = "req_id"  # NewRequestData's
+SCHEDULED_CACHED_REQS = "scheduled_cached_reqs"
+RESUMED_REQ_IDS = "resumed_req_ids"  # CachedRequestData's
+
 # Request attributes.
 NUM_PROMPT_TOKENS = "num_prompt_tokens"
 NUM_COMPUTED_TOKENS = "num_computed_tokens"
@@ -127,10 +152,65 @@ def running(scheduler: Any) -> Sequence[Any]:
     return getattr(scheduler, RUNNING)
 
 
+def queue_items(queue: Any) -> Any:
+    """What to iterate for a waiting queue's requests, in any order: a
+    priority queue's heap list, otherwise the queue itself."""
+    heap = getattr(queue, PRIORITY_HEAP, None)
+    return heap if isinstance(heap, list) else queue
+
+
 def waiting_queues(scheduler: Any) -> list:
     """The waiting queues; together they hold every waiting request once.
     (vLLM before ``kv_holding_waiting`` existed had only ``waiting``.)"""
-    return [getattr(scheduler, WAITING), getattr(scheduler, KV_HOLDING_WAITING, _EMPTY)]
+    return [cached_waiting_queue(scheduler), *read_waiting_queues(scheduler)]
+
+
+def cached_waiting_queue(scheduler: Any) -> Any:
+    """The waiting queue whose requests the incremental capture may cache
+    (``waiting``; see docs/VLLM.md, "What the capture caches")."""
+    return queue_items(getattr(scheduler, WAITING))
+
+
+def read_waiting_queues(scheduler: Any) -> list:
+    """The waiting queues read in full at every capture
+    (``kv_holding_waiting``: remote-KV loads, streaming sessions)."""
+    return [queue_items(getattr(scheduler, KV_HOLDING_WAITING, _EMPTY))]
+
+
+def preempted_in(output: Any) -> Any:
+    """The request ids a ``SchedulerOutput`` reports preempted (may be empty
+    or None)."""
+    return getattr(output, PREEMPTED_REQ_IDS, None)
+
+
+def admitted_in(output: Any) -> list:
+    """The ids of the requests a ``SchedulerOutput`` reports moved from a
+    waiting queue to ``running`` (new and resumed)."""
+    new = getattr(output, SCHEDULED_NEW_REQS, None)
+    resumed = getattr(getattr(output, SCHEDULED_CACHED_REQS, None), RESUMED_REQ_IDS, None)
+    if not new and not resumed:
+        return []
+    return [getattr(data, REQ_ID) for data in new or ()] + list(resumed or ())
+
+
+def preempted_since_schedule(scheduler: Any) -> Any:
+    """Ids preempted since the last ``schedule()`` (``reset_prefix_cache``);
+    the next ``SchedulerOutput`` reports them too."""
+    return getattr(scheduler, RESET_PREEMPTED_REQ_IDS, None)
+
+
+def requests_by_id(scheduler: Any) -> Any:
+    """The scheduler's ``requests`` dict (id -> Request)."""
+    return getattr(scheduler, REQUESTS)
+
+
+def waiting_cache_safe(scheduler: Any) -> bool:
+    """True when no connector is configured. Connectors run their own code on
+    waiting requests (NIXL's scheduler trims ``_all_token_ids``) and move them
+    between the two waiting queues (remote-KV loads, failed loads, invalid
+    blocks), which the hook cannot observe; with one the hook reads every
+    request at every capture."""
+    return all(getattr(scheduler, name, None) is None for name in CONNECTORS)
 
 
 def has_requests(scheduler: Any) -> bool:

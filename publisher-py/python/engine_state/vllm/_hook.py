@@ -6,9 +6,15 @@ One ``EngineStateHook`` lives on each scheduler object (attribute
 engine-core process. The wrapped methods call ``after_schedule``,
 ``after_update``, ``after_finish`` and ``close``; each call costs a clock read
 and three ``len()`` calls unless a capture is due: at most once per period,
-and at once when the engine turns idle or busy. A capture reads every live
-request through ``engine_state._native.RequestCapture`` (Rust, names from the
-adapter) and publishes one snapshot.
+and at once when the engine turns idle or busy (``after_schedule`` also notes
+the requests its ``SchedulerOutput`` reports preempted or admitted). A capture reads the
+requests through ``engine_state._native.IncrementalCapture`` (Rust, names from
+the adapter): every running request, and of the waiting ones only those that
+may have changed since the last capture (docs/VLLM.md, "What the capture
+caches"); then it publishes one snapshot. Once per ``RECOUNT_PERIOD_NS`` it
+reads every request instead and compares; on a difference it logs once and
+this engine uses full captures (``RequestCapture``) from then on, as it does
+when a connector is configured.
 
 Any exception here turns the hook off for that engine (``fail``): it logs the
 reason once, retires the engine's file and detaches, and vLLM carries on.
@@ -26,6 +32,7 @@ from typing import Any, Callable, Optional
 from engine_state._native import (
     FLAG_SHUTTING_DOWN,
     EngineStateError,
+    IncrementalCapture,
     Publisher,
     RequestCapture,
 )
@@ -39,6 +46,9 @@ HOOK_ATTR = "_engine_state_hook"
 DISABLE_ENV = "AGENTIC_ENGINE_STATE_DISABLE"
 #: The engine id, when set (DESIGN §9).
 ENGINE_ID_ENV = "AGENTIC_WORKER_ID"
+
+#: How often the incremental capture is cross-checked by a full recount.
+RECOUNT_PERIOD_NS = 1_000_000_000
 
 _CLASH = "already published by a live process"
 _MAX_ID = 63
@@ -114,8 +124,13 @@ class EngineStateHook:
         "last_capture_ns",
         "depth",
         "captures",
+        "totals",
+        "recounts",
+        "recount_mismatches",
+        "last_recount_ns",
         "_preempted",
         "_capture",
+        "_incremental",
         "_tokens_checked",
         "_clock",
         "_thread",
@@ -126,6 +141,7 @@ class EngineStateHook:
         publisher: Any,
         preempted_status: Any,
         clock: Callable[[], int] = time.monotonic_ns,
+        incremental: bool = True,
     ) -> None:
         self.publisher = publisher
         self.engine_id: str = publisher.engine_id
@@ -135,9 +151,22 @@ class EngineStateHook:
         self.last_capture_ns = 0
         self.depth = 0  # > 0 inside schedule() / update_from_output()
         self.captures = 0
+        #: The request-dependent fields of the last capture (RequestCapture's tuple).
+        self.totals: Optional[tuple] = None
+        self.recounts = 0  # full recounts that cross-checked the incremental capture
+        self.recount_mismatches = 0
+        self.last_recount_ns: Optional[int] = None
         self._preempted = preempted_status
         self._capture = RequestCapture(
             preempted_status=preempted_status, **adapter.request_capture_names(True)
+        )
+        # None: full captures (a connector is configured, or a recount differed).
+        self._incremental: Optional[IncrementalCapture] = (
+            IncrementalCapture(
+                preempted_status=preempted_status, **adapter.request_capture_names(True)
+            )
+            if incremental
+            else None
         )
         self._tokens_checked = False
         self._clock = clock
@@ -145,13 +174,24 @@ class EngineStateHook:
 
     # -- called by the wrapped scheduler methods (always on its thread) --------
 
-    def after_schedule(self, scheduler: Any) -> None:
+    def after_schedule(self, scheduler: Any, output: Any = None) -> None:
         if self._thread is None:
             self._thread = threading.get_ident()
         self.step += 1
+        if self._incremental is not None and output is not None:
+            preempted = adapter.preempted_in(output)
+            if preempted:
+                self._mark_volatile(scheduler, preempted)
+            admitted = adapter.admitted_in(output)
+            if admitted:
+                requests = adapter.requests_by_id(scheduler)
+                self._incremental.forget_running(
+                    [requests[i] for i in admitted if i in requests]
+                )
         self.maybe_capture(scheduler)
 
-    def after_update(self, scheduler: Any) -> None:
+    def after_update(self, scheduler: Any, outputs: Any = None) -> None:
+        # (``outputs``: what update_from_output() returned; not needed.)
         self.maybe_capture(scheduler)
 
     def after_finish(self, scheduler: Any) -> None:
@@ -177,9 +217,10 @@ class EngineStateHook:
     def capture(self, scheduler: Any, now: Optional[int] = None, flags: int = 0) -> None:
         """Captures every field of DESIGN §3 and publishes them."""
         running = adapter.running(scheduler)
-        waiting = adapter.waiting_queues(scheduler)
         if not self._tokens_checked:
-            self._check_tokens(running, waiting)
+            self._check_tokens(running, adapter.waiting_queues(scheduler))
+        now = self._clock() if now is None else now
+        self.totals = totals = self._capture_requests(scheduler, running, now)
         (
             num_running,
             num_waiting,
@@ -188,7 +229,7 @@ class EngineStateHook:
             num_prefilling,
             max_prefill_remaining,
             num_preempted,
-        ) = self._capture.capture(running, waiting)
+        ) = totals
         blocks_total, blocks_free = adapter.block_counts(scheduler)
         self.publisher.publish(
             step=self.step,
@@ -204,8 +245,50 @@ class EngineStateHook:
             flags=flags,
         )
         self.busy = num_running + num_waiting > 0
-        self.last_capture_ns = self._clock() if now is None else now
+        self.last_capture_ns = now
         self.captures += 1
+
+    def _capture_requests(self, scheduler: Any, running: Any, now: int) -> tuple:
+        """The request-dependent fields: incrementally, cross-checked by a
+        full recount once per ``RECOUNT_PERIOD_NS``; or in full."""
+        incremental = self._incremental
+        if incremental is None:
+            return self._capture.capture(running, adapter.waiting_queues(scheduler))
+        preempted = adapter.preempted_since_schedule(scheduler)
+        if preempted:
+            self._mark_volatile(scheduler, preempted)
+        read = adapter.read_waiting_queues(scheduler)
+        cached = adapter.cached_waiting_queue(scheduler)
+        if self.last_recount_ns is not None and now - self.last_recount_ns < RECOUNT_PERIOD_NS:
+            return incremental.capture(running, read, cached)
+        self.last_recount_ns = now
+        self.recounts += 1
+        counted, full = incremental.recount(running, read, cached)
+        if counted != full:
+            self.recount_mismatches += 1
+            self._incremental = None
+            incremental.clear()
+            logger.warning(
+                "engine-state: the incremental capture of engine %r differed from a full recount "
+                "(%s instead of %s: num_running, num_waiting, pending_prefill_tokens, "
+                "ongoing_decode_tokens, num_prefilling, max_prefill_remaining, num_preempted); "
+                "this engine reads every request at every capture from now on. This capture "
+                "publishes the recount's values; those of the last second may have been off. "
+                "Please report this with your vLLM version.",
+                self.engine_id,
+                counted,
+                full,
+            )
+        return full
+
+    def _mark_volatile(self, scheduler: Any, request_ids: Any) -> None:
+        """Requests preempted since they last ran: read at every capture while
+        they wait (a preempted request can still receive in-flight output)."""
+        requests = adapter.requests_by_id(scheduler)
+        for request_id in request_ids:
+            request = requests.get(request_id)
+            if request is not None:
+                self._incremental.mark_volatile(request)
 
     def close(self, scheduler: Any) -> None:
         """Publishes a last snapshot flagged shutting-down, then retires the
@@ -257,6 +340,9 @@ class EngineStateHook:
             self._capture = RequestCapture(
                 preempted_status=self._preempted, **adapter.request_capture_names(False)
             )
+            # What the incremental capture may cache was proven for vLLM 0.33,
+            # where the shortcut holds: on a vLLM that differs, read everything.
+            self._incremental = None
 
 
 def attach(scheduler: Any, preempted_status: Any) -> Optional[EngineStateHook]:
@@ -267,7 +353,9 @@ def attach(scheduler: Any, preempted_status: Any) -> Optional[EngineStateHook]:
     dp_index, dp_size = adapter.data_parallel(scheduler)
     publisher = start_publisher(engine_id_for(dp_index, dp_size))
     try:
-        hook = EngineStateHook(publisher, preempted_status)
+        hook = EngineStateHook(
+            publisher, preempted_status, incremental=adapter.waiting_cache_safe(scheduler)
+        )
         hook.capture(scheduler)
     except BaseException:
         publisher.close()

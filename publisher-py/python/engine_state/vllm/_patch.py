@@ -142,7 +142,7 @@ def _wrap_step(original: Callable, action: str) -> Callable:
         finally:
             hook.depth -= 1
         try:
-            getattr(hook, action)(self)
+            getattr(hook, action)(self, result)
         except Exception as error:
             hook.fail(self, error, original.__name__)
         return result
