@@ -15,6 +15,8 @@
 //!   hashes, [`block_hashes`]) or precomputed block hashes.
 //! - [`EffectiveState`]: what a policy sees of an instance, with the fields
 //!   that came from real state and their age.
+//! - [`Clock`]: where the router reads the time (`CLOCK_MONOTONIC`, or a
+//!   simulator's clock through [`Router::with_clock`]).
 //! - [`Router::migration_advice`] / [`Router::migrate`]: the migration trigger
 //!   and target scorer; [`DecisionLog`]: optional JSON Lines decision records.
 //!
@@ -49,6 +51,7 @@
 //! ```
 
 mod blocks;
+mod clock;
 mod decide;
 mod decision;
 mod decision_log;
@@ -66,6 +69,7 @@ mod shadow;
 mod state;
 
 pub use crate::blocks::{block_hashes, BLOCK_TOKENS};
+pub use crate::clock::Clock;
 pub use crate::decision::{Decision, Reason};
 pub use crate::decision_log::DecisionLog;
 pub use crate::effective::{EffectiveState, RealFields, RealState, RealUsed};
