@@ -1,0 +1,95 @@
+//! Reports: a markdown table for stdout, CSV and JSON files.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use crate::error::SimError;
+use crate::metrics::Summary;
+
+fn num(value: f64, decimals: usize) -> String {
+    if value.is_nan() {
+        "–".to_owned()
+    } else {
+        format!("{value:.decimals$}")
+    }
+}
+
+/// A markdown table, one row per configuration.
+pub fn markdown(rows: &[Summary]) -> String {
+    let mut out = String::from(
+        "| config | TTFT p50 s | p90 s | p99 s | mean s | TPOT p50 ms | p90 ms | E2E p50 s | p90 s \
+         | tok/s | prefix hit | preempt | migr | req/engine max/med | engines/session \
+         | real used | real age p50/p99 ms |\n",
+    );
+    out.push_str(
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}% | {} | {} | {}/{} | {} | {}% | {}/{} |",
+            r.config,
+            num(r.ttft_p50_s, 2),
+            num(r.ttft_p90_s, 2),
+            num(r.ttft_p99_s, 2),
+            num(r.ttft_mean_s, 2),
+            num(r.tpot_p50_ms, 1),
+            num(r.tpot_p90_ms, 1),
+            num(r.e2e_p50_s, 2),
+            num(r.e2e_p90_s, 2),
+            num(r.throughput_tok_s, 0),
+            num(100.0 * r.prefix_hit_rate, 1),
+            r.preemptions,
+            r.migrations,
+            r.requests_per_engine_max,
+            num(r.requests_per_engine_median, 0),
+            num(r.engines_per_session_mean, 2),
+            num(100.0 * r.decisions_consulting_real, 0),
+            num(r.real_state_age_p50_ms, 0),
+            num(r.real_state_age_p99_ms, 0),
+        );
+    }
+    out
+}
+
+/// The summaries as CSV (header = the JSON field names).
+pub fn csv(rows: &[Summary]) -> String {
+    let mut out = String::new();
+    let values: Vec<serde_json::Map<String, serde_json::Value>> = rows
+        .iter()
+        .map(|r| match serde_json::to_value(r) {
+            Ok(serde_json::Value::Object(map)) => map,
+            _ => unreachable!("Summary serializes to an object"),
+        })
+        .collect();
+    let Some(first) = values.first() else {
+        return out;
+    };
+    out.push_str(&first.keys().cloned().collect::<Vec<_>>().join(","));
+    out.push('\n');
+    for map in &values {
+        let cells: Vec<String> = map
+            .values()
+            .map(|v| match v {
+                serde_json::Value::String(s) if s.contains(',') => format!("\"{s}\""),
+                serde_json::Value::String(s) => s.clone(),
+                serde_json::Value::Null => String::new(),
+                other => other.to_string(),
+            })
+            .collect();
+        out.push_str(&cells.join(","));
+        out.push('\n');
+    }
+    out
+}
+
+/// Write `summary.csv` and `summary.json` into `dir` (created if missing).
+pub fn write_files(dir: &Path, rows: &[Summary]) -> Result<(), SimError> {
+    std::fs::create_dir_all(dir).map_err(|e| SimError::io(dir, e))?;
+    let json = serde_json::to_string_pretty(rows).expect("summaries serialize");
+    for (name, text) in [("summary.csv", csv(rows)), ("summary.json", json)] {
+        let path = dir.join(name);
+        std::fs::write(&path, text).map_err(|e| SimError::io(&path, e))?;
+    }
+    Ok(())
+}
