@@ -7,9 +7,9 @@
 //! into one [`ScheduledStep`] (with its modelled duration) and
 //! [`Engine::finish_step`] applies its outcome; the driver owns the clock.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
-use crate::kv::BlockPool;
+use crate::kv::{BlockPool, U64Map};
 use crate::profile::{EngineProfile, KV_BLOCK_TOKENS};
 
 /// A request as an engine receives it.
@@ -115,7 +115,7 @@ pub struct EngineCounters {
 pub struct Engine {
     profile: EngineProfile,
     pool: BlockPool,
-    live: HashMap<u64, Live>,
+    live: U64Map<Live>,
     waiting: VecDeque<u64>,
     running: Vec<u64>,
     counters: EngineCounters,
@@ -128,7 +128,7 @@ impl Engine {
         Engine {
             profile,
             pool,
-            live: HashMap::new(),
+            live: U64Map::default(),
             waiting: VecDeque::new(),
             running: Vec::new(),
             counters: EngineCounters::default(),

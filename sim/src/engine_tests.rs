@@ -1,5 +1,7 @@
 //! The engine model against closed forms and the V1 scheduler's rules.
 
+use std::collections::HashMap;
+
 use super::*;
 
 fn request(id: u64, prompt_len: u64, output_len: u64, prefix: u64) -> EngineRequest {
