@@ -39,6 +39,9 @@ enum Command {
         /// Run only the first N configurations (for a quick look).
         #[arg(long)]
         first: Option<usize>,
+        /// Configurations simulated at once (threads).
+        #[arg(long, default_value_t = 1)]
+        jobs: usize,
     },
     /// Describe a trace: counts, span, lengths, sessions, shared prefixes.
     TraceStats(TraceArgs),
@@ -145,7 +148,8 @@ fn main() -> anyhow::Result<()> {
             out,
             trace_path,
             first,
-        } => sweep(&config, out.as_deref(), trace_path, first),
+            jobs,
+        } => sweep(&config, out.as_deref(), trace_path, first, jobs),
         Command::TraceStats(args) => {
             let trace = args.spec().load(args.rate_scale)?;
             println!("{}", trace.stats());
@@ -208,6 +212,7 @@ fn sweep(
     out: Option<&Path>,
     trace_path: Option<PathBuf>,
     first: Option<usize>,
+    jobs: usize,
 ) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(config)
         .with_context(|| format!("reading sweep file {}", config.display()))?;
@@ -223,7 +228,7 @@ fn sweep(
     );
     let started = std::time::Instant::now();
     let mut done = 0;
-    let outcomes = sweep.execute_first(count, |outcome| {
+    let outcomes = sweep.execute_first(count, jobs, |outcome| {
         done += 1;
         bar.set_message(outcome.summary.config.clone());
         bar.inc(1);
@@ -233,7 +238,8 @@ fn sweep(
     let steps: u64 = outcomes.iter().map(|o| o.summary.steps).sum();
     let requests: usize = outcomes.iter().map(|o| o.summary.requests).sum();
     eprintln!(
-        "{done} configurations in {wall:.1} s wall: {:.0} simulated steps/s, {:.0} requests/s",
+        "{done} configurations in {wall:.1} s wall ({jobs} jobs): {:.0} simulated steps/s, \
+         {:.0} requests/s",
         steps as f64 / wall,
         requests as f64 / wall
     );

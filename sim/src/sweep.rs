@@ -2,6 +2,8 @@
 //! real-state uses, feeds, router replicas and rates, read from TOML.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
 use std::time::Instant;
 
 use engine_state_router::{Policy, RealStateUse, RouterSettings};
@@ -230,30 +232,65 @@ pub fn run_one(trace: &Trace, config: &RunConfig, rate_scale: f64) -> Result<Out
 }
 
 impl Sweep {
-    /// Run every configuration in order, calling `done` after each; each
-    /// rate's trace is loaded once.
-    pub fn execute(&self, done: impl FnMut(&Outcome)) -> Result<Vec<Outcome>, SimError> {
-        self.execute_first(usize::MAX, done)
+    /// Run every configuration on `jobs` threads, calling `done` (on this
+    /// thread) as each finishes; results come back in configuration order.
+    /// Each rate's trace is loaded once.
+    pub fn execute(
+        &self,
+        jobs: usize,
+        done: impl FnMut(&Outcome),
+    ) -> Result<Vec<Outcome>, SimError> {
+        self.execute_first(usize::MAX, jobs, done)
     }
 
     /// The same for the first `count` configurations only.
     pub fn execute_first(
         &self,
         count: usize,
+        jobs: usize,
         mut done: impl FnMut(&Outcome),
     ) -> Result<Vec<Outcome>, SimError> {
-        let mut outcomes = Vec::new();
-        let mut loaded: Option<(f64, Trace)> = None;
-        for run in self.runs()?.into_iter().take(count) {
-            if loaded.as_ref().map(|(rate, _)| *rate) != Some(run.rate_scale) {
-                loaded = Some((run.rate_scale, self.trace.load(run.rate_scale)?));
+        let runs: Vec<SweepRun> = self.runs()?.into_iter().take(count).collect();
+        let mut traces: Vec<(f64, Trace)> = Vec::new();
+        for run in &runs {
+            if !traces.iter().any(|(rate, _)| *rate == run.rate_scale) {
+                traces.push((run.rate_scale, self.trace.load(run.rate_scale)?));
             }
-            let (_, trace) = loaded.as_ref().expect("loaded above");
-            let outcome = run_one(trace, &run.config, run.rate_scale)?;
-            done(&outcome);
-            outcomes.push(outcome);
         }
-        Ok(outcomes)
+        let next = AtomicUsize::new(0);
+        let (sender, receiver) = mpsc::channel::<(usize, Result<Outcome, SimError>)>();
+        let mut slots: Vec<Option<Outcome>> = (0..runs.len()).map(|_| None).collect();
+        std::thread::scope(|scope| -> Result<(), SimError> {
+            for _ in 0..jobs.clamp(1, runs.len().max(1)) {
+                let sender = sender.clone();
+                let (runs, traces, next) = (&runs, &traces, &next);
+                scope.spawn(move || loop {
+                    let index = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(run) = runs.get(index) else {
+                        break;
+                    };
+                    let (_, trace) = traces
+                        .iter()
+                        .find(|(rate, _)| *rate == run.rate_scale)
+                        .expect("loaded above");
+                    let outcome = run_one(trace, &run.config, run.rate_scale);
+                    if sender.send((index, outcome)).is_err() {
+                        break;
+                    }
+                });
+            }
+            drop(sender);
+            for (index, outcome) in receiver {
+                let outcome = outcome?;
+                done(&outcome);
+                slots[index] = Some(outcome);
+            }
+            Ok(())
+        })?;
+        Ok(slots
+            .into_iter()
+            .map(|o| o.expect("every run reported"))
+            .collect())
     }
 }
 
