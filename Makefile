@@ -18,12 +18,13 @@ BIN := $(TARGET_DIR)/$(PROFILE)
 export ENGINE_STATE_PYTHON := $(PY)
 
 .PHONY: help build bins py venv test test-rust test-loom test-py test-vllm vllm-venv \
-        lint fmt miri bench bench-vllm demo demo-smoke clean
+        lint fmt miri bench bench-vllm demo demo-smoke sim clean
 
 help:
 	@echo "make demo        four demo engines, live in esdump --watch for DURATION=$(DURATION) s"
 	@echo "make test        every test (Rust, loom, Python, vLLM contract, demo smoke)"
 	@echo "make bench       benchmarks against their baselines (see BENCHMARKS.md)"
+	@echo "make sim         the essim routing sweeps behind docs/ROUTING.md (minutes)"
 	@echo "make lint        cargo fmt --check and clippy -D warnings"
 	@echo "make miri        the seqlock module under Miri (needs nightly with miri)"
 
@@ -123,6 +124,22 @@ bench: build
 bench-vllm: vllm-venv
 	VIRTUAL_ENV=$(VLLM_VENV) $(VLLM_VENV)/bin/maturin develop --release -q -m publisher-py/Cargo.toml
 	$(VLLM_VENV)/bin/python bench/hook_bench.py --vllm
+
+# ---- simulation --------------------------------------------------------------
+
+# The routing sweeps behind docs/ROUTING.md: tables, CSV/JSON and SVG plots in docs/routing/.
+sim:
+	$(CARGO) build --release -p engine-state-sim
+	for t in mooncake agentic agentic-session; do \
+	  mkdir -p docs/routing/$$t && \
+	  $(BIN)/essim sweep sim/sweeps/routing-$$t.toml --out docs/routing/$$t --jobs 2 \
+	    > docs/routing/$$t/table.md || exit 1; \
+	done
+	mkdir -p docs/routing/agentic-nomig docs/routing/mooncake-nomig
+	$(BIN)/essim sweep sim/sweeps/routing-agentic.toml --no-migration --out docs/routing/agentic-nomig \
+	  --jobs 2 > docs/routing/agentic-nomig/table.md
+	$(BIN)/essim sweep sim/sweeps/routing-mooncake.toml --no-migration --first 300 \
+	  --out docs/routing/mooncake-nomig --jobs 2 > docs/routing/mooncake-nomig/table.md
 
 clean:
 	$(CARGO) clean

@@ -42,6 +42,9 @@ enum Command {
         /// Configurations simulated at once (threads).
         #[arg(long, default_value_t = 1)]
         jobs: usize,
+        /// Never ask the migration trigger (overrides the sweep file).
+        #[arg(long)]
+        no_migration: bool,
     },
     /// Describe a trace: counts, span, lengths, sessions, shared prefixes.
     TraceStats(TraceArgs),
@@ -149,7 +152,15 @@ fn main() -> anyhow::Result<()> {
             trace_path,
             first,
             jobs,
-        } => sweep(&config, out.as_deref(), trace_path, first, jobs),
+            no_migration,
+        } => sweep(
+            &config,
+            out.as_deref(),
+            trace_path,
+            first,
+            jobs,
+            no_migration,
+        ),
         Command::TraceStats(args) => {
             let trace = args.spec().load(args.rate_scale)?;
             println!("{}", trace.stats());
@@ -213,12 +224,16 @@ fn sweep(
     trace_path: Option<PathBuf>,
     first: Option<usize>,
     jobs: usize,
+    no_migration: bool,
 ) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(config)
         .with_context(|| format!("reading sweep file {}", config.display()))?;
     let mut sweep = Sweep::from_toml(&text)?;
     if let Some(path) = trace_path {
         sweep.trace.path = Some(path);
+    }
+    if no_migration {
+        sweep.migration = false;
     }
     let total = sweep.runs()?.len();
     let count = first.unwrap_or(total).min(total);
