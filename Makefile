@@ -140,6 +140,7 @@ sim:
 	  --jobs 2 > docs/routing/agentic-nomig/table.md
 	$(BIN)/essim sweep sim/sweeps/routing-mooncake.toml --no-migration --first 300 \
 	  --out docs/routing/mooncake-nomig --jobs 2 > docs/routing/mooncake-nomig/table.md
+	rm -f docs/routing/*/summary.json  # the CSV holds the same; docs/routing/TABLES.md: sim/sweeps/pivot.py
 
 clean:
 	$(CARGO) clean

@@ -1,13 +1,24 @@
 #!/usr/bin/env python3
-"""Pivot an essim sweep's summary.json into the tables of docs/ROUTING.md:
+"""Pivot an essim sweep's summary.csv (or .json) into the tables of docs/ROUTING.md:
 per (rate, replicas), TTFT p90 (s) of each policy/real-state use by feed.
 
-    python3 sim/sweeps/pivot.py docs/routing/mooncake/summary.json [metric]
+    python3 sim/sweeps/pivot.py docs/routing/mooncake/summary.csv [metric]
 """
+import csv
 import json
 import sys
 
-rows = json.load(open(sys.argv[1]))
+if sys.argv[1].endswith(".json"):
+    rows = json.load(open(sys.argv[1]))
+else:
+    rows = []
+    for row in csv.DictReader(open(sys.argv[1])):
+        for key, value in row.items():
+            try:
+                row[key] = float(value) if value != "" else None
+            except ValueError:
+                pass
+        rows.append(row)
 metric = sys.argv[2] if len(sys.argv) > 2 else "ttft_p90_s"
 feeds = []
 for r in rows:
@@ -19,7 +30,7 @@ for r in rows:
     if key not in groups:
         groups.append(key)
 for rate, routers in groups:
-    print(f"\n**{rate:g}× rate, {routers} router replica(s)** — {metric}\n")
+    print(f"\n**{rate:g}× rate, {int(routers)} router replica(s)** — {metric}\n")
     print("| policy | never (no feed) | use | " + " | ".join(f.replace("periodic:", "") + (" ms" if f.startswith("periodic") else "") for f in feeds) + " |")
     print("|---|---:|---|" + "---:|" * len(feeds))
     group = [r for r in rows if r["rate_scale"] == rate and r["routers"] == routers]
