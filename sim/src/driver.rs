@@ -149,7 +149,13 @@ pub struct RunResult {
     pub router_stats: Vec<RouterStats>,
     /// Instance shadows not back to zero at the end (must be 0).
     pub leaked_shadows: usize,
+    /// Requests in each engine, sampled every [`LOAD_SAMPLE_NS`] of
+    /// simulated time: `(time ns, per engine)`.
+    pub engine_load: Vec<(u64, Vec<u32>)>,
 }
+
+/// Sampling period of [`RunResult::engine_load`]: 1 s of simulated time.
+pub const LOAD_SAMPLE_NS: u64 = 1_000_000_000;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
@@ -225,8 +231,19 @@ pub fn simulate(trace: &Trace, config: &RunConfig) -> Result<RunResult, SimError
     let mut outstanding = trace.requests.len();
     let mut reading = Reading::default();
 
+    let mut next_sample = 0;
     while let Some(Reverse((time, event))) = events.pop() {
         now.store(time, Ordering::Relaxed);
+        while next_sample <= time {
+            // State between events is constant: the sample at `next_sample`
+            // is the state left by the last event before it.
+            let load = engines
+                .iter()
+                .map(|slot| slot.engine.num_requests() as u32)
+                .collect();
+            result.engine_load.push((next_sample, load));
+            next_sample += LOAD_SAMPLE_NS;
+        }
         match event {
             Event::Arrival(index) => {
                 let trace_request = &trace.requests[index];

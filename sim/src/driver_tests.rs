@@ -74,6 +74,17 @@ fn assert_conserved(trace: &Trace, config: &RunConfig, result: &RunResult) {
         result.leaked_shadows, 0,
         "{name}: every shadow counter back to zero"
     );
+    let samples = &result.engine_load;
+    assert!(
+        samples
+            .windows(2)
+            .all(|w| w[1].0 == w[0].0 + LOAD_SAMPLE_NS),
+        "{name}"
+    );
+    assert!(
+        samples.iter().all(|(_, load)| load.len() == config.engines),
+        "{name}"
+    );
 }
 
 #[test]

@@ -49,6 +49,7 @@ mod trace;
 pub use crate::agentic::AgenticSpec;
 pub use crate::driver::{
     engines_per_session, policy_label, simulate, RequestRecord, RunConfig, RunResult, Split,
+    LOAD_SAMPLE_NS,
 };
 pub use crate::engine::{Engine, EngineCounters, EngineRequest, ScheduledStep, StepOutput};
 pub use crate::error::SimError;

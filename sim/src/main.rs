@@ -132,7 +132,7 @@ struct RunArgs {
     /// Engine profile (TOML; missing keys take the calibrated defaults).
     #[arg(long)]
     profile: Option<PathBuf>,
-    /// Write summary.csv, summary.json and ttft_cdf.svg here.
+    /// Write summary.csv, summary.json, ttft_cdf.svg and engine_load_N.svg here.
     #[arg(long)]
     out: Option<PathBuf>,
 }
@@ -299,6 +299,13 @@ fn report(outcomes: &[Outcome], out: Option<&Path>, sweep: bool) -> anyhow::Resu
             .map(|o| (o.summary.config.clone(), o.ttft_s.clone()))
             .collect();
         plots::ttft_cdf(&dir.join("ttft_cdf.svg"), &series)?;
+        for (i, outcome) in outcomes.iter().enumerate() {
+            plots::engine_load(
+                &dir.join(format!("engine_load_{i}.svg")),
+                &format!("requests per engine: {}", outcome.summary.config),
+                &outcome.engine_load,
+            )?;
+        }
     }
     eprintln!("wrote {}", dir.display());
     Ok(())

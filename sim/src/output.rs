@@ -93,3 +93,46 @@ pub fn write_files(dir: &Path, rows: &[Summary]) -> Result<(), SimError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agentic::AgenticSpec;
+    use crate::driver::{simulate, RunConfig};
+    use crate::metrics::ttft_seconds;
+    use crate::plots;
+
+    #[test]
+    fn reports_render_and_write_with_plots() {
+        let trace = AgenticSpec {
+            sessions: 6,
+            ..AgenticSpec::default()
+        }
+        .generate();
+        let config = RunConfig {
+            engines: 2,
+            ..RunConfig::default()
+        };
+        let result = simulate(&trace, &config).unwrap();
+        let rows = vec![Summary::of(&config, &result)];
+        let table = markdown(&rows);
+        assert_eq!(table.lines().count(), 3);
+        assert!(table.contains("| unified/always/none/r1 |"), "{table}");
+        let text = csv(&rows);
+        let header: Vec<&str> = text.lines().next().unwrap().split(',').collect();
+        assert!(header.contains(&"ttft_p90_s") && header.contains(&"feed"));
+        assert_eq!(text.lines().count(), 2);
+        let dir = tempfile::tempdir().unwrap();
+        write_files(dir.path(), &rows).unwrap();
+        let series = vec![("a".to_owned(), ttft_seconds(&result))];
+        plots::ttft_cdf(&dir.path().join("cdf.svg"), &series).unwrap();
+        plots::p90_vs_period(&dir.path().join("p90.svg"), "t", &rows).unwrap();
+        plots::engine_load(&dir.path().join("load.svg"), "t", &result.engine_load).unwrap();
+        for name in ["summary.csv", "summary.json", "cdf.svg", "load.svg"] {
+            assert!(
+                dir.path().join(name).metadata().unwrap().len() > 100,
+                "{name}"
+            );
+        }
+    }
+}

@@ -1,5 +1,6 @@
-//! SVG plots (plotters, SVG backend only): TTFT CDF per configuration, and
-//! TTFT p90 against feed period per policy and real-state use.
+//! SVG plots (plotters, SVG backend only): TTFT CDF per configuration, TTFT
+//! p90 against feed period per policy and real-state use, and per-engine load
+//! over time.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -132,6 +133,57 @@ pub fn p90_vs_period(path: &Path, title: &str, rows: &[Summary]) -> Result<(), S
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(|e| plot_error(path, e))?;
+    root.present().map_err(|e| plot_error(path, e))
+}
+
+/// Requests in each engine over time, one line per engine.
+pub fn engine_load(path: &Path, title: &str, samples: &[(u64, Vec<u32>)]) -> Result<(), SimError> {
+    let engines = samples.first().map_or(0, |(_, load)| load.len());
+    let t_max = samples
+        .last()
+        .map_or(1.0, |(t, _)| *t as f64 / 1e9)
+        .max(1.0);
+    let y_max = samples
+        .iter()
+        .flat_map(|(_, load)| load.iter().copied())
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64;
+    let root = SVGBackend::new(path, (1000, 480)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| plot_error(path, e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0.0..t_max, 0.0..y_max * 1.05)
+        .map_err(|e| plot_error(path, e))?;
+    chart
+        .configure_mesh()
+        .x_desc("simulated time (s)")
+        .y_desc("requests in engine")
+        .draw()
+        .map_err(|e| plot_error(path, e))?;
+    for engine in 0..engines {
+        let color = Palette99::pick(engine).to_rgba();
+        let points = samples
+            .iter()
+            .map(|(t, load)| (*t as f64 / 1e9, f64::from(load[engine])));
+        chart
+            .draw_series(LineSeries::new(points, color.stroke_width(1)))
+            .map_err(|e| plot_error(path, e))?
+            .label(format!("e{engine}"))
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
         .draw()
         .map_err(|e| plot_error(path, e))?;
     root.present().map_err(|e| plot_error(path, e))

@@ -212,6 +212,8 @@ pub struct Outcome {
     pub summary: Summary,
     /// Sorted TTFTs, seconds (for CDF plots).
     pub ttft_s: Vec<f64>,
+    /// Requests per engine over time (see [`crate::RunResult::engine_load`]).
+    pub engine_load: Vec<(u64, Vec<u32>)>,
 }
 
 /// Simulate one configuration over a trace loaded at `rate_scale`, timed.
@@ -228,6 +230,7 @@ pub fn run_one(trace: &Trace, config: &RunConfig, rate_scale: f64) -> Result<Out
     Ok(Outcome {
         summary,
         ttft_s: ttft_seconds(&result),
+        engine_load: result.engine_load,
     })
 }
 
