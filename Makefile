@@ -130,7 +130,7 @@ bench-vllm: vllm-venv
 # The routing sweeps behind docs/ROUTING.md: tables, CSV/JSON and SVG plots in docs/routing/.
 sim:
 	$(CARGO) build --release -p engine-state-sim
-	for t in mooncake agentic agentic-session; do \
+	for t in mooncake agentic agentic-session azure; do \
 	  mkdir -p docs/routing/$$t && \
 	  $(BIN)/essim sweep sim/sweeps/routing-$$t.toml --out docs/routing/$$t --jobs 2 \
 	    > docs/routing/$$t/table.md || exit 1; \
