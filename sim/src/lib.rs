@@ -14,7 +14,7 @@
 //!   synthetic agentic workload).
 //! - [`simulate`]: the discrete-event driver over a [`RunConfig`]; every
 //!   placement is made by `engine_state_router::Router` on simulated time.
-//! - [`Summary`], [`markdown`], [`write_files`], [`plots`], [`Sweep`]: reports.
+//! - [`Summary`], [`markdown`], [`write_report`], [`plots`], [`Sweep`]: reports.
 //!
 //! Layout: `profile`, `kv` and `engine` (the engine model), `feed`, `trace`
 //! and `agentic` (inputs), `driver` (the event loop), `metrics`, `output`,
@@ -55,7 +55,7 @@ pub use crate::engine::{Engine, EngineCounters, EngineRequest, ScheduledStep, St
 pub use crate::error::SimError;
 pub use crate::feed::{FeedSpec, HEARTBEAT_PERIOD_NS};
 pub use crate::metrics::{quantile, ttft_seconds, Summary};
-pub use crate::output::{csv, markdown, write_files};
+pub use crate::output::{csv, markdown, write_files, write_report};
 pub use crate::profile::{EngineProfile, KV_BLOCK_TOKENS};
 pub use crate::sweep::{run_one, Outcome, Sweep, SweepRun, TraceFormat, TraceSpec};
 pub use crate::trace::{Content, Trace, TraceRequest};

@@ -7,8 +7,8 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use engine_state_router::{Policy, RealStateUse, RouterSettings};
 use engine_state_sim::{
-    markdown, plots, run_one, write_files, AgenticSpec, EngineProfile, FeedSpec, Outcome,
-    RunConfig, Split, Summary, Sweep, TraceFormat, TraceSpec,
+    markdown, run_one, write_report, AgenticSpec, EngineProfile, FeedSpec, Outcome, RunConfig,
+    Split, Summary, Sweep, TraceFormat, TraceSpec,
 };
 
 #[derive(Parser)]
@@ -264,49 +264,9 @@ fn sweep(
 fn report(outcomes: &[Outcome], out: Option<&Path>, sweep: bool) -> anyhow::Result<()> {
     let rows: Vec<Summary> = outcomes.iter().map(|o| o.summary.clone()).collect();
     println!("{}", markdown(&rows));
-    let Some(dir) = out else {
-        return Ok(());
-    };
-    write_files(dir, &rows)?;
-    if sweep {
-        // One p90-vs-period plot per (rate, replicas); one CDF per (rate, replicas) of the no-feed
-        // and 50 ms configurations (every configuration would be unreadable).
-        let mut groups: Vec<(f64, usize)> =
-            rows.iter().map(|r| (r.rate_scale, r.routers)).collect();
-        groups.dedup();
-        for (rate, routers) in groups {
-            let group: Vec<&Outcome> = outcomes
-                .iter()
-                .filter(|o| o.summary.rate_scale == rate && o.summary.routers == routers)
-                .collect();
-            let summaries: Vec<Summary> = group.iter().map(|o| o.summary.clone()).collect();
-            let tag = format!("{rate}x_r{routers}");
-            plots::p90_vs_period(
-                &dir.join(format!("ttft_p90_vs_period_{tag}.svg")),
-                &format!("TTFT p90 vs feed period ({rate}× rate, {routers} router(s))"),
-                &summaries,
-            )?;
-            let series: Vec<(String, Vec<f64>)> = group
-                .iter()
-                .filter(|o| matches!(o.summary.feed.as_str(), "none" | "periodic:50"))
-                .map(|o| (o.summary.config.clone(), o.ttft_s.clone()))
-                .collect();
-            plots::ttft_cdf(&dir.join(format!("ttft_cdf_{tag}.svg")), &series)?;
-        }
-    } else {
-        let series: Vec<(String, Vec<f64>)> = outcomes
-            .iter()
-            .map(|o| (o.summary.config.clone(), o.ttft_s.clone()))
-            .collect();
-        plots::ttft_cdf(&dir.join("ttft_cdf.svg"), &series)?;
-        for (i, outcome) in outcomes.iter().enumerate() {
-            plots::engine_load(
-                &dir.join(format!("engine_load_{i}.svg")),
-                &format!("requests per engine: {}", outcome.summary.config),
-                &outcome.engine_load,
-            )?;
-        }
+    if let Some(dir) = out {
+        write_report(dir, outcomes, sweep)?;
+        eprintln!("wrote {}", dir.display());
     }
-    eprintln!("wrote {}", dir.display());
     Ok(())
 }

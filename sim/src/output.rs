@@ -5,6 +5,8 @@ use std::path::Path;
 
 use crate::error::SimError;
 use crate::metrics::Summary;
+use crate::plots;
+use crate::sweep::Outcome;
 
 fn num(value: f64, decimals: usize) -> String {
     if value.is_nan() {
@@ -94,13 +96,59 @@ pub fn write_files(dir: &Path, rows: &[Summary]) -> Result<(), SimError> {
     Ok(())
 }
 
+/// Write a run's or a sweep's files into `dir`: `summary.csv`,
+/// `summary.json`, and SVG plots. A sweep (`by_group`) gets, per (rate,
+/// replicas), TTFT p90 against feed period and a TTFT CDF of its no-feed and
+/// 50 ms configurations (every configuration would be unreadable); a run gets
+/// one TTFT CDF of all its configurations and each one's engine load.
+pub fn write_report(dir: &Path, outcomes: &[Outcome], by_group: bool) -> Result<(), SimError> {
+    let rows: Vec<Summary> = outcomes.iter().map(|o| o.summary.clone()).collect();
+    write_files(dir, &rows)?;
+    if !by_group {
+        let series: Vec<(String, Vec<f64>)> = outcomes
+            .iter()
+            .map(|o| (o.summary.config.clone(), o.ttft_s.clone()))
+            .collect();
+        plots::ttft_cdf(&dir.join("ttft_cdf.svg"), &series)?;
+        for (i, outcome) in outcomes.iter().enumerate() {
+            plots::engine_load(
+                &dir.join(format!("engine_load_{i}.svg")),
+                &format!("requests per engine: {}", outcome.summary.config),
+                &outcome.engine_load,
+            )?;
+        }
+        return Ok(());
+    }
+    let mut groups: Vec<(f64, usize)> = rows.iter().map(|r| (r.rate_scale, r.routers)).collect();
+    groups.dedup();
+    for (rate, routers) in groups {
+        let group: Vec<&Outcome> = outcomes
+            .iter()
+            .filter(|o| o.summary.rate_scale == rate && o.summary.routers == routers)
+            .collect();
+        let summaries: Vec<Summary> = group.iter().map(|o| o.summary.clone()).collect();
+        let tag = format!("{rate}x_r{routers}");
+        plots::p90_vs_period(
+            &dir.join(format!("ttft_p90_vs_period_{tag}.svg")),
+            &format!("TTFT p90 vs feed period ({rate}× rate, {routers} router(s))"),
+            &summaries,
+        )?;
+        let series: Vec<(String, Vec<f64>)> = group
+            .iter()
+            .filter(|o| matches!(o.summary.feed.as_str(), "none" | "periodic:50"))
+            .map(|o| (o.summary.config.clone(), o.ttft_s.clone()))
+            .collect();
+        plots::ttft_cdf(&dir.join(format!("ttft_cdf_{tag}.svg")), &series)?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::agentic::AgenticSpec;
     use crate::driver::{simulate, RunConfig};
     use crate::metrics::ttft_seconds;
-    use crate::plots;
 
     #[test]
     fn reports_render_and_write_with_plots() {
