@@ -140,6 +140,13 @@ sim:
 	  --jobs 2 > docs/routing/agentic-nomig/table.md
 	$(BIN)/essim sweep sim/sweeps/routing-mooncake.toml --no-migration --first 300 \
 	  --out docs/routing/mooncake-nomig --jobs 2 > docs/routing/mooncake-nomig/table.md
+	for seed in 2 3 4; do \
+	  sed "s/^seed = 1$$/seed = $$seed/" sim/sweeps/routing-agentic.toml > target/routing-agentic-seed$$seed.toml && \
+	  mkdir -p docs/routing/agentic-nomig-seed$$seed && \
+	  $(BIN)/essim sweep target/routing-agentic-seed$$seed.toml --no-migration --jobs 2 \
+	    --out docs/routing/agentic-nomig-seed$$seed > docs/routing/agentic-nomig-seed$$seed/table.md || exit 1; \
+	  rm -f docs/routing/agentic-nomig-seed$$seed/*.svg; \
+	done
 	rm -f docs/routing/*/summary.json  # the CSV holds the same; docs/routing/TABLES.md: sim/sweeps/pivot.py
 
 clean:
