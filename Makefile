@@ -141,9 +141,9 @@ sim:
 	$(BIN)/essim sweep sim/sweeps/routing-mooncake.toml --no-migration --first 300 \
 	  --out docs/routing/mooncake-nomig --jobs 2 > docs/routing/mooncake-nomig/table.md
 	for seed in 2 3 4; do \
-	  sed "s/^seed = 1$$/seed = $$seed/" sim/sweeps/routing-agentic.toml > target/routing-agentic-seed$$seed.toml && \
+	  sed "s/^seed = 1$$/seed = $$seed/" sim/sweeps/routing-agentic.toml > $(TARGET_DIR)/routing-agentic-seed$$seed.toml && \
 	  mkdir -p docs/routing/agentic-nomig-seed$$seed && \
-	  $(BIN)/essim sweep target/routing-agentic-seed$$seed.toml --no-migration --jobs 2 \
+	  $(BIN)/essim sweep $(TARGET_DIR)/routing-agentic-seed$$seed.toml --no-migration --jobs 2 \
 	    --out docs/routing/agentic-nomig-seed$$seed > docs/routing/agentic-nomig-seed$$seed/table.md || exit 1; \
 	  rm -f docs/routing/agentic-nomig-seed$$seed/*.svg; \
 	done

@@ -125,6 +125,19 @@ mod tests {
     }
 
     #[test]
+    fn the_shipped_profile_file_is_the_default() {
+        let file: EngineProfile =
+            toml::from_str(include_str!("../profiles/h20-qwen3-coder-30b-a3b.toml")).unwrap();
+        let default = EngineProfile::default();
+        assert!((file.prefill_token_s / default.prefill_token_s - 1.0).abs() < 1e-12);
+        let same = EngineProfile {
+            prefill_token_s: default.prefill_token_s,
+            ..file
+        };
+        assert_eq!(same, default);
+    }
+
+    #[test]
     fn toml_fills_defaults_and_refuses_unknown_keys() {
         let p: EngineProfile = toml::from_str("kv_capacity_tokens = 1600").unwrap();
         assert_eq!(p.kv_blocks(), 100);
