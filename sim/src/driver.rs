@@ -9,12 +9,14 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use engine_state_reader::{Reading, Status};
 use engine_state_router::{
-    Clock, Policy, Request, Reservation, Router, RouterSettings, RouterStats, ShadowCounters,
+    Clock, DecisionLog, Policy, Request, Reservation, Router, RouterSettings, RouterStats,
+    ShadowCounters,
 };
 use serde::{Deserialize, Serialize};
 
@@ -55,6 +57,11 @@ pub struct RunConfig {
     pub split: Split,
     /// Ask the router's migration trigger about every request at arrival.
     pub migration: bool,
+    /// Write the router's decision log (JSON Lines) here; with several
+    /// replicas, replica `i` writes `PATH.r{i}`. Records carry the decision
+    /// sequence and the router's own wall-clock `time_unix_ns`, not
+    /// simulated time.
+    pub decision_log: Option<PathBuf>,
 }
 
 impl Default for RunConfig {
@@ -68,6 +75,7 @@ impl Default for RunConfig {
             routers: 1,
             split: Split::RoundRobin,
             migration: true,
+            decision_log: None,
         }
     }
 }
@@ -204,6 +212,15 @@ pub fn simulate(trace: &Trace, config: &RunConfig) -> Result<RunResult, SimError
             Ok(router)
         })
         .collect::<Result<Vec<_>, SimError>>()?;
+    if let Some(path) = &config.decision_log {
+        for (replica, router) in routers.iter().enumerate() {
+            let path = match config.routers {
+                1 => path.clone(),
+                _ => PathBuf::from(format!("{}.r{replica}", path.display())),
+            };
+            router.set_decision_log(Some(DecisionLog::append_to(&path)?));
+        }
+    }
     let mut engines: Vec<EngineSlot> = ids
         .iter()
         .map(|id| EngineSlot {

@@ -172,3 +172,28 @@ fn a_request_too_long_for_the_kv_cache_is_rejected_not_routed() {
         trace.requests.len() as u64 - 1
     );
 }
+
+#[test]
+fn the_decision_log_gets_one_record_per_decision_per_replica() {
+    let trace = agentic(5, 2);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("decisions.jsonl");
+    let config = RunConfig {
+        decision_log: Some(path.clone()),
+        ..config(Policy::Unified, 2, "periodic:50", 2)
+    };
+    let result = simulate(&trace, &config).unwrap();
+    let mut lines = 0;
+    for replica in 0..2 {
+        let text = std::fs::read_to_string(format!("{}.r{replica}", path.display())).unwrap();
+        for line in text.lines() {
+            let record: serde_json::Value = serde_json::from_str(line).unwrap();
+            assert!(
+                record["instance"].is_string() && record["seq"].is_u64(),
+                "{line}"
+            );
+            lines += 1;
+        }
+    }
+    assert_eq!(lines as u64, result.decisions + result.migrations);
+}

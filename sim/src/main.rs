@@ -132,6 +132,10 @@ struct RunArgs {
     /// Engine profile (TOML; missing keys take the calibrated defaults).
     #[arg(long)]
     profile: Option<PathBuf>,
+    /// Write each router's decision log (JSON Lines) to PATH (PATH.N for the
+    /// N-th configuration when there are several, .rI per replica).
+    #[arg(long)]
+    decision_log: Option<PathBuf>,
     /// Write summary.csv, summary.json, ttft_cdf.svg and engine_load_N.svg here.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -181,8 +185,13 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let trace = args.trace.spec().load(args.trace.rate_scale)?;
     eprintln!("{}", trace.stats());
     let mut outcomes = Vec::new();
+    let several = args.policies.len() * args.feeds.len() > 1;
     for &policy in &args.policies {
         for feed in &args.feeds {
+            let decision_log = args.decision_log.as_ref().map(|path| match several {
+                true => PathBuf::from(format!("{}.{}", path.display(), outcomes.len())),
+                false => path.clone(),
+            });
             let config = RunConfig {
                 label: String::new(),
                 engines: args.engines,
@@ -201,6 +210,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
                     SplitArg::Session => Split::Session,
                 },
                 migration: !args.no_migration,
+                decision_log,
             };
             let outcome = run_one(&trace, &config, args.trace.rate_scale)?;
             let s = &outcome.summary;

@@ -194,6 +194,7 @@ impl Sweep {
                                     routers,
                                     split: self.split,
                                     migration: self.migration,
+                                    decision_log: None,
                                 },
                             });
                         }
