@@ -57,6 +57,14 @@ pub struct RunConfig {
     pub split: Split,
     /// Ask the router's migration trigger about every request at arrival.
     pub migration: bool,
+    /// Share of requests whose completion reaches the router late (0–1):
+    /// for them `complete` is called [`RunConfig::late_completion_ns`] after
+    /// the engine finished, so the shadow over-counts meanwhile — a proxy
+    /// that sees stream ends late, or never hears of a disconnect until a
+    /// timeout. 0 (the default) makes a single router's shadow exact.
+    pub late_completion_fraction: f64,
+    /// How late those completions are, ns.
+    pub late_completion_ns: u64,
     /// Write the router's decision log (JSON Lines) here; with several
     /// replicas, replica `i` writes `PATH.r{i}`. Records carry the decision
     /// sequence and the router's own wall-clock `time_unix_ns`, not
@@ -76,6 +84,8 @@ impl Default for RunConfig {
             split: Split::RoundRobin,
             migration: true,
             decision_log: None,
+            late_completion_fraction: 0.0,
+            late_completion_ns: 0,
         }
     }
 }
@@ -175,6 +185,8 @@ enum Event {
     Arrival(usize),
     /// A Prometheus scrape of every engine.
     Scrape,
+    /// A late completion reaches the router.
+    LateComplete(usize),
 }
 
 struct EngineSlot {
@@ -354,9 +366,14 @@ pub fn simulate(trace: &Trace, config: &RunConfig) -> Result<RunResult, SimError
                 for id in output.finished {
                     let index = id as usize;
                     result.requests[index].finish_ns = time;
+                    outstanding -= 1;
+                    if late(config, index) {
+                        let at = time + config.late_completion_ns;
+                        events.push(Reverse((at, Event::LateComplete(index))));
+                        continue;
+                    }
                     let mut reservation = reservations[index].take().expect("reserved at arrival");
                     reservation.complete();
-                    outstanding -= 1;
                 }
                 let idle = slot.engine.num_requests() == 0;
                 slot.feed
@@ -364,6 +381,10 @@ pub fn simulate(trace: &Trace, config: &RunConfig) -> Result<RunResult, SimError
                 if !idle {
                     start_step(slot, engine, &config.feed, time, &mut events, false);
                 }
+            }
+            Event::LateComplete(index) => {
+                let mut reservation = reservations[index].take().expect("reserved at arrival");
+                reservation.complete();
             }
             Event::Scrape => {
                 for slot in &mut engines {
@@ -397,6 +418,13 @@ pub fn simulate(trace: &Trace, config: &RunConfig) -> Result<RunResult, SimError
             .count();
     }
     Ok(result)
+}
+
+/// Whether request `index`'s completion reaches the router late (a fixed,
+/// seedless choice per request, so every configuration delays the same ones).
+fn late(config: &RunConfig, index: usize) -> bool {
+    let unit = (mix(index as u64, 0x1a7e) >> 11) as f64 / (1u64 << 53) as f64;
+    config.late_completion_fraction > 0.0 && unit < config.late_completion_fraction
 }
 
 fn start_step(

@@ -197,3 +197,21 @@ fn the_decision_log_gets_one_record_per_decision_per_replica() {
     }
     assert_eq!(lines as u64, result.decisions + result.migrations);
 }
+
+#[test]
+fn late_completions_still_release_everything_and_keep_the_shadow_high_meanwhile() {
+    let trace = agentic(30, 7);
+    let exact = config(Policy::LoadOnly, 4, "none", 1);
+    let late = RunConfig {
+        late_completion_fraction: 0.5,
+        late_completion_ns: 60_000_000_000,
+        ..exact.clone()
+    };
+    let result = simulate(&trace, &late).unwrap();
+    assert_conserved(&trace, &late, &result);
+    let baseline = simulate(&trace, &exact).unwrap();
+    assert_ne!(
+        result.requests, baseline.requests,
+        "an over-counting shadow places differently"
+    );
+}

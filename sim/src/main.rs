@@ -132,6 +132,12 @@ struct RunArgs {
     /// Engine profile (TOML; missing keys take the calibrated defaults).
     #[arg(long)]
     profile: Option<PathBuf>,
+    /// Share of completions the router learns of late (0–1; see --late-s).
+    #[arg(long, default_value_t = 0.0)]
+    late_fraction: f64,
+    /// How late those completions reach the router, seconds.
+    #[arg(long, default_value_t = 30.0)]
+    late_s: f64,
     /// Write each router's decision log (JSON Lines) to PATH (PATH.N for the
     /// N-th configuration when there are several, .rI per replica).
     #[arg(long)]
@@ -211,6 +217,8 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
                 },
                 migration: !args.no_migration,
                 decision_log,
+                late_completion_fraction: args.late_fraction,
+                late_completion_ns: (args.late_s * 1e9) as u64,
             };
             let outcome = run_one(&trace, &config, args.trace.rate_scale)?;
             let s = &outcome.summary;

@@ -96,6 +96,10 @@ pub struct Sweep {
     pub feeds: Vec<String>,
     /// The engine profile.
     pub profile: EngineProfile,
+    /// Share of completions the routers learn of late (see [`RunConfig`]).
+    pub late_completion_fraction: f64,
+    /// How late, seconds.
+    pub late_completion_s: f64,
 }
 
 impl Default for Sweep {
@@ -142,6 +146,8 @@ impl Default for Sweep {
             .map(String::from)
             .to_vec(),
             profile: EngineProfile::default(),
+            late_completion_fraction: 0.0,
+            late_completion_s: 0.0,
         }
     }
 }
@@ -195,6 +201,8 @@ impl Sweep {
                                     split: self.split,
                                     migration: self.migration,
                                     decision_log: None,
+                                    late_completion_fraction: self.late_completion_fraction,
+                                    late_completion_ns: (self.late_completion_s * 1e9) as u64,
                                 },
                             });
                         }
