@@ -18,12 +18,13 @@ BIN := $(TARGET_DIR)/$(PROFILE)
 export ENGINE_STATE_PYTHON := $(PY)
 
 .PHONY: help build bins py venv test test-rust test-loom test-py test-vllm vllm-venv \
-        lint fmt miri bench bench-vllm demo demo-smoke clean fuzz
+        lint fmt miri bench bench-vllm demo demo-smoke sim clean fuzz
 
 help:
 	@echo "make demo        four demo engines, live in esdump --watch for DURATION=$(DURATION) s"
 	@echo "make test        every test (Rust, loom, Python, vLLM contract, demo smoke)"
 	@echo "make bench       benchmarks against their baselines (see BENCHMARKS.md)"
+	@echo "make sim         the essim routing sweeps behind docs/ROUTING.md (minutes)"
 	@echo "make lint        cargo fmt --check and clippy -D warnings"
 	@echo "make miri        the seqlock module under Miri (needs nightly with miri)"
 	@echo "make fuzz        the file parser and the Redis record decoder, 100k cases each"
@@ -131,6 +132,30 @@ bench: build
 bench-vllm: vllm-venv
 	VIRTUAL_ENV=$(VLLM_VENV) $(VLLM_VENV)/bin/maturin develop --release -q -m publisher-py/Cargo.toml
 	$(VLLM_VENV)/bin/python bench/hook_bench.py --vllm
+
+# ---- simulation --------------------------------------------------------------
+
+# The routing sweeps behind docs/ROUTING.md: tables, CSV/JSON and SVG plots in docs/routing/.
+sim:
+	$(CARGO) build --release -p engine-state-sim
+	for t in mooncake agentic agentic-session azure; do \
+	  mkdir -p docs/routing/$$t && \
+	  $(BIN)/essim sweep sim/sweeps/routing-$$t.toml --out docs/routing/$$t --jobs 2 \
+	    > docs/routing/$$t/table.md || exit 1; \
+	done
+	mkdir -p docs/routing/agentic-nomig docs/routing/mooncake-nomig
+	$(BIN)/essim sweep sim/sweeps/routing-agentic.toml --no-migration --out docs/routing/agentic-nomig \
+	  --jobs 2 > docs/routing/agentic-nomig/table.md
+	$(BIN)/essim sweep sim/sweeps/routing-mooncake.toml --no-migration --first 300 \
+	  --out docs/routing/mooncake-nomig --jobs 2 > docs/routing/mooncake-nomig/table.md
+	for seed in 2 3 4; do \
+	  sed "s/^seed = 1$$/seed = $$seed/" sim/sweeps/routing-agentic.toml > $(TARGET_DIR)/routing-agentic-seed$$seed.toml && \
+	  mkdir -p docs/routing/agentic-nomig-seed$$seed && \
+	  $(BIN)/essim sweep $(TARGET_DIR)/routing-agentic-seed$$seed.toml --no-migration --jobs 2 \
+	    --out docs/routing/agentic-nomig-seed$$seed > docs/routing/agentic-nomig-seed$$seed/table.md || exit 1; \
+	  rm -f docs/routing/agentic-nomig-seed$$seed/*.svg; \
+	done
+	rm -f docs/routing/*/summary.json  # the CSV holds the same; docs/routing/TABLES.md: sim/sweeps/pivot.py
 
 clean:
 	$(CARGO) clean

@@ -4,8 +4,6 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 
-use engine_state_shm_format::monotonic_ns;
-
 use crate::decision::{Decision, Reason};
 use crate::decision_log::{render, RecordInput, Scoring};
 use crate::error::Error;
@@ -140,7 +138,7 @@ impl Router {
         if state.instances.is_empty() {
             return Err(Error::NoInstances);
         }
-        let now_ns = monotonic_ns();
+        let now_ns = self.shared.clock.now_ns();
         let expiry = self.shared.real_state_expiry;
         let session = request.session_id.as_deref().map(session_key);
         let sessions_matter = matches!(settings.policy, Policy::Sticky | Policy::Unified);

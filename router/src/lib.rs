@@ -15,6 +15,8 @@
 //!   hashes, [`block_hashes`]) or precomputed block hashes.
 //! - [`EffectiveState`]: what a policy sees of an instance, with the fields
 //!   that came from real state and their age.
+//! - [`Clock`]: where the router reads the time (`CLOCK_MONOTONIC`, or a
+//!   simulator's clock through [`Router::with_clock`]).
 //! - [`Router::migration_advice_for`] / [`Router::migrate_reservation`]: the
 //!   migration trigger and target scorer for a request a pick reserved (its
 //!   own reservation left out of its instance's load);
@@ -52,6 +54,7 @@
 //! ```
 
 mod blocks;
+mod clock;
 mod decide;
 mod decision;
 mod decision_log;
@@ -69,6 +72,7 @@ mod shadow;
 mod state;
 
 pub use crate::blocks::{block_hashes, BLOCK_TOKENS};
+pub use crate::clock::Clock;
 pub use crate::decision::{Decision, Reason};
 pub use crate::decision_log::DecisionLog;
 pub use crate::effective::{EffectiveState, RealFields, RealState, RealUsed};

@@ -4,10 +4,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use engine_state_shm_format::monotonic_ns;
-
 use serde::Serialize;
 
+use crate::clock::Clock;
 use crate::decide::{MigrationSource, Placement};
 use crate::decision::Decision;
 use crate::decision_log::DecisionLog;
@@ -25,6 +24,8 @@ use crate::state::{session_key, RouterState};
 pub(crate) struct Shared {
     pub(crate) settings: RouterSettings,
     pub(crate) real_state_expiry: Duration,
+    /// Read once per decision, view or advice (real state ages by it).
+    pub(crate) clock: Clock,
     /// Held across choosing an instance and adding the request to its
     /// counters, so no two picks can both see an instance as free.
     pub(crate) state: Mutex<RouterState>,
@@ -121,11 +122,19 @@ impl std::fmt::Debug for Router {
 impl Router {
     /// A router with no instances yet; refuses invalid settings.
     pub fn new(settings: RouterSettings) -> Result<Router, Error> {
+        Router::with_clock(settings, Clock::monotonic())
+    }
+
+    /// A router with no instances yet that reads the time from `clock` (a
+    /// simulator's simulated time); [`Router::new`] uses `CLOCK_MONOTONIC`.
+    /// Real state given to it must carry `read_mono_ns` on the same clock.
+    pub fn with_clock(settings: RouterSettings, clock: Clock) -> Result<Router, Error> {
         settings.validate()?;
         let state = RouterState::new(&settings);
         Ok(Router {
             shared: Arc::new(Shared {
                 real_state_expiry: Duration::from_secs_f64(settings.real_state_expiry_s),
+                clock,
                 settings,
                 state: Mutex::new(state),
                 log: Mutex::new(None),
@@ -209,7 +218,7 @@ impl Router {
 
     /// Every instance's counters and effective state, in tie-break order.
     pub fn instances(&self) -> Vec<InstanceView> {
-        let now_ns = monotonic_ns();
+        let now_ns = self.shared.clock.now_ns();
         let state = self.shared.lock();
         (0..state.instances.len())
             .map(|position| {
@@ -327,8 +336,13 @@ impl Router {
     ) -> Result<MigrationAdvice, Error> {
         let prompt = request.hashed()?;
         let mut state = self.shared.lock();
-        let source =
-            self.migration_candidates(&mut state, request, source, &prompt, monotonic_ns())?;
+        let source = self.migration_candidates(
+            &mut state,
+            request,
+            source,
+            &prompt,
+            self.shared.clock.now_ns(),
+        )?;
         // A copy of the cursor: advice must not move the round-robin.
         let mut rr = state.rr;
         Ok(self.advise(&state, source, prompt.input_len, &mut rr))

@@ -696,3 +696,29 @@ fn migrate_reservation_refuses_a_decoding_or_mismatched_reservation() {
     let err = r.migrate_reservation(&request, &mut elsewhere).unwrap_err();
     assert!(err.to_string().contains("was removed"), "{err}");
 }
+
+#[test]
+fn an_injected_clock_ages_real_state_by_its_own_time() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let now = Arc::new(AtomicU64::new(1_000_000_000));
+    let clock = crate::Clock::from_fn({
+        let now = Arc::clone(&now);
+        move || now.load(Ordering::Relaxed)
+    });
+    let settings = RouterSettings {
+        policy: Policy::LoadOnly,
+        ..RouterSettings::default()
+    };
+    let r = Router::with_clock(settings, clock).unwrap();
+    r.add_instance("a").unwrap();
+    let busy = Snapshot {
+        num_running: 9,
+        ..Snapshot::default()
+    };
+    let read = fresh(busy).read_at(now.load(Ordering::Relaxed), Duration::ZERO);
+    r.update_real_state([("a", read)]);
+    assert_eq!(r.instance("a").unwrap().effective.num_requests, 9);
+    // 2.5 simulated seconds later the reading is past the 2 s expiry.
+    now.fetch_add(2_500_000_000, Ordering::Relaxed);
+    assert_eq!(r.instance("a").unwrap().effective.num_requests, 0);
+}

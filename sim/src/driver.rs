@@ -1,0 +1,464 @@
+//! The discrete-event driver: trace arrivals, engine steps and feed scrapes
+//! in simulated time, with the project's router deciding every placement.
+//!
+//! A request is picked and reserved at arrival by one router replica
+//! (`Router::pick`, after the replica polls the feed), optionally migrated by
+//! the router's own trigger (`Router::migrate_reservation`), queued on its
+//! engine, marked `prefill_done` when the engine samples its first token and
+//! `complete` when it samples its last.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use engine_state_reader::{Reading, Status};
+use engine_state_router::{
+    Clock, DecisionLog, Policy, Request, Reservation, Router, RouterSettings, RouterStats,
+    ShadowCounters,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::engine::{Engine, EngineRequest, ScheduledStep};
+use crate::error::SimError;
+use crate::feed::{EngineFeed, FeedSpec};
+use crate::profile::EngineProfile;
+use crate::trace::{mix, Trace};
+
+/// How arrivals are split between router replicas.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Split {
+    /// Replica `arrival index mod N` (a load balancer in front of the routers).
+    #[default]
+    RoundRobin,
+    /// Replica by session hash (consistent hashing of sessions; requests
+    /// without a session by their index).
+    Session,
+}
+
+/// One simulated configuration.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    /// A name for reports.
+    pub label: String,
+    /// Engines (`e0`, `e1`, …).
+    pub engines: usize,
+    /// Every engine's profile.
+    pub profile: EngineProfile,
+    /// Every replica's router settings.
+    pub router: RouterSettings,
+    /// How engine state reaches the routers.
+    pub feed: FeedSpec,
+    /// Router replicas.
+    pub routers: usize,
+    /// How arrivals are split between them.
+    pub split: Split,
+    /// Ask the router's migration trigger about every request at arrival.
+    pub migration: bool,
+    /// Share of requests whose completion reaches the router late (0–1):
+    /// for them `complete` is called [`RunConfig::late_completion_ns`] after
+    /// the engine finished, so the shadow over-counts meanwhile — a proxy
+    /// that sees stream ends late, or never hears of a disconnect until a
+    /// timeout. 0 (the default) makes a single router's shadow exact.
+    pub late_completion_fraction: f64,
+    /// How late those completions are, ns.
+    pub late_completion_ns: u64,
+    /// Write the router's decision log (JSON Lines) here; with several
+    /// replicas, replica `i` writes `PATH.r{i}`. Records carry the decision
+    /// sequence and the router's own wall-clock `time_unix_ns`, not
+    /// simulated time.
+    pub decision_log: Option<PathBuf>,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        RunConfig {
+            label: String::new(),
+            engines: 8,
+            profile: EngineProfile::default(),
+            router: RouterSettings::default(),
+            feed: FeedSpec::None,
+            routers: 1,
+            split: Split::RoundRobin,
+            migration: true,
+            decision_log: None,
+            late_completion_fraction: 0.0,
+            late_completion_ns: 0,
+        }
+    }
+}
+
+impl RunConfig {
+    /// `policy/real_state_use/feed/routers` unless a label was given.
+    pub fn name(&self) -> String {
+        if !self.label.is_empty() {
+            return self.label.clone();
+        }
+        format!(
+            "{}/{}/{}/r{}",
+            policy_label(&self.router),
+            self.router.real_state_use,
+            self.feed,
+            self.routers
+        )
+    }
+}
+
+/// `unified(1.3,0.01)` for non-default unified settings, else the policy name.
+pub fn policy_label(settings: &RouterSettings) -> String {
+    let defaults = RouterSettings::default();
+    if settings.policy == Policy::Unified
+        && (settings.overload_factor != defaults.overload_factor
+            || settings.decode_weight != defaults.decode_weight)
+    {
+        format!(
+            "unified({},{})",
+            settings.overload_factor, settings.decode_weight
+        )
+    } else {
+        settings.policy.to_string()
+    }
+}
+
+/// What happened to one request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RequestRecord {
+    /// Arrival, ns.
+    pub arrival_ns: u64,
+    /// First token, ns (0 if rejected).
+    pub first_token_ns: u64,
+    /// Last token, ns (0 if rejected).
+    pub finish_ns: u64,
+    /// Engine it ran on (after migration).
+    pub engine: usize,
+    /// Tokens generated.
+    pub output_len: u64,
+    /// Too long for the KV cache: never routed (vLLM refuses it).
+    pub rejected: bool,
+    /// Session, if any.
+    pub session: Option<u64>,
+}
+
+/// Everything a run produced.
+#[derive(Clone, Debug, Default)]
+pub struct RunResult {
+    /// Per request, in trace order.
+    pub requests: Vec<RequestRecord>,
+    /// Engine steps, all engines.
+    pub steps: u64,
+    /// Preemptions, all engines.
+    pub preemptions: u64,
+    /// Prefix-cache hit and queried tokens, all engines.
+    pub prefix_hit_tokens: u64,
+    /// Prefix-cache queried tokens, all engines.
+    pub prefix_query_tokens: u64,
+    /// Requests moved by `migrate_reservation`.
+    pub migrations: u64,
+    /// Decisions that consulted real state.
+    pub decisions_consulting_real: u64,
+    /// Decisions made.
+    pub decisions: u64,
+    /// Age (ns) of the chosen engine's real state at decisions that consulted
+    /// fresh real state for it.
+    pub decision_real_age_ns: Vec<u64>,
+    /// Each replica's counters at the end.
+    pub router_stats: Vec<RouterStats>,
+    /// Instance shadows not back to zero at the end (must be 0).
+    pub leaked_shadows: usize,
+    /// Requests in each engine, sampled every [`LOAD_SAMPLE_NS`] of
+    /// simulated time: `(time ns, per engine)`.
+    pub engine_load: Vec<(u64, Vec<u32>)>,
+}
+
+/// Sampling period of [`RunResult::engine_load`]: 1 s of simulated time.
+pub const LOAD_SAMPLE_NS: u64 = 1_000_000_000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    /// An engine's step ends (before arrivals at the same instant: the
+    /// engine's boundary happens first, as its loop would see a request
+    /// only at its next `schedule()`).
+    StepEnd(usize),
+    /// A trace request arrives.
+    Arrival(usize),
+    /// A Prometheus scrape of every engine.
+    Scrape,
+    /// A late completion reaches the router.
+    LateComplete(usize),
+}
+
+struct EngineSlot {
+    engine: Engine,
+    feed: EngineFeed,
+    in_flight: Option<ScheduledStep>,
+}
+
+/// Run one configuration over a trace. Deterministic: the same trace and
+/// configuration give the same result.
+pub fn simulate(trace: &Trace, config: &RunConfig) -> Result<RunResult, SimError> {
+    config.profile.validate()?;
+    if config.engines == 0 || config.routers == 0 {
+        return Err(SimError::Config(
+            "engines and routers must be ≥ 1".to_owned(),
+        ));
+    }
+    let now = Arc::new(AtomicU64::new(0));
+    let ids: Vec<String> = (0..config.engines).map(|i| format!("e{i}")).collect();
+    let index_of: HashMap<&str, usize> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| (id.as_str(), i))
+        .collect();
+    let routers = (0..config.routers)
+        .map(|_| {
+            let clock = Clock::from_fn({
+                let now = Arc::clone(&now);
+                move || now.load(Ordering::Relaxed)
+            });
+            let router = Router::with_clock(config.router.clone(), clock)?;
+            for id in &ids {
+                router.add_instance(id)?;
+            }
+            Ok(router)
+        })
+        .collect::<Result<Vec<_>, SimError>>()?;
+    if let Some(path) = &config.decision_log {
+        for (replica, router) in routers.iter().enumerate() {
+            let path = match config.routers {
+                1 => path.clone(),
+                _ => PathBuf::from(format!("{}.r{replica}", path.display())),
+            };
+            router.set_decision_log(Some(DecisionLog::append_to(&path)?));
+        }
+    }
+    let mut engines: Vec<EngineSlot> = ids
+        .iter()
+        .map(|id| EngineSlot {
+            engine: Engine::new(config.profile.clone()),
+            feed: EngineFeed::new(id),
+            in_flight: None,
+        })
+        .collect();
+
+    let mut events: BinaryHeap<Reverse<(u64, Event)>> = trace
+        .requests
+        .iter()
+        .enumerate()
+        .map(|(i, r)| Reverse((r.arrival_ns, Event::Arrival(i))))
+        .collect();
+    if let FeedSpec::Scraped { .. } = config.feed {
+        events.push(Reverse((0, Event::Scrape)));
+    }
+    let mut result = RunResult {
+        requests: vec![RequestRecord::default(); trace.requests.len()],
+        ..RunResult::default()
+    };
+    let mut reservations: Vec<Option<Reservation>> =
+        (0..trace.requests.len()).map(|_| None).collect();
+    let mut outstanding = trace.requests.len();
+    let mut reading = Reading::default();
+
+    let mut next_sample = 0;
+    while let Some(Reverse((time, event))) = events.pop() {
+        now.store(time, Ordering::Relaxed);
+        while next_sample <= time {
+            // State between events is constant: the sample at `next_sample`
+            // is the state left by the last event before it.
+            let load = engines
+                .iter()
+                .map(|slot| slot.engine.num_requests() as u32)
+                .collect();
+            result.engine_load.push((next_sample, load));
+            next_sample += LOAD_SAMPLE_NS;
+        }
+        match event {
+            Event::Arrival(index) => {
+                let trace_request = &trace.requests[index];
+                let record = &mut result.requests[index];
+                *record = RequestRecord {
+                    arrival_ns: time,
+                    output_len: trace_request.output_len,
+                    session: trace_request.session,
+                    ..RequestRecord::default()
+                };
+                if !engines[0]
+                    .engine
+                    .fits(trace_request.input_len, trace_request.output_len)
+                {
+                    record.rejected = true;
+                    outstanding -= 1;
+                    continue;
+                }
+                let replica = match config.split {
+                    Split::RoundRobin => index % config.routers,
+                    Split::Session => {
+                        let key = trace_request.session.unwrap_or(index as u64 | 1 << 63);
+                        (mix(key, 0x5eed) % config.routers as u64) as usize
+                    }
+                };
+                let router = &routers[replica];
+                if config.feed != FeedSpec::None {
+                    reading.clear();
+                    reading.engines.extend(
+                        engines
+                            .iter_mut()
+                            .filter_map(|slot| slot.feed.read(&config.feed, time)),
+                    );
+                    router.update_from_reading(&reading);
+                }
+                let mut request = Request::from_block_hashes(
+                    format!("r{index}"),
+                    trace_request.router_block_hashes(index),
+                    trace_request.input_len,
+                );
+                if let Some(session) = trace_request.session {
+                    request = request.with_session(format!("s{session}"));
+                }
+                let (decision, mut reservation) = router.pick(&request)?;
+                let mut consulted = decision.consulted_real_state;
+                let mut instance = decision.instance_id;
+                if config.migration {
+                    if let Some(moved) = router.migrate_reservation(&request, &mut reservation)? {
+                        result.migrations += 1;
+                        consulted |= moved.consulted_real_state;
+                        instance = moved.instance_id;
+                    }
+                }
+                result.decisions += 1;
+                // With no feed there is nothing to consult, whatever the setting says.
+                if consulted && config.feed != FeedSpec::None {
+                    result.decisions_consulting_real += 1;
+                    if let Some(state) =
+                        reading.get(&instance).filter(|s| s.status == Status::Fresh)
+                    {
+                        result
+                            .decision_real_age_ns
+                            .push(state.capture_age.as_nanos() as u64);
+                    }
+                }
+                let engine = index_of[instance.as_str()];
+                record.engine = engine;
+                reservations[index] = Some(reservation);
+                let slot = &mut engines[engine];
+                slot.engine.add_request(EngineRequest {
+                    id: index as u64,
+                    prompt_len: trace_request.input_len,
+                    output_len: trace_request.output_len,
+                    block_hashes: trace_request.kv_block_hashes(index),
+                });
+                if slot.in_flight.is_none() {
+                    start_step(slot, engine, &config.feed, time, &mut events, true);
+                }
+            }
+            Event::StepEnd(engine) => {
+                let slot = &mut engines[engine];
+                let step = slot.in_flight.take().expect("a step was in flight");
+                let output = slot.engine.finish_step(&step);
+                for id in output.first_token {
+                    let index = id as usize;
+                    result.requests[index].first_token_ns = time;
+                    if let Some(reservation) = reservations[index].as_mut() {
+                        reservation.prefill_done();
+                    }
+                }
+                for id in output.finished {
+                    let index = id as usize;
+                    result.requests[index].finish_ns = time;
+                    outstanding -= 1;
+                    if late(config, index) {
+                        let at = time + config.late_completion_ns;
+                        events.push(Reverse((at, Event::LateComplete(index))));
+                        continue;
+                    }
+                    let mut reservation = reservations[index].take().expect("reserved at arrival");
+                    reservation.complete();
+                }
+                let idle = slot.engine.num_requests() == 0;
+                slot.feed
+                    .step_boundary(&config.feed, &slot.engine, time, idle);
+                if !idle {
+                    start_step(slot, engine, &config.feed, time, &mut events, false);
+                }
+            }
+            Event::LateComplete(index) => {
+                let mut reservation = reservations[index].take().expect("reserved at arrival");
+                reservation.complete();
+            }
+            Event::Scrape => {
+                for slot in &mut engines {
+                    slot.feed.scrape(&slot.engine, time);
+                }
+                if outstanding > 0 {
+                    let period = config
+                        .feed
+                        .period_ns()
+                        .expect("scraped feeds have a period");
+                    events.push(Reverse((time + period, Event::Scrape)));
+                }
+            }
+        }
+    }
+
+    for slot in &engines {
+        let counters = slot.engine.counters();
+        result.steps += counters.steps;
+        result.preemptions += counters.preemptions;
+        result.prefix_hit_tokens += counters.prefix_hit_tokens;
+        result.prefix_query_tokens += counters.prefix_query_tokens;
+        assert_eq!(slot.engine.num_requests(), 0, "every engine drained");
+    }
+    for router in &routers {
+        result.router_stats.push(router.stats());
+        result.leaked_shadows += router
+            .instances()
+            .iter()
+            .filter(|view| view.shadow != ShadowCounters::default())
+            .count();
+    }
+    Ok(result)
+}
+
+/// Whether request `index`'s completion reaches the router late (a fixed,
+/// seedless choice per request, so every configuration delays the same ones).
+fn late(config: &RunConfig, index: usize) -> bool {
+    let unit = (mix(index as u64, 0x1a7e) >> 11) as f64 / (1u64 << 53) as f64;
+    config.late_completion_fraction > 0.0 && unit < config.late_completion_fraction
+}
+
+fn start_step(
+    slot: &mut EngineSlot,
+    engine: usize,
+    feed: &FeedSpec,
+    now_ns: u64,
+    events: &mut BinaryHeap<Reverse<(u64, Event)>>,
+    turned_busy: bool,
+) {
+    let step = slot.engine.schedule();
+    assert!(
+        !step.is_empty(),
+        "engine e{engine} has work but scheduled nothing (a request larger than the KV cache?)"
+    );
+    slot.feed
+        .step_boundary(feed, &slot.engine, now_ns, turned_busy);
+    events.push(Reverse((now_ns + step.duration_ns, Event::StepEnd(engine))));
+    slot.in_flight = Some(step);
+}
+
+/// Engines per session: distinct engines each session's requests ran on.
+pub fn engines_per_session(records: &[RequestRecord]) -> Vec<usize> {
+    let mut by_session: HashMap<u64, HashSet<usize>> = HashMap::new();
+    for r in records.iter().filter(|r| !r.rejected) {
+        if let Some(s) = r.session {
+            by_session.entry(s).or_default().insert(r.engine);
+        }
+    }
+    let mut counts: Vec<(u64, usize)> = by_session.into_iter().map(|(s, e)| (s, e.len())).collect();
+    counts.sort_unstable();
+    counts.into_iter().map(|(_, n)| n).collect()
+}
+
+#[cfg(test)]
+#[path = "driver_tests.rs"]
+mod tests;

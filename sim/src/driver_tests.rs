@@ -1,0 +1,217 @@
+//! The driver end to end: conservation, determinism, and what one engine or
+//! one session must give whatever the policy.
+
+use engine_state_router::{Policy, RealStateUse};
+
+use super::*;
+use crate::agentic::AgenticSpec;
+use crate::metrics::Summary;
+
+const POLICIES: [Policy; 4] = [
+    Policy::LoadOnly,
+    Policy::LMetric,
+    Policy::Sticky,
+    Policy::Unified,
+];
+
+fn agentic(sessions: usize, seed: u64) -> Trace {
+    AgenticSpec {
+        sessions,
+        seed,
+        session_interarrival_s: 0.5,
+        ..AgenticSpec::default()
+    }
+    .generate()
+}
+
+fn config(policy: Policy, engines: usize, feed: &str, routers: usize) -> RunConfig {
+    RunConfig {
+        engines,
+        routers,
+        feed: feed.parse().unwrap(),
+        router: RouterSettings {
+            policy,
+            real_state_use: RealStateUse::Always,
+            ..RouterSettings::default()
+        },
+        ..RunConfig::default()
+    }
+}
+
+fn assert_conserved(trace: &Trace, config: &RunConfig, result: &RunResult) {
+    let name = config.name();
+    let served = result.requests.iter().filter(|r| !r.rejected).count();
+    assert_eq!(
+        served,
+        trace.requests.len(),
+        "{name}: nothing rejected here"
+    );
+    for (i, r) in result.requests.iter().enumerate() {
+        assert!(
+            r.arrival_ns <= r.first_token_ns && r.first_token_ns <= r.finish_ns && r.finish_ns > 0,
+            "{name}: request {i} did not finish in order: {r:?}"
+        );
+    }
+    let total = result
+        .router_stats
+        .iter()
+        .fold(RouterStats::default(), |mut sum, s| {
+            sum.decisions += s.decisions;
+            sum.completed += s.completed;
+            sum.failed += s.failed;
+            sum.dropped += s.dropped;
+            sum.migrated += s.migrated;
+            sum
+        });
+    assert_eq!(
+        total.completed, served as u64,
+        "{name}: every request completed once"
+    );
+    assert_eq!((total.failed, total.dropped), (0, 0), "{name}");
+    assert_eq!(total.migrated, result.migrations, "{name}");
+    assert_eq!(total.decisions, served as u64 + result.migrations, "{name}");
+    assert_eq!(
+        result.leaked_shadows, 0,
+        "{name}: every shadow counter back to zero"
+    );
+    let samples = &result.engine_load;
+    assert!(
+        samples
+            .windows(2)
+            .all(|w| w[1].0 == w[0].0 + LOAD_SAMPLE_NS),
+        "{name}"
+    );
+    assert!(
+        samples.iter().all(|(_, load)| load.len() == config.engines),
+        "{name}"
+    );
+}
+
+#[test]
+fn every_request_finishes_once_and_every_router_counter_returns_to_zero() {
+    let trace = agentic(40, 3);
+    for policy in POLICIES {
+        for (feed, routers) in [
+            ("none", 1),
+            ("periodic:50+5", 1),
+            ("periodic:250", 4),
+            ("scraped:30000", 2),
+        ] {
+            let config = config(policy, 4, feed, routers);
+            let result = simulate(&trace, &config).unwrap();
+            assert_conserved(&trace, &config, &result);
+        }
+    }
+}
+
+#[test]
+fn the_same_seed_gives_identical_output() {
+    let run = |seed| {
+        let trace = agentic(30, seed);
+        let config = RunConfig {
+            split: Split::Session,
+            ..config(Policy::Unified, 3, "periodic:50", 2)
+        };
+        let result = simulate(&trace, &config).unwrap();
+        (result.requests.clone(), Summary::of(&config, &result))
+    };
+    assert_eq!(run(5), run(5));
+    assert_ne!(run(5).0, run(6).0);
+}
+
+#[test]
+fn with_one_engine_every_policy_gives_identical_latencies() {
+    let trace = agentic(25, 4);
+    let latencies = |policy| {
+        let result = simulate(&trace, &config(policy, 1, "periodic:50", 1)).unwrap();
+        assert_eq!(result.migrations, 0, "nowhere to migrate to");
+        result.requests
+    };
+    let reference = latencies(Policy::LoadOnly);
+    for policy in POLICIES {
+        assert_eq!(latencies(policy), reference, "{policy}");
+    }
+}
+
+#[test]
+fn with_one_session_sticky_and_unified_place_every_turn_on_one_engine() {
+    // Turns far apart and small tool results: the session's instance is never
+    // overloaded and its cache stays warm (hit ratio > 0.5), so unified sticks too.
+    let trace = AgenticSpec {
+        sessions: 1,
+        turns_min: 12.0,
+        think_s: 120.0,
+        tool_result_tokens: (100, 500),
+        ..AgenticSpec::default()
+    }
+    .generate();
+    assert!(trace.requests.len() >= 10);
+    for policy in [Policy::Sticky, Policy::Unified] {
+        for feed in ["none", "periodic:50"] {
+            let config = config(policy, 4, feed, 1);
+            let result = simulate(&trace, &config).unwrap();
+            assert_eq!(
+                engines_per_session(&result.requests),
+                vec![1],
+                "{}",
+                config.name()
+            );
+        }
+    }
+}
+
+#[test]
+fn a_request_too_long_for_the_kv_cache_is_rejected_not_routed() {
+    let mut trace = agentic(3, 1);
+    trace.requests[0].input_len = 10_000_000;
+    let config = config(Policy::LoadOnly, 2, "none", 1);
+    let result = simulate(&trace, &config).unwrap();
+    assert!(result.requests[0].rejected);
+    assert_eq!(
+        result.router_stats[0].completed,
+        trace.requests.len() as u64 - 1
+    );
+}
+
+#[test]
+fn the_decision_log_gets_one_record_per_decision_per_replica() {
+    let trace = agentic(5, 2);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("decisions.jsonl");
+    let config = RunConfig {
+        decision_log: Some(path.clone()),
+        ..config(Policy::Unified, 2, "periodic:50", 2)
+    };
+    let result = simulate(&trace, &config).unwrap();
+    let mut lines = 0;
+    for replica in 0..2 {
+        let text = std::fs::read_to_string(format!("{}.r{replica}", path.display())).unwrap();
+        for line in text.lines() {
+            let record: serde_json::Value = serde_json::from_str(line).unwrap();
+            assert!(
+                record["instance"].is_string() && record["seq"].is_u64(),
+                "{line}"
+            );
+            lines += 1;
+        }
+    }
+    assert_eq!(lines as u64, result.decisions + result.migrations);
+}
+
+#[test]
+fn late_completions_still_release_everything_and_keep_the_shadow_high_meanwhile() {
+    let trace = agentic(30, 7);
+    let exact = config(Policy::LoadOnly, 4, "none", 1);
+    let late = RunConfig {
+        late_completion_fraction: 0.5,
+        late_completion_ns: 60_000_000_000,
+        ..exact.clone()
+    };
+    let result = simulate(&trace, &late).unwrap();
+    assert_conserved(&trace, &late, &result);
+    let baseline = simulate(&trace, &exact).unwrap();
+    assert_ne!(
+        result.requests, baseline.requests,
+        "an over-counting shadow places differently"
+    );
+}

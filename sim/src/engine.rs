@@ -1,0 +1,387 @@
+//! One modelled vLLM 0.33 engine with V1 scheduler semantics: continuous
+//! batching, an FCFS waiting queue, a token budget and `max_num_seqs` per
+//! step, running requests first then waiting ones, chunked prefill, 16-token
+//! KV blocks with prefix caching, and preemption by recompute.
+//!
+//! Pure, like the router's `policy.rs`: [`Engine::schedule`] turns the state
+//! into one [`ScheduledStep`] (with its modelled duration) and
+//! [`Engine::finish_step`] applies its outcome; the driver owns the clock.
+
+use std::collections::VecDeque;
+
+use crate::kv::{BlockPool, U64Map};
+use crate::profile::{EngineProfile, KV_BLOCK_TOKENS};
+
+/// A request as an engine receives it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineRequest {
+    /// The caller's id (unique per engine).
+    pub id: u64,
+    /// Prompt tokens.
+    pub prompt_len: u64,
+    /// Tokens to generate (at least 1; the first is sampled by the step that
+    /// completes the prefill).
+    pub output_len: u64,
+    /// Chained hashes of the prompt's full 16-token blocks, leading block first.
+    pub block_hashes: Vec<u64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Status {
+    Waiting,
+    Running,
+    /// Back in the waiting queue after a preemption, not yet re-admitted.
+    Preempted,
+}
+
+#[derive(Clone, Debug)]
+struct Live {
+    request: EngineRequest,
+    num_computed: u64,
+    num_output: u64,
+    blocks: Vec<u32>,
+    /// Leading blocks already offered to the prefix cache.
+    num_cached_blocks: usize,
+    status: Status,
+}
+
+impl Live {
+    fn num_tokens(&self) -> u64 {
+        self.request.prompt_len + self.num_output
+    }
+
+    /// DESIGN §3: remaining prefill, 0 for a decoding request.
+    fn remaining_prefill(&self) -> u64 {
+        if self.num_output > 0 {
+            (self.num_tokens() - 1).saturating_sub(self.num_computed)
+        } else {
+            self.request.prompt_len.saturating_sub(self.num_computed)
+        }
+    }
+}
+
+/// What one `schedule()` call decided.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ScheduledStep {
+    /// `(request id, tokens scheduled)` in scheduling order.
+    pub scheduled: Vec<(u64, u64)>,
+    /// Prompt (or recompute) tokens in this step.
+    pub prefill_tokens: u64,
+    /// Requests decoding one token.
+    pub decode_seqs: u64,
+    /// Σ context tokens of the decoding requests.
+    pub decode_context_tokens: u64,
+    /// Requests preempted by this step, in order.
+    pub preempted: Vec<u64>,
+    /// Prompt tokens served from the prefix cache at admissions in this step.
+    pub prefix_hit_tokens: u64,
+    /// Prompt tokens looked up in the prefix cache at admissions in this step.
+    pub prefix_query_tokens: u64,
+    /// The step's modelled duration.
+    pub duration_ns: u64,
+}
+
+impl ScheduledStep {
+    /// Nothing was scheduled (no work, or none that fits).
+    pub fn is_empty(&self) -> bool {
+        self.scheduled.is_empty()
+    }
+}
+
+/// What a finished step produced.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StepOutput {
+    /// Requests that sampled their first token.
+    pub first_token: Vec<u64>,
+    /// Requests that sampled their last token and left the engine.
+    pub finished: Vec<u64>,
+}
+
+/// Cumulative counters of an engine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineCounters {
+    /// Steps run.
+    pub steps: u64,
+    /// Preemptions.
+    pub preemptions: u64,
+    /// Prefix-cache hit tokens at admission.
+    pub prefix_hit_tokens: u64,
+    /// Prefix-cache queried tokens at admission.
+    pub prefix_query_tokens: u64,
+}
+
+/// One engine: its queues, its KV pool and its counters.
+#[derive(Clone, Debug)]
+pub struct Engine {
+    profile: EngineProfile,
+    pool: BlockPool,
+    live: U64Map<Live>,
+    waiting: VecDeque<u64>,
+    running: Vec<u64>,
+    counters: EngineCounters,
+}
+
+impl Engine {
+    /// An empty engine. The profile must be valid ([`EngineProfile::validate`]).
+    pub fn new(profile: EngineProfile) -> Engine {
+        let pool = BlockPool::new(profile.kv_blocks() as usize);
+        Engine {
+            profile,
+            pool,
+            live: U64Map::default(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            counters: EngineCounters::default(),
+        }
+    }
+
+    /// Its profile.
+    pub fn profile(&self) -> &EngineProfile {
+        &self.profile
+    }
+
+    /// Whether a request of this size can ever run here (vLLM refuses
+    /// requests longer than the KV cache holds).
+    pub fn fits(&self, prompt_len: u64, output_len: u64) -> bool {
+        (prompt_len + output_len).div_ceil(KV_BLOCK_TOKENS) <= self.pool.total() as u64
+    }
+
+    /// Queue a request at the back of the waiting queue.
+    pub fn add_request(&mut self, request: EngineRequest) {
+        let id = request.id;
+        assert!(
+            self.fits(request.prompt_len, request.output_len.max(1)),
+            "request {id} does not fit the KV cache: check with Engine::fits first"
+        );
+        let live = Live {
+            request: EngineRequest {
+                output_len: request.output_len.max(1),
+                ..request
+            },
+            num_computed: 0,
+            num_output: 0,
+            blocks: Vec::new(),
+            num_cached_blocks: 0,
+            status: Status::Waiting,
+        };
+        assert!(
+            self.live.insert(id, live).is_none(),
+            "request {id} added twice"
+        );
+        self.waiting.push_back(id);
+    }
+
+    /// Requests in the engine.
+    pub fn num_requests(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Cumulative counters.
+    pub fn counters(&self) -> EngineCounters {
+        self.counters
+    }
+
+    /// Free KV blocks (evictable cached blocks included).
+    pub fn free_blocks(&self) -> usize {
+        self.pool.num_free()
+    }
+
+    /// Usable KV blocks.
+    pub fn total_blocks(&self) -> usize {
+        self.pool.total()
+    }
+
+    /// Allocate blocks so `request` holds `tokens` tokens' worth, counting
+    /// `extra_evictable` revived free blocks against the free count.
+    fn grow(&mut self, id: u64, tokens: u64, extra_evictable: usize) -> bool {
+        let live = self.live.get_mut(&id).expect("live request");
+        let need = tokens.div_ceil(KV_BLOCK_TOKENS) as usize;
+        let missing = need.saturating_sub(live.blocks.len());
+        if missing + extra_evictable > self.pool.num_free() {
+            return false;
+        }
+        let ok = self.pool.allocate(missing, &mut live.blocks);
+        debug_assert!(ok);
+        true
+    }
+
+    /// Offer the full prompt blocks covered by `tokens` computed tokens to
+    /// the prefix cache (vLLM caches blocks as they are allocated and filled).
+    fn cache_full_blocks(&mut self, id: u64, tokens: u64) {
+        let live = self.live.get_mut(&id).expect("live request");
+        let full = ((tokens / KV_BLOCK_TOKENS) as usize).min(live.request.block_hashes.len());
+        for i in live.num_cached_blocks..full {
+            self.pool
+                .cache(live.blocks[i], live.request.block_hashes[i]);
+        }
+        live.num_cached_blocks = live.num_cached_blocks.max(full);
+    }
+
+    fn preempt(&mut self, id: u64) {
+        let live = self.live.get_mut(&id).expect("live request");
+        self.pool.release(&live.blocks);
+        live.blocks.clear();
+        live.num_cached_blocks = 0;
+        live.num_computed = 0;
+        live.status = Status::Preempted;
+        self.waiting.push_front(id);
+        self.counters.preemptions += 1;
+    }
+
+    /// One `schedule()` call: running requests first (each its decode token
+    /// or next prefill chunk, preempting the newest running request while
+    /// blocks run out), then — only if nothing was preempted — waiting
+    /// requests in FCFS order while budget, `max_num_seqs` and blocks allow.
+    /// Scheduled tokens count as computed at once (`_update_after_schedule`).
+    pub fn schedule(&mut self) -> ScheduledStep {
+        let mut step = ScheduledStep::default();
+        let mut budget = self.profile.max_num_batched_tokens;
+        let mut index = 0;
+        while index < self.running.len() && budget > 0 {
+            let id = self.running[index];
+            let live = &self.live[&id];
+            let new_tokens = (live.num_tokens() - live.num_computed).min(budget);
+            if new_tokens == 0 {
+                index += 1;
+                continue;
+            }
+            let target = live.num_computed + new_tokens;
+            let mut scheduled = true;
+            while !self.grow(id, target, 0) {
+                let victim = self.running.pop().expect("the request itself is running");
+                self.preempt(victim);
+                step.preempted.push(victim);
+                if victim == id {
+                    scheduled = false;
+                    break;
+                }
+            }
+            if !scheduled {
+                break;
+            }
+            self.account(&mut step, id, new_tokens);
+            budget -= new_tokens;
+            index += 1;
+        }
+        if step.preempted.is_empty() {
+            while budget > 0 && self.running.len() < self.profile.max_num_seqs {
+                let Some(&id) = self.waiting.front() else {
+                    break;
+                };
+                let live = &self.live[&id];
+                let num_tokens = live.num_tokens();
+                // At most num_tokens - 1 may hit: one token must be computed
+                // to sample from (vLLM's max_cache_hit_length).
+                let max_hit_blocks = ((num_tokens - 1) / KV_BLOCK_TOKENS) as usize;
+                let hashes = &live.request.block_hashes;
+                let hit = self
+                    .pool
+                    .longest_hit(&hashes[..hashes.len().min(max_hit_blocks)]);
+                let hit_tokens = hit.len() as u64 * KV_BLOCK_TOKENS;
+                let new_tokens = (num_tokens - hit_tokens).min(budget);
+                let evictable = self.pool.evictable(&hit);
+                let need = (hit_tokens + new_tokens).div_ceil(KV_BLOCK_TOKENS) as usize;
+                if need - hit.len() + evictable > self.pool.num_free() {
+                    break;
+                }
+                self.pool.touch(&hit);
+                let live = self.live.get_mut(&id).expect("live request");
+                live.blocks = hit;
+                live.num_cached_blocks = live.blocks.len();
+                live.num_computed = hit_tokens;
+                live.status = Status::Running;
+                let ok = self.grow(id, hit_tokens + new_tokens, 0);
+                debug_assert!(ok, "checked above");
+                step.prefix_hit_tokens += hit_tokens;
+                step.prefix_query_tokens += num_tokens;
+                self.waiting.pop_front();
+                self.running.push(id);
+                self.account(&mut step, id, new_tokens);
+                budget -= new_tokens;
+            }
+        }
+        self.counters.prefix_hit_tokens += step.prefix_hit_tokens;
+        self.counters.prefix_query_tokens += step.prefix_query_tokens;
+        step.duration_ns = self.profile.step_ns(
+            step.prefill_tokens,
+            step.decode_seqs,
+            step.decode_context_tokens,
+        );
+        step
+    }
+
+    /// Count a scheduled request into the step and advance its computed tokens.
+    fn account(&mut self, step: &mut ScheduledStep, id: u64, new_tokens: u64) {
+        let live = self.live.get_mut(&id).expect("live request");
+        let decoding = live.num_output > 0 && live.remaining_prefill() == 0 && new_tokens == 1;
+        if decoding {
+            step.decode_seqs += 1;
+            step.decode_context_tokens += live.num_tokens();
+        } else {
+            step.prefill_tokens += new_tokens;
+        }
+        live.num_computed += new_tokens;
+        let computed = live.num_computed;
+        step.scheduled.push((id, new_tokens));
+        self.cache_full_blocks(id, computed);
+    }
+
+    /// `update_from_output()`: every scheduled request whose tokens are all
+    /// computed samples one token; those that reach their output length
+    /// finish and free their blocks (tail first).
+    pub fn finish_step(&mut self, step: &ScheduledStep) -> StepOutput {
+        self.counters.steps += 1;
+        let mut output = StepOutput::default();
+        for &(id, _) in &step.scheduled {
+            let Some(live) = self.live.get_mut(&id) else {
+                continue;
+            };
+            if live.status != Status::Running || live.num_computed < live.num_tokens() {
+                continue; // a prefill chunk short of the end samples nothing
+            }
+            live.num_output += 1;
+            if live.num_output == 1 {
+                output.first_token.push(id);
+            }
+            if live.num_output >= live.request.output_len {
+                self.pool.release(&live.blocks);
+                self.live.remove(&id);
+                self.running.retain(|&r| r != id);
+                output.finished.push(id);
+            }
+        }
+        output
+    }
+
+    /// The DESIGN §3 snapshot of this state (`captured_*` and `step` left 0
+    /// for the caller to stamp; `flags` bit 0 when idle).
+    pub fn snapshot(&self) -> engine_state_shm_format::Snapshot {
+        let mut s = engine_state_shm_format::Snapshot {
+            step: self.counters.steps,
+            num_running: self.running.len() as u64,
+            num_waiting: self.waiting.len() as u64,
+            gpu_blocks_total: self.pool.total() as u64,
+            gpu_blocks_free: self.pool.num_free() as u64,
+            ..Default::default()
+        };
+        for live in self.live.values() {
+            let remaining = live.remaining_prefill();
+            s.pending_prefill_tokens += remaining;
+            s.max_prefill_remaining = s.max_prefill_remaining.max(remaining);
+            match live.status {
+                Status::Running if remaining > 0 => s.num_prefilling += 1,
+                Status::Running => s.ongoing_decode_tokens += live.num_tokens(),
+                Status::Preempted => s.num_preempted += 1,
+                Status::Waiting => {}
+            }
+        }
+        if self.live.is_empty() {
+            s.flags |= engine_state_shm_format::FLAG_IDLE;
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+#[path = "engine_tests.rs"]
+mod tests;

@@ -1,0 +1,165 @@
+//! The engine model against closed forms and the V1 scheduler's rules.
+
+use std::collections::HashMap;
+
+use super::*;
+
+fn request(id: u64, prompt_len: u64, output_len: u64, prefix: u64) -> EngineRequest {
+    // Blocks of the first `prefix` tokens are shared (hash by position); the rest unique per id.
+    let blocks = prompt_len / KV_BLOCK_TOKENS;
+    let block_hashes = (0..blocks)
+        .map(|b| {
+            if (b + 1) * KV_BLOCK_TOKENS <= prefix {
+                b
+            } else {
+                (id + 1) << 32 | b
+            }
+        })
+        .collect();
+    EngineRequest {
+        id,
+        prompt_len,
+        output_len,
+        block_hashes,
+    }
+}
+
+/// Run until idle; returns `(time of first token, time of finish)` per id.
+fn run(engine: &mut Engine) -> HashMap<u64, (u64, u64)> {
+    let mut now = 0;
+    let mut first = HashMap::new();
+    let mut done = HashMap::new();
+    while engine.num_requests() > 0 {
+        let step = engine.schedule();
+        assert!(!step.is_empty(), "work left but nothing scheduled");
+        now += step.duration_ns;
+        let out = engine.finish_step(&step);
+        for id in out.first_token {
+            first.insert(id, now);
+        }
+        for id in out.finished {
+            done.insert(id, (first[&id], now));
+        }
+    }
+    done
+}
+
+#[test]
+fn a_lone_requests_ttft_is_its_prefill_steps_times_step_time() {
+    let profile = EngineProfile::default();
+    let mut engine = Engine::new(profile.clone());
+    engine.add_request(request(1, 20_000, 1, 0));
+    let done = run(&mut engine);
+    let expected = 2 * profile.step_ns(8192, 0, 0) + profile.step_ns(20_000 - 2 * 8192, 0, 0);
+    assert_eq!(done[&1], (expected, expected));
+    assert_eq!(engine.counters().steps, 3);
+}
+
+#[test]
+fn a_decode_only_batch_steps_at_the_decode_formula() {
+    let profile = EngineProfile::default();
+    let mut engine = Engine::new(profile.clone());
+    for id in 0..4 {
+        engine.add_request(request(id, 1000, 11, 0));
+    }
+    // Step 1 prefills all four (4,000 tokens) and samples each one's first token.
+    let first = engine.schedule();
+    assert_eq!((first.prefill_tokens, first.decode_seqs), (4000, 0));
+    engine.finish_step(&first);
+    // Then ten decode steps; the k-th attends 1000 + k tokens per sequence.
+    for k in 1..=10u64 {
+        let step = engine.schedule();
+        assert_eq!(step.prefill_tokens, 0);
+        assert_eq!(step.decode_seqs, 4);
+        assert_eq!(step.decode_context_tokens, 4 * (1000 + k));
+        assert_eq!(step.duration_ns, profile.step_ns(0, 4, 4 * (1000 + k)));
+        let out = engine.finish_step(&step);
+        assert_eq!(out.finished.len(), if k == 10 { 4 } else { 0 });
+    }
+    assert_eq!(engine.num_requests(), 0);
+    assert_eq!(engine.free_blocks(), engine.total_blocks());
+}
+
+#[test]
+fn capacity_exhaustion_preempts_the_newest_running_request() {
+    // 20 blocks = 320 tokens; two requests of 150 prompt tokens each need 10
+    // blocks apiece once they decode past 160 tokens.
+    let profile = EngineProfile {
+        kv_capacity_tokens: 320,
+        ..EngineProfile::default()
+    };
+    let mut engine = Engine::new(profile);
+    engine.add_request(request(1, 150, 40, 0));
+    engine.add_request(request(2, 150, 40, 0));
+    let mut preempted = Vec::new();
+    let mut now_steps = 0;
+    while engine.num_requests() > 0 {
+        let step = engine.schedule();
+        if !step.preempted.is_empty() {
+            // No admission in a step that preempted.
+            assert!(step.prefix_query_tokens == 0);
+            let snap = engine.snapshot();
+            assert_eq!(snap.num_preempted, 1);
+            assert!(
+                snap.pending_prefill_tokens > 150,
+                "recompute of prompt + outputs"
+            );
+        }
+        preempted.extend(step.preempted.iter().copied());
+        engine.finish_step(&step);
+        now_steps += 1;
+        assert!(now_steps < 1000);
+    }
+    assert_eq!(
+        preempted.first(),
+        Some(&2),
+        "the newest running request goes first"
+    );
+    assert!(engine.counters().preemptions >= 1);
+}
+
+#[test]
+fn a_shared_prefix_hits_the_cache_in_whole_blocks() {
+    let mut engine = Engine::new(EngineProfile::default());
+    engine.add_request(request(1, 1000, 1, 800));
+    run(&mut engine);
+    engine.add_request(request(2, 1000, 1, 800));
+    let step = engine.schedule();
+    assert_eq!(step.prefix_hit_tokens, 800, "50 whole blocks");
+    assert_eq!(step.prefill_tokens, 200);
+}
+
+#[test]
+fn the_snapshot_follows_design_section_3() {
+    let mut engine = Engine::new(EngineProfile::default());
+    engine.add_request(request(1, 20_000, 5, 0));
+    engine.add_request(request(2, 100, 5, 0));
+    let idle = Engine::new(EngineProfile::default()).snapshot();
+    assert_eq!(idle.flags, engine_state_shm_format::FLAG_IDLE);
+    let before = engine.snapshot();
+    assert_eq!((before.num_running, before.num_waiting), (0, 2));
+    assert_eq!(before.pending_prefill_tokens, 20_100);
+    assert_eq!(before.max_prefill_remaining, 20_000);
+    let step = engine.schedule();
+    assert_eq!(
+        step.scheduled,
+        vec![(1, 8192)],
+        "the chunk takes the whole budget"
+    );
+    engine.finish_step(&step);
+    let s = engine.snapshot();
+    assert_eq!((s.num_running, s.num_waiting, s.num_prefilling), (1, 1, 1));
+    assert_eq!(s.pending_prefill_tokens, 20_000 - 8192 + 100);
+    assert_eq!(s.gpu_blocks_free, s.gpu_blocks_total - 512);
+    assert_eq!(s.ongoing_decode_tokens, 0);
+    assert_eq!(s.step, 1);
+    // Run request 1 to its first token: it decodes; its context is num_tokens.
+    for _ in 0..2 {
+        let step = engine.schedule();
+        engine.finish_step(&step);
+    }
+    let s = engine.snapshot();
+    assert_eq!(s.num_prefilling, 0);
+    assert_eq!(s.pending_prefill_tokens, 0);
+    assert!(s.ongoing_decode_tokens >= 20_001);
+}

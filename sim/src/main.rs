@@ -1,0 +1,290 @@
+//! `essim`: flags → configurations → `engine_state_sim`; prints a markdown
+//! table and writes CSV, JSON and SVG plots with `--out DIR`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use engine_state_router::{Policy, RealStateUse, RouterSettings};
+use engine_state_sim::{
+    markdown, run_one, write_report, AgenticSpec, EngineProfile, FeedSpec, Outcome, RunConfig,
+    Split, Summary, Sweep, TraceFormat, TraceSpec,
+};
+
+#[derive(Parser)]
+#[command(
+    name = "essim",
+    version,
+    about = "Replay request traces through modelled vLLM engines and the engine-state router"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Simulate configurations (every --policy × --feed) over one trace.
+    Run(RunArgs),
+    /// Run a sweep file (TOML; see docs/ROUTING.md).
+    Sweep {
+        /// The sweep file.
+        config: PathBuf,
+        /// Write summary.csv, summary.json and SVG plots here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Override the trace file named in the sweep.
+        #[arg(long)]
+        trace_path: Option<PathBuf>,
+        /// Run only the first N configurations (for a quick look).
+        #[arg(long)]
+        first: Option<usize>,
+        /// Configurations simulated at once (threads).
+        #[arg(long, default_value_t = 1)]
+        jobs: usize,
+        /// Never ask the migration trigger (overrides the sweep file).
+        #[arg(long)]
+        no_migration: bool,
+    },
+    /// Describe a trace: counts, span, lengths, sessions, shared prefixes.
+    TraceStats(TraceArgs),
+}
+
+#[derive(Args)]
+struct TraceArgs {
+    /// Trace format (agentic = the built-in generator).
+    #[arg(long, value_enum, default_value = "mooncake")]
+    format: TraceFormat,
+    /// Trace file.
+    #[arg(
+        long,
+        default_value = "/work/shared/traces/mooncake_synthetic_trace.jsonl"
+    )]
+    trace: PathBuf,
+    /// Arrivals N times as dense.
+    #[arg(long, default_value_t = 1.0)]
+    rate_scale: f64,
+    /// Keep the first N requests.
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Keep each session's first N turns.
+    #[arg(long)]
+    sessions_max_turns: Option<usize>,
+    /// Skip and count malformed lines instead of failing.
+    #[arg(long)]
+    skip_bad: bool,
+    /// Seed of the agentic generator.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Sessions of the agentic generator.
+    #[arg(long, default_value_t = 274)]
+    sessions: usize,
+}
+
+impl TraceArgs {
+    fn spec(&self) -> TraceSpec {
+        TraceSpec {
+            format: self.format,
+            path: Some(self.trace.clone()),
+            skip_bad: self.skip_bad,
+            sessions_max_turns: self.sessions_max_turns,
+            limit: self.limit,
+            agentic: AgenticSpec {
+                seed: self.seed,
+                sessions: self.sessions,
+                ..AgenticSpec::default()
+            },
+        }
+    }
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    trace: TraceArgs,
+    /// Engines.
+    #[arg(long, default_value_t = 8)]
+    engines: usize,
+    /// Policies (repeat for several).
+    #[arg(long = "policy", default_value = "unified")]
+    policies: Vec<Policy>,
+    /// Where real state is used.
+    #[arg(long, default_value = "always")]
+    real_state_use: RealStateUse,
+    /// unified: overload factor.
+    #[arg(long, default_value_t = 2.0)]
+    overload_factor: f64,
+    /// unified: decode weight.
+    #[arg(long, default_value_t = 0.0)]
+    decode_weight: f64,
+    /// Feeds (repeat for several): none, periodic:MS[+DELAY_MS], scraped:MS.
+    #[arg(long = "feed", default_value = "periodic:50")]
+    feeds: Vec<String>,
+    /// Router replicas.
+    #[arg(long, default_value_t = 1)]
+    routers: usize,
+    /// How arrivals are split between replicas.
+    #[arg(long, value_enum, default_value = "round-robin")]
+    split: SplitArg,
+    /// Never ask the migration trigger.
+    #[arg(long)]
+    no_migration: bool,
+    /// Engine profile (TOML; missing keys take the calibrated defaults).
+    #[arg(long)]
+    profile: Option<PathBuf>,
+    /// Share of completions the router learns of late (0–1; see --late-s).
+    #[arg(long, default_value_t = 0.0)]
+    late_fraction: f64,
+    /// How late those completions reach the router, seconds.
+    #[arg(long, default_value_t = 30.0)]
+    late_s: f64,
+    /// Write each router's decision log (JSON Lines) to PATH (PATH.N for the
+    /// N-th configuration when there are several, .rI per replica).
+    #[arg(long)]
+    decision_log: Option<PathBuf>,
+    /// Write summary.csv, summary.json, ttft_cdf.svg and engine_load_N.svg here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum SplitArg {
+    RoundRobin,
+    Session,
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Run(args) => run(args),
+        Command::Sweep {
+            config,
+            out,
+            trace_path,
+            first,
+            jobs,
+            no_migration,
+        } => sweep(
+            &config,
+            out.as_deref(),
+            trace_path,
+            first,
+            jobs,
+            no_migration,
+        ),
+        Command::TraceStats(args) => {
+            let trace = args.spec().load(args.rate_scale)?;
+            println!("{}", trace.stats());
+            Ok(())
+        }
+    }
+}
+
+fn run(args: RunArgs) -> anyhow::Result<()> {
+    let profile = match &args.profile {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading profile {}", path.display()))?;
+            toml::from_str(&text).with_context(|| format!("parsing profile {}", path.display()))?
+        }
+        None => EngineProfile::default(),
+    };
+    let trace = args.trace.spec().load(args.trace.rate_scale)?;
+    eprintln!("{}", trace.stats());
+    let mut outcomes = Vec::new();
+    let several = args.policies.len() * args.feeds.len() > 1;
+    for &policy in &args.policies {
+        for feed in &args.feeds {
+            let decision_log = args.decision_log.as_ref().map(|path| match several {
+                true => PathBuf::from(format!("{}.{}", path.display(), outcomes.len())),
+                false => path.clone(),
+            });
+            let config = RunConfig {
+                label: String::new(),
+                engines: args.engines,
+                profile: profile.clone(),
+                router: RouterSettings {
+                    policy,
+                    real_state_use: args.real_state_use,
+                    overload_factor: args.overload_factor,
+                    decode_weight: args.decode_weight,
+                    ..RouterSettings::default()
+                },
+                feed: feed.parse::<FeedSpec>()?,
+                routers: args.routers,
+                split: match args.split {
+                    SplitArg::RoundRobin => Split::RoundRobin,
+                    SplitArg::Session => Split::Session,
+                },
+                migration: !args.no_migration,
+                decision_log,
+                late_completion_fraction: args.late_fraction,
+                late_completion_ns: (args.late_s * 1e9) as u64,
+            };
+            let outcome = run_one(&trace, &config, args.trace.rate_scale)?;
+            let s = &outcome.summary;
+            eprintln!(
+                "{}: {:.2} s wall, {} steps ({:.0} steps/s, {:.0}× real time)",
+                s.config,
+                s.wall_s,
+                s.steps,
+                s.steps as f64 / s.wall_s,
+                s.simulated_s / s.wall_s
+            );
+            outcomes.push(outcome);
+        }
+    }
+    report(&outcomes, args.out.as_deref(), false)
+}
+
+fn sweep(
+    config: &Path,
+    out: Option<&Path>,
+    trace_path: Option<PathBuf>,
+    first: Option<usize>,
+    jobs: usize,
+    no_migration: bool,
+) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(config)
+        .with_context(|| format!("reading sweep file {}", config.display()))?;
+    let mut sweep = Sweep::from_toml(&text)?;
+    if let Some(path) = trace_path {
+        sweep.trace.path = Some(path);
+    }
+    if no_migration {
+        sweep.migration = false;
+    }
+    let total = sweep.runs()?.len();
+    let count = first.unwrap_or(total).min(total);
+    let bar = indicatif::ProgressBar::new(count as u64).with_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} {elapsed_precise} {msg}")
+            .expect("a valid template"),
+    );
+    let started = std::time::Instant::now();
+    let mut done = 0;
+    let outcomes = sweep.execute_first(count, jobs, |outcome| {
+        done += 1;
+        bar.set_message(outcome.summary.config.clone());
+        bar.inc(1);
+    })?;
+    bar.finish_and_clear();
+    let wall = started.elapsed().as_secs_f64();
+    let steps: u64 = outcomes.iter().map(|o| o.summary.steps).sum();
+    let requests: usize = outcomes.iter().map(|o| o.summary.requests).sum();
+    eprintln!(
+        "{done} configurations in {wall:.1} s wall ({jobs} jobs): {:.0} simulated steps/s, \
+         {:.0} requests/s",
+        steps as f64 / wall,
+        requests as f64 / wall
+    );
+    report(&outcomes, out, true)
+}
+
+fn report(outcomes: &[Outcome], out: Option<&Path>, sweep: bool) -> anyhow::Result<()> {
+    let rows: Vec<Summary> = outcomes.iter().map(|o| o.summary.clone()).collect();
+    println!("{}", markdown(&rows));
+    if let Some(dir) = out {
+        write_report(dir, outcomes, sweep)?;
+        eprintln!("wrote {}", dir.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,344 @@
+//! Which trace to load, and a sweep: the cross product of policies,
+//! real-state uses, feeds, router replicas and rates, read from TOML.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::Instant;
+
+use engine_state_router::{Policy, RealStateUse, RouterSettings};
+use serde::Deserialize;
+
+use crate::agentic::AgenticSpec;
+use crate::driver::{simulate, RunConfig, Split};
+use crate::error::SimError;
+use crate::feed::FeedSpec;
+use crate::metrics::{ttft_seconds, Summary};
+use crate::profile::EngineProfile;
+use crate::trace::Trace;
+
+/// Trace file formats and the generator.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum TraceFormat {
+    /// Mooncake JSONL.
+    #[default]
+    Mooncake,
+    /// Azure LLM inference CSV.
+    Azure,
+    /// The built-in agentic generator.
+    Agentic,
+}
+
+/// Which trace, and its transforms (`--limit`, `--sessions-max-turns`).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TraceSpec {
+    /// File format, or the generator.
+    pub format: TraceFormat,
+    /// The file (Mooncake, Azure).
+    pub path: Option<PathBuf>,
+    /// Skip and count malformed lines instead of failing.
+    pub skip_bad: bool,
+    /// Keep each session's first N turns.
+    pub sessions_max_turns: Option<usize>,
+    /// Keep the first N requests.
+    pub limit: Option<usize>,
+    /// Generator parameters (format = agentic).
+    pub agentic: AgenticSpec,
+}
+
+impl TraceSpec {
+    /// Load (or generate) the trace, then apply the transforms and `rate_scale`.
+    pub fn load(&self, rate_scale: f64) -> Result<Trace, SimError> {
+        let path = || {
+            self.path.as_deref().ok_or_else(|| {
+                SimError::Config(format!("trace format {:?} needs a path", self.format))
+            })
+        };
+        let mut trace = match self.format {
+            TraceFormat::Mooncake => Trace::mooncake(path()?, self.skip_bad)?,
+            TraceFormat::Azure => Trace::azure(path()?, self.skip_bad)?,
+            TraceFormat::Agentic => self.agentic.generate(),
+        };
+        if let Some(turns) = self.sessions_max_turns {
+            trace.sessions_max_turns(turns);
+        }
+        if let Some(limit) = self.limit {
+            trace.limit(limit);
+        }
+        trace.rate_scale(rate_scale)?;
+        Ok(trace)
+    }
+}
+
+/// A sweep file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Sweep {
+    /// The trace.
+    pub trace: TraceSpec,
+    /// Engines.
+    pub engines: usize,
+    /// Arrival-rate factors.
+    pub rate_scales: Vec<f64>,
+    /// Router replica counts.
+    pub routers: Vec<usize>,
+    /// How arrivals are split between replicas.
+    pub split: Split,
+    /// Ask the migration trigger at every arrival.
+    pub migration: bool,
+    /// Router settings per policy (their `real_state_use` is overridden).
+    pub policies: Vec<RouterSettings>,
+    /// Real-state uses; `never` runs once without a feed.
+    pub real_state_uses: Vec<RealStateUse>,
+    /// Feeds for the other uses (`periodic:50`, `scraped:30000`, …).
+    pub feeds: Vec<String>,
+    /// The engine profile.
+    pub profile: EngineProfile,
+    /// Share of completions the routers learn of late (see [`RunConfig`]).
+    pub late_completion_fraction: f64,
+    /// How late, seconds.
+    pub late_completion_s: f64,
+}
+
+impl Default for Sweep {
+    /// The issue-12 sweep on 8 engines: every policy (unified also at
+    /// 1.3/0.01) × never/placement/always × feed periods 10 ms–30 s and the
+    /// scraped-metrics baseline, 1 and 4 replicas.
+    fn default() -> Self {
+        let policy = |policy| RouterSettings {
+            policy,
+            ..RouterSettings::default()
+        };
+        Sweep {
+            trace: TraceSpec::default(),
+            engines: 8,
+            rate_scales: vec![1.0],
+            routers: vec![1, 4],
+            split: Split::RoundRobin,
+            migration: true,
+            policies: vec![
+                policy(Policy::LoadOnly),
+                policy(Policy::LMetric),
+                policy(Policy::Sticky),
+                policy(Policy::Unified),
+                RouterSettings {
+                    overload_factor: 1.3,
+                    decode_weight: 0.01,
+                    ..policy(Policy::Unified)
+                },
+            ],
+            real_state_uses: vec![
+                RealStateUse::Never,
+                RealStateUse::Placement,
+                RealStateUse::Always,
+            ],
+            feeds: [
+                "periodic:10",
+                "periodic:50",
+                "periodic:250",
+                "periodic:1000",
+                "periodic:5000",
+                "periodic:30000",
+                "scraped:30000",
+            ]
+            .map(String::from)
+            .to_vec(),
+            profile: EngineProfile::default(),
+            late_completion_fraction: 0.0,
+            late_completion_s: 0.0,
+        }
+    }
+}
+
+/// One configuration of a sweep, at one rate.
+#[derive(Clone, Debug)]
+pub struct SweepRun {
+    /// Arrival-rate factor.
+    pub rate_scale: f64,
+    /// The configuration.
+    pub config: RunConfig,
+}
+
+impl Sweep {
+    /// Parse a sweep file's text.
+    pub fn from_toml(text: &str) -> Result<Sweep, SimError> {
+        toml::from_str(text).map_err(|e| SimError::Config(format!("sweep file: {e}")))
+    }
+
+    /// Every configuration, rate-major (each rate's trace is loaded once).
+    pub fn runs(&self) -> Result<Vec<SweepRun>, SimError> {
+        let feeds = self
+            .feeds
+            .iter()
+            .map(|f| f.parse::<FeedSpec>())
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut runs = Vec::new();
+        for &rate_scale in &self.rate_scales {
+            for &routers in &self.routers {
+                for settings in &self.policies {
+                    for &real_state_use in &self.real_state_uses {
+                        let run_feeds = match real_state_use {
+                            RealStateUse::Never => vec![FeedSpec::None],
+                            _ => feeds.clone(),
+                        };
+                        for feed in run_feeds {
+                            let router = RouterSettings {
+                                real_state_use,
+                                ..settings.clone()
+                            };
+                            router.validate()?;
+                            runs.push(SweepRun {
+                                rate_scale,
+                                config: RunConfig {
+                                    label: String::new(),
+                                    engines: self.engines,
+                                    profile: self.profile.clone(),
+                                    router,
+                                    feed,
+                                    routers,
+                                    split: self.split,
+                                    migration: self.migration,
+                                    decision_log: None,
+                                    late_completion_fraction: self.late_completion_fraction,
+                                    late_completion_ns: (self.late_completion_s * 1e9) as u64,
+                                },
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        Ok(runs)
+    }
+}
+
+/// One finished configuration.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    /// Its report row.
+    pub summary: Summary,
+    /// Sorted TTFTs, seconds (for CDF plots).
+    pub ttft_s: Vec<f64>,
+    /// Requests per engine over time (see [`crate::RunResult::engine_load`]).
+    pub engine_load: Vec<(u64, Vec<u32>)>,
+}
+
+/// Simulate one configuration over a trace loaded at `rate_scale`, timed.
+pub fn run_one(trace: &Trace, config: &RunConfig, rate_scale: f64) -> Result<Outcome, SimError> {
+    let started = Instant::now();
+    let result = simulate(trace, config)?;
+    let wall_s = started.elapsed().as_secs_f64();
+    let mut summary = Summary::of(config, &result);
+    summary.rate_scale = rate_scale;
+    summary.wall_s = wall_s;
+    if rate_scale != 1.0 {
+        summary.config = format!("{}@{rate_scale}x", summary.config);
+    }
+    Ok(Outcome {
+        summary,
+        ttft_s: ttft_seconds(&result),
+        engine_load: result.engine_load,
+    })
+}
+
+impl Sweep {
+    /// Run every configuration on `jobs` threads, calling `done` (on this
+    /// thread) as each finishes; results come back in configuration order.
+    /// Each rate's trace is loaded once.
+    pub fn execute(
+        &self,
+        jobs: usize,
+        done: impl FnMut(&Outcome),
+    ) -> Result<Vec<Outcome>, SimError> {
+        self.execute_first(usize::MAX, jobs, done)
+    }
+
+    /// The same for the first `count` configurations only.
+    pub fn execute_first(
+        &self,
+        count: usize,
+        jobs: usize,
+        mut done: impl FnMut(&Outcome),
+    ) -> Result<Vec<Outcome>, SimError> {
+        let runs: Vec<SweepRun> = self.runs()?.into_iter().take(count).collect();
+        let mut traces: Vec<(f64, Trace)> = Vec::new();
+        for run in &runs {
+            if !traces.iter().any(|(rate, _)| *rate == run.rate_scale) {
+                traces.push((run.rate_scale, self.trace.load(run.rate_scale)?));
+            }
+        }
+        let next = AtomicUsize::new(0);
+        let (sender, receiver) = mpsc::channel::<(usize, Result<Outcome, SimError>)>();
+        let mut slots: Vec<Option<Outcome>> = (0..runs.len()).map(|_| None).collect();
+        std::thread::scope(|scope| -> Result<(), SimError> {
+            for _ in 0..jobs.clamp(1, runs.len().max(1)) {
+                let sender = sender.clone();
+                let (runs, traces, next) = (&runs, &traces, &next);
+                scope.spawn(move || loop {
+                    let index = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(run) = runs.get(index) else {
+                        break;
+                    };
+                    let (_, trace) = traces
+                        .iter()
+                        .find(|(rate, _)| *rate == run.rate_scale)
+                        .expect("loaded above");
+                    let outcome = run_one(trace, &run.config, run.rate_scale);
+                    if sender.send((index, outcome)).is_err() {
+                        break;
+                    }
+                });
+            }
+            drop(sender);
+            for (index, outcome) in receiver {
+                let outcome = outcome?;
+                done(&outcome);
+                slots[index] = Some(outcome);
+            }
+            Ok(())
+        })?;
+        Ok(slots
+            .into_iter()
+            .map(|o| o.expect("every run reported"))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sweep_file_expands_to_its_cross_product() {
+        let sweep = Sweep::from_toml(
+            r#"
+            routers = [1, 4]
+            real_state_uses = ["never", "always"]
+            feeds = ["periodic:50", "scraped:30000"]
+            [trace]
+            format = "agentic"
+            [[policies]]
+            policy = "sticky"
+            [[policies]]
+            policy = "unified"
+            overload_factor = 1.3
+            "#,
+        )
+        .unwrap();
+        let runs = sweep.runs().unwrap();
+        // 2 replicas × 2 policies × (1 never + 2 feeds).
+        assert_eq!(runs.len(), 12);
+        assert_eq!(runs[0].config.name(), "sticky/never/none/r1");
+        assert_eq!(
+            runs[5].config.name(),
+            "unified(1.3,0)/always/scraped:30000/r1"
+        );
+        assert!(Sweep::from_toml("engine = 8")
+            .unwrap_err()
+            .to_string()
+            .contains("engine"));
+        assert!(Sweep::default().runs().unwrap().len() >= 36);
+    }
+}
