@@ -1,8 +1,9 @@
 //! A mapped engine-state file seen as atomic words.
 //!
 //! The `unsafe` of the crate lives here (turning offsets into the mapping
-//! into `&AtomicU64`) and in `sigbus` (surviving a file truncated under a
-//! mapping).
+//! into `&AtomicU64`), in `sigbus` (surviving a file truncated under a
+//! mapping) and in `fork` (registering the `pthread_atfork` handler; its
+//! tests fork a child).
 
 use std::fs::File;
 use std::path::Path;

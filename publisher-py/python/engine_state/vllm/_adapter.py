@@ -31,7 +31,7 @@ Read from vLLM 0.33.0 (the PyPI wheel), files inside the ``vllm`` package:
   ``status`` are plain attributes; ``num_tokens`` is the property
   ``len(self._all_token_ids)`` (prompt + output tokens). The hook reads the
   list's length directly -- no Python call per request -- and checks once per
-  engine that it equals ``num_tokens`` (see ``check_request``).
+  engine that it equals ``num_tokens`` (see ``tokens_from_list_matches``).
 - ``config/parallel.py``: ``ParallelConfig.data_parallel_index`` (the
   engine's index, = the Prometheus ``engine`` label; not
   ``data_parallel_rank``, which dense models reset to 0) and
