@@ -303,3 +303,132 @@ fn snapshots_that_break_the_layout_rules_are_refused() {
         })
         .unwrap();
 }
+
+/// `truncate -s 0` of a live publisher's file: readers refuse it (0 bytes),
+/// the writer's own stores into it fault and are absorbed (the `sigbus`
+/// handler), the heartbeat thread notices and renames a new generation
+/// over it, and readers see the engine fresh again — idle (the snapshot
+/// carried over) or while another thread keeps publishing.
+#[test]
+fn a_truncated_file_is_replaced_and_the_engine_seen_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cut");
+    let mut publisher = start(dir.path(), "cut", 10);
+    let busy = |step| Snapshot {
+        step,
+        num_running: 3,
+        gpu_blocks_total: 100,
+        gpu_blocks_free: 40,
+        ..Snapshot::default()
+    };
+    publisher.publish(busy(1)).unwrap();
+    let options = ReaderOptions {
+        rescan_interval: Duration::ZERO,
+        ..ReaderOptions::default()
+    };
+    let mut source = ShmDir::open(dir.path(), options).unwrap();
+    let first = source.read_engine("cut").unwrap();
+    assert_eq!(first.status, Status::Fresh, "{first:?}");
+    // The heartbeat thread has ticked since the publish (it stamped), so it
+    // has seen that snapshot.
+    eventually(
+        || heartbeat_word(dir.path(), "cut") > first.snapshot.captured_mono_ns,
+        "a heartbeat after the publish",
+    );
+    let truncate = || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(0)
+            .unwrap()
+    };
+
+    // Idle: nothing published after the cut.
+    truncate();
+    let mut seen = None;
+    eventually(
+        || {
+            seen = source
+                .read_engine("cut")
+                .filter(|e| e.generation > first.generation && e.status == Status::Fresh);
+            seen.is_some()
+        },
+        "the idle engine fresh again in a new generation",
+    );
+    let again = seen.unwrap();
+    assert_eq!(
+        (
+            again.snapshot.step,
+            again.snapshot.num_running,
+            again.snapshot.gpu_blocks_total
+        ),
+        (1, 3, 100),
+        "the snapshot seen before the cut carried over"
+    );
+    assert_eq!(
+        publisher.stats(),
+        PublisherStats {
+            files_lost: 1,
+            files_recreated: 1
+        }
+    );
+
+    // Busy: another thread publishes throughout; every publish succeeds.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let publishing = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut step = 10;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                step += 1;
+                publisher.publish(busy(step)).unwrap();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            publisher
+        })
+    };
+    eventually(
+        || {
+            source
+                .read_engine("cut")
+                .is_some_and(|e| e.snapshot.step > 10)
+        },
+        "the publishing thread's snapshots",
+    );
+    truncate();
+    let mut seen = None;
+    eventually(
+        || {
+            seen = source
+                .read_engine("cut")
+                .filter(|e| e.generation > again.generation && e.status == Status::Fresh);
+            seen.is_some()
+        },
+        "the busy engine fresh again in a new generation",
+    );
+    let step = seen.unwrap().snapshot.step;
+    eventually(
+        || {
+            source
+                .read_engine("cut")
+                .is_some_and(|e| e.snapshot.step > step)
+        },
+        "publishes landing in the new file",
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut publisher = publishing.join().expect("the publishing thread survived");
+    assert_eq!(
+        publisher.stats(),
+        PublisherStats {
+            files_lost: 2,
+            files_recreated: 2
+        }
+    );
+    publisher.close();
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "close removes it"
+    );
+}
