@@ -36,7 +36,9 @@ pub fn redis_server_path() -> PathBuf {
     })
 }
 
-/// A free TCP port on 127.0.0.1 (bound to port 0, then released).
+/// A free TCP port on 127.0.0.1 (bound to port 0, then released): for a
+/// server to start on, or as an address nobody answers on (never a fixed
+/// port such as 1, which something on the host may listen on).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
