@@ -180,8 +180,8 @@ impl ShmWriter {
     /// another process), the new file is renamed over it: the writer of
     /// `previous` holds its lock, so no other writer can be replacing it
     /// meanwhile. That writer must therefore still be alive (not retired)
-    /// until this returns; a retired one is refused like a missing directory
-    /// would be. Anything else on the path is treated as by
+    /// until this returns; if it was retired, this fails and touches
+    /// nothing. Anything else on the path is treated as by
     /// [`ShmWriter::create`].
     pub fn create_after(
         previous: &Heartbeat,
