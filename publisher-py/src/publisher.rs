@@ -94,7 +94,7 @@ impl Publisher {
         self.inner.publish(snapshot).map_err(publisher_error)
     }
 
-    /// Counters: `files_lost` (times the file was found removed or replaced
+    /// Counters: `files_lost` (times the file was found removed, replaced or truncated
     /// under the publisher) and `files_recreated` (times it was recreated, in
     /// a new generation, once its directory existed again).
     fn stats(&self) -> std::collections::HashMap<&'static str, u64> {

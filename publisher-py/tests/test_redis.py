@@ -17,6 +17,8 @@ from engine_state import EngineStateError, Publisher, Reader
 
 
 def _free_port() -> int:
+    """A port on 127.0.0.1 that was free a moment ago (bound on port 0, then
+    closed): for a server to start on, or as one nobody answers on."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -203,16 +205,18 @@ def test_a_second_live_publisher_of_an_id_is_refused_over_redis(redis_port):
 @pytest.mark.parametrize(
     "uri",
     [
-        "redis://127.0.0.1:1/0?password=PW-s3cret",
-        "redis://127.0.0.1:1/0?pass=PW-s3cret",
+        "redis://127.0.0.1:UNREACHABLE/0?password=PW-s3cret",
+        "redis://127.0.0.1:UNREACHABLE/0?pass=PW-s3cret",
         "redis+unix:///tmp/redis.sock?pass=PW-s3cret",
-        "redis://127.0.0.1:1/0?prefix=p:&token=PW-s3cret",
-        "redis://:PW-s3cret@127.0.0.1:1/notadb",
+        "redis://127.0.0.1:UNREACHABLE/0?prefix=p:&token=PW-s3cret",
+        "redis://:PW-s3cret@127.0.0.1:UNREACHABLE/notadb",
         "redis://user:PW-s3cret@127.0.0.1:notaport/0",
-        "redis://:PW-s3cret@127.0.0.1:1/0",
+        "redis://:PW-s3cret@127.0.0.1:UNREACHABLE/0",
     ],
 )
 def test_no_exception_or_repr_shows_a_credential(uri):
+    # A port nobody listens on (bound, then closed), never a fixed one.
+    uri = uri.replace("UNREACHABLE", str(_free_port()))
     for make in (lambda: Reader(uri=uri), lambda: Publisher(uri=uri, engine_id="x")):
         try:
             made = make()

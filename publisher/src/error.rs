@@ -79,6 +79,20 @@ impl Error {
                 location: path.display().to_string(),
                 takeover: "",
             },
+            engine_state_shm_format::Error::LiveFileWrongSize {
+                engine_id,
+                path,
+                size,
+                expected,
+            } => Error::AlreadyPublished {
+                engine_id,
+                holder: format!(
+                    "pid unknown: another process truncated its file to {size} bytes instead of \
+                     {expected}"
+                ),
+                location: path.display().to_string(),
+                takeover: "; that publisher replaces its file within a few heartbeat periods",
+            },
             other => Error::Shm(other),
         }
     }

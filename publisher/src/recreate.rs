@@ -1,11 +1,19 @@
 //! Keeping a shared-memory engine visible when its file is removed under it
-//! (`rm -rf` of the directory, a cleanup script, a tmpfs remount).
+//! (`rm -rf` of the directory, a cleanup script, a tmpfs remount), replaced,
+//! or truncated (`truncate -s 0`, a buggy tool).
 //!
 //! A removed file stays mapped, so publishing into it "succeeds" while no
-//! reader can see it. The heartbeat thread notices — every
-//! [`CHECK_EVERY`] periods it compares the path's (device, inode) with its
-//! file's, one `stat` — and, as soon as the directory exists again, creates
-//! a new file in a new generation carrying the latest snapshot. It hands the
+//! reader can see it; a truncated one is refused by readers (wrong size),
+//! and the writer's next store into it faults: the `SIGBUS` handler of
+//! `engine-state-shm-format` (its `sigbus` module) maps zero pages over the
+//! writer's mapping, so `publish` and the heartbeat keep running into
+//! private memory instead of killing the engine. The heartbeat thread
+//! notices either — every [`CHECK_EVERY`] periods [`Heartbeat::in_place`]
+//! compares the path's (device, inode, size, type; one `lstat`) with its
+//! file's and checks the mapping's magic — and, as soon as the directory
+//! exists, creates a new file in a new generation carrying the latest
+//! snapshot, put in place atomically (`link` where nothing is left,
+//! `rename` over its own damaged file). It hands the
 //! new writer to the publishing thread through [`Handoff`]: `publish` pays
 //! one atomic load per call for this (no lock, no system call) and swaps
 //! writers the first time it sees one ready. A gap is reported once on
@@ -18,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use engine_state_shm_format::{
-    fork_generation, monotonic_ns, unix_ns, EngineId, Heartbeat, ShmWriter, WriterOptions,
+    fork_generation, monotonic_ns, unix_ns, EngineId, Heartbeat, ShmWriter, Snapshot, WriterOptions,
 };
 
 /// The heartbeat thread checks that the file is in place every this many
@@ -29,7 +37,7 @@ pub(crate) const CHECK_EVERY: u32 = 4;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PublisherStats {
-    /// Times the engine's file was found removed or replaced (each gap
+    /// Times the engine's file was found removed, replaced or truncated (each gap
     /// counts once, however long it lasts).
     pub files_lost: u64,
     /// Times a new file (a new generation) was created after such a gap.
@@ -109,12 +117,14 @@ pub(crate) struct Keeper {
     options: WriterOptions,
     /// The heartbeat of the newest file (the replacement once there is one).
     beat: Heartbeat,
-    generation: u64,
     handoff: Arc<Handoff>,
     ticks: u32,
     /// When the file was found missing, and the last reason it could not be
     /// recreated (reported once).
     lost: Option<(Instant, Option<String>)>,
+    /// The latest snapshot seen in the file, every period: a truncated file
+    /// has lost its own, and it is carried over from here.
+    last_snapshot: Option<Snapshot>,
     fork_generation: u64,
 }
 
@@ -130,10 +140,10 @@ impl Keeper {
             engine_id: writer.engine_id().clone(),
             options,
             beat: writer.heartbeat(),
-            generation: writer.generation(),
             handoff,
             ticks: 0,
             lost: None,
+            last_snapshot: None,
             fork_generation: fork_generation(),
         }
     }
@@ -149,6 +159,13 @@ impl Keeper {
         if let Ok(mut spent) = self.handoff.spent.try_lock() {
             spent.clear();
         }
+        if self.lost.is_none() {
+            // A seqlock read of our own mapping, once a period (before the
+            // stamp: a stamp then tells that what was published before it
+            // was seen). None (the last one kept) once the file was
+            // truncated or zeroed under it.
+            self.last_snapshot = self.beat.snapshot().or(self.last_snapshot);
+        }
         if !self.beat.beat_unless_younger(self.options.publish_period) {
             return false;
         }
@@ -163,8 +180,9 @@ impl Keeper {
             self.lost = Some((Instant::now(), None));
             self.handoff.files_lost.fetch_add(1, Ordering::Relaxed);
             eprintln!(
-                "engine-state publisher: the file of engine {} ({}) was removed or replaced: \
-                 readers no longer see it; it is recreated (new generation) once {} exists again",
+                "engine-state publisher: the file of engine {} ({}) was removed, replaced or \
+                 truncated: readers no longer see it; it is recreated (new generation) once {} \
+                 exists",
                 self.engine_id,
                 self.dir.join(self.engine_id.as_str()).display(),
                 self.dir.display()
@@ -177,23 +195,26 @@ impl Keeper {
     }
 
     fn recreate(&mut self) {
-        let mut first = self.beat.snapshot().unwrap_or_default();
+        // The mapping's own copy when it has one (a removed file keeps it; a
+        // truncated one has it if something was published since), else the
+        // one seen at the last tick.
+        let mut first = self
+            .beat
+            .snapshot()
+            .or(self.last_snapshot)
+            .unwrap_or_default();
         // The carried-over snapshot is as old as it is; readers age it from
         // its capture stamps, which are kept.
         if first.captured_mono_ns == 0 {
             (first.captured_mono_ns, first.captured_unix_ns) = (monotonic_ns(), unix_ns());
         }
-        match ShmWriter::create_after(
-            &self.dir,
-            &self.engine_id,
-            &self.options,
-            &first,
-            self.generation,
-        ) {
+        // `self.beat` is the newest writer's (the adopted one, or the
+        // replacement waiting in the hand-off): alive, so `create_after` may
+        // rename over its file.
+        match ShmWriter::create_after(&self.beat, &self.options, &first) {
             Ok(writer) => {
                 let (since, _) = self.lost.take().expect("only called while lost");
                 self.beat = writer.heartbeat();
-                self.generation = writer.generation();
                 let mut slot = lock(&self.handoff.replacement);
                 let previous = slot.replace(writer);
                 // Under the lock, like `adopt`'s reset: `ready` is true
@@ -207,7 +228,7 @@ impl Keeper {
                     "engine-state publisher: recreated the file of engine {} (generation {}) \
                      after {:.1} s",
                     self.engine_id,
-                    self.generation,
+                    self.beat.generation(),
                     since.elapsed().as_secs_f64()
                 );
             }

@@ -50,16 +50,23 @@ fn heartbeat_thread_keeps_an_idle_engine_fresh() {
     let _publisher = start(dir.path(), "hb", 10);
     let options = ReaderOptions {
         freshness: engine_state_reader::Freshness {
-            stale_after: Duration::from_millis(100),
+            stale_after: Duration::from_secs(1),
             ..Default::default()
         },
         ..ReaderOptions::default()
     };
     let mut source = ShmDir::open(dir.path(), options).unwrap();
     std::thread::sleep(Duration::from_millis(300));
+    // 300 ms without a publish (30 periods): the thread still stamps.
+    let after = engine_state_shm_format::monotonic_ns();
+    eventually(
+        || heartbeat_word(dir.path(), "hb") > after,
+        "a heartbeat after 300 ms without a publish",
+    );
     let state = &source.read().unwrap().engines[0];
     assert_eq!(state.status, Status::Fresh, "{state:?}");
-    assert!(state.heartbeat_age < Duration::from_millis(100));
+    // Generous (100 periods): this host is noisy.
+    assert!(state.heartbeat_age < Duration::from_secs(1), "{state:?}");
     assert!(
         state.capture_age >= Duration::from_millis(300),
         "no capture, only heartbeats"
@@ -154,14 +161,13 @@ fn heartbeat_thread_leaves_a_busy_engines_stamp_to_its_publishes() {
         thread_stamps, 0,
         "the heartbeat thread stamped between publishes"
     );
-    // Idle: the thread stamps again within about a period.
-    std::thread::sleep(Duration::from_millis(60));
-    assert!(
-        heartbeat_word(dir.path(), "busy") > last,
-        "an idle engine's heartbeat stopped"
+    // Idle: the thread stamps again.
+    eventually(
+        || heartbeat_word(dir.path(), "busy") > last,
+        "an idle engine's heartbeat from the thread",
     );
     let age = source.read().unwrap().engines[0].heartbeat_age;
-    assert!(age < Duration::from_millis(45), "{age:?}");
+    assert!(age < Duration::from_secs(1), "{age:?}");
 }
 
 /// Polls `condition` every 5 ms for up to 5 s.
@@ -226,12 +232,19 @@ fn a_removed_directory_is_noticed_and_the_file_recreated_when_it_is_back() {
             files_recreated: 1
         }
     );
-    // Publishing goes to the new file, and its heartbeat is kept.
+    // Publishing goes to the new file, and the heartbeat thread stamps it
+    // (after the publish: the thread's own stamp, not the publish's).
     publisher.publish(busy(3)).unwrap();
-    assert_eq!(source.read_engine("phoenix").unwrap().snapshot.step, 3);
-    std::thread::sleep(Duration::from_millis(100));
+    let published = source.read_engine("phoenix").unwrap().snapshot;
+    assert_eq!(published.step, 3);
+    eventually(
+        || heartbeat_word(&dir, "phoenix") > published.captured_mono_ns,
+        "the heartbeat thread stamping the new file",
+    );
     let idle = source.read_engine("phoenix").unwrap();
-    assert!(idle.heartbeat_age < Duration::from_millis(60), "{idle:?}");
+    assert_eq!(idle.status, Status::Fresh, "{idle:?}");
+    // Generous (100 periods): this host is noisy.
+    assert!(idle.heartbeat_age < Duration::from_secs(1), "{idle:?}");
     assert_eq!(publisher.path(), Some(dir.join("phoenix").as_path()));
 
     // The file alone removed (the directory stays): recreated at once.
@@ -302,4 +315,133 @@ fn snapshots_that_break_the_layout_rules_are_refused() {
             ..Snapshot::default()
         })
         .unwrap();
+}
+
+/// `truncate -s 0` of a live publisher's file: readers refuse it (0 bytes),
+/// the writer's own stores into it fault and are absorbed (the `sigbus`
+/// handler), the heartbeat thread notices and renames a new generation
+/// over it, and readers see the engine fresh again — idle (the snapshot
+/// carried over) or while another thread keeps publishing.
+#[test]
+fn a_truncated_file_is_replaced_and_the_engine_seen_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cut");
+    let mut publisher = start(dir.path(), "cut", 10);
+    let busy = |step| Snapshot {
+        step,
+        num_running: 3,
+        gpu_blocks_total: 100,
+        gpu_blocks_free: 40,
+        ..Snapshot::default()
+    };
+    publisher.publish(busy(1)).unwrap();
+    let options = ReaderOptions {
+        rescan_interval: Duration::ZERO,
+        ..ReaderOptions::default()
+    };
+    let mut source = ShmDir::open(dir.path(), options).unwrap();
+    let first = source.read_engine("cut").unwrap();
+    assert_eq!(first.status, Status::Fresh, "{first:?}");
+    // The heartbeat thread has ticked since the publish (it stamped), so it
+    // has seen that snapshot.
+    eventually(
+        || heartbeat_word(dir.path(), "cut") > first.snapshot.captured_mono_ns,
+        "a heartbeat after the publish",
+    );
+    let truncate = || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(0)
+            .unwrap()
+    };
+
+    // Idle: nothing published after the cut.
+    truncate();
+    let mut seen = None;
+    eventually(
+        || {
+            seen = source
+                .read_engine("cut")
+                .filter(|e| e.generation > first.generation && e.status == Status::Fresh);
+            seen.is_some()
+        },
+        "the idle engine fresh again in a new generation",
+    );
+    let again = seen.unwrap();
+    assert_eq!(
+        (
+            again.snapshot.step,
+            again.snapshot.num_running,
+            again.snapshot.gpu_blocks_total
+        ),
+        (1, 3, 100),
+        "the snapshot seen before the cut carried over"
+    );
+    assert_eq!(
+        publisher.stats(),
+        PublisherStats {
+            files_lost: 1,
+            files_recreated: 1
+        }
+    );
+
+    // Busy: another thread publishes throughout; every publish succeeds.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let publishing = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut step = 10;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                step += 1;
+                publisher.publish(busy(step)).unwrap();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            publisher
+        })
+    };
+    eventually(
+        || {
+            source
+                .read_engine("cut")
+                .is_some_and(|e| e.snapshot.step > 10)
+        },
+        "the publishing thread's snapshots",
+    );
+    truncate();
+    let mut seen = None;
+    eventually(
+        || {
+            seen = source
+                .read_engine("cut")
+                .filter(|e| e.generation > again.generation && e.status == Status::Fresh);
+            seen.is_some()
+        },
+        "the busy engine fresh again in a new generation",
+    );
+    let step = seen.unwrap().snapshot.step;
+    eventually(
+        || {
+            source
+                .read_engine("cut")
+                .is_some_and(|e| e.snapshot.step > step)
+        },
+        "publishes landing in the new file",
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut publisher = publishing.join().expect("the publishing thread survived");
+    assert_eq!(
+        publisher.stats(),
+        PublisherStats {
+            files_lost: 2,
+            files_recreated: 2
+        }
+    );
+    publisher.close();
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "close removes it"
+    );
 }

@@ -107,6 +107,26 @@ pub enum Error {
         /// The other writer's pid, as recorded in its header.
         pid: u32,
     },
+    /// Another live process publishes this engine id, but its file was
+    /// truncated or grown under it (so its header cannot be read). That
+    /// writer's heartbeat thread replaces the file within a few periods.
+    #[error(
+        "engine id {engine_id:?} is published by a live process, but its file {} is {size} bytes \
+         instead of {expected} (another process truncated it); that publisher replaces the file \
+         within a few heartbeat periods; give this engine another id (AGENTIC_WORKER_ID) or stop \
+         the other publisher",
+        path.display()
+    )]
+    LiveFileWrongSize {
+        /// The contested id.
+        engine_id: String,
+        /// The live writer's file.
+        path: PathBuf,
+        /// Its size now.
+        size: u64,
+        /// The size of a valid file.
+        expected: u64,
+    },
 }
 
 /// The action of a reader opening an engine file (its permission hint is about

@@ -312,9 +312,7 @@ fn heartbeat_notices_a_removed_or_replaced_file_and_create_after_moves_the_gener
     assert!(!beat.in_place(), "replaced");
     std::fs::remove_file(dir.path().join("gone")).unwrap();
 
-    let again =
-        ShmWriter::create_after(dir.path(), &id("gone"), &options, &snap(7), w.generation())
-            .unwrap();
+    let again = ShmWriter::create_after(&beat, &options, &snap(7)).unwrap();
     assert_eq!(
         again.generation(),
         w.generation() + 1,

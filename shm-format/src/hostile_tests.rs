@@ -155,3 +155,162 @@ fn writer_does_not_take_over_through_a_symbolic_link() {
         "the file the link points to is not retired"
     );
 }
+
+fn set_len(path: &std::path::Path, len: u64) {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+}
+
+/// `truncate -s 0` of a live writer's file: the writer survives its own
+/// stores into the truncated mapping, its heartbeat notices, a second
+/// writer is refused with a clear error, and `create_after` renames a new
+/// generation over the file, carrying the snapshot on.
+#[test]
+fn truncated_live_file_is_noticed_and_replaced_by_its_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cut");
+    let mut writer = create(dir.path(), "cut");
+    let beat = writer.heartbeat();
+    assert!(beat.in_place());
+    set_len(&path, 0);
+    assert!(!beat.in_place(), "0 bytes: readers refuse it");
+    // The stores fault; the `sigbus` handler maps zero pages over the
+    // mapping, and the process goes on.
+    let latest = Snapshot {
+        num_running: 9,
+        ..Snapshot::default()
+    };
+    writer.publish(&latest).unwrap();
+    assert!(beat.beat(), "a truncated file is not a retired one");
+    assert!(!beat.in_place());
+    assert_eq!(beat.snapshot(), Some(latest), "published since: kept");
+
+    // Its lock is held: nobody else may take the id over.
+    let err = ShmWriter::create(
+        dir.path(),
+        &id("cut"),
+        &WriterOptions::default(),
+        &Snapshot::default(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, Error::LiveFileWrongSize { size: 0, .. }),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("published by a live process")
+            && text.contains("is 0 bytes instead of 4096")
+            && text.contains("replaces the file within a few heartbeat periods"),
+        "{text}"
+    );
+
+    let again = ShmWriter::create_after(&beat, &WriterOptions::default(), &latest).unwrap();
+    assert_eq!(again.generation(), writer.generation() + 1);
+    assert!(again.heartbeat().in_place());
+    let reader = ShmFile::open(&path).unwrap();
+    assert_eq!(reader.generation(), again.generation());
+    assert_eq!(reader.read().unwrap().0, latest);
+    // The replaced writer retires without touching the file now there.
+    writer.retire();
+    assert!(!reader.is_retired());
+    assert!(path.exists());
+}
+
+/// Grown, or truncated and grown back before the writer touched it (no
+/// fault, the bytes are zeros): either way readers cannot use the file,
+/// and the writer's heartbeat says so.
+#[test]
+fn grown_or_zeroed_live_file_is_not_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("grown");
+    let writer = create(dir.path(), "grown");
+    let beat = writer.heartbeat();
+    set_len(&path, 2 * FILE_SIZE as u64);
+    assert!(!beat.in_place(), "8192 bytes: readers refuse it");
+    assert!(beat.beat(), "nothing faulted; the heartbeat goes on");
+    let again =
+        ShmWriter::create_after(&beat, &WriterOptions::default(), &Snapshot::default()).unwrap();
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), FILE_SIZE as u64);
+
+    let beat = again.heartbeat();
+    set_len(&path, 0);
+    set_len(&path, FILE_SIZE as u64);
+    assert!(!beat.in_place(), "the right size, but zeros");
+    assert_eq!(beat.snapshot(), None, "sequence 0 is no snapshot");
+    let third =
+        ShmWriter::create_after(&beat, &WriterOptions::default(), &Snapshot::default()).unwrap();
+    assert_eq!(third.generation(), again.generation() + 1);
+    ShmFile::open(&path).unwrap().read().unwrap();
+}
+
+/// A symbolic link swapped in for the file (even one pointing to the same
+/// inode) hides the engine from readers, which never follow links: not in
+/// place, and never replaced (a link is foreign).
+#[test]
+fn symbolic_link_swapped_in_is_not_in_place_and_not_clobbered() {
+    let dir = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let path = dir.path().join("linked");
+    let writer = create(dir.path(), "linked");
+    let beat = writer.heartbeat();
+    // The same inode under another name, and a link to it renamed over ours.
+    std::fs::hard_link(&path, elsewhere.path().join("linked")).unwrap();
+    let link = dir.path().join("link.tmp");
+    std::os::unix::fs::symlink(elsewhere.path().join("linked"), &link).unwrap();
+    std::fs::rename(&link, &path).unwrap();
+    assert!(!beat.in_place(), "a link, however it resolves");
+    let err = ShmWriter::create_after(&beat, &WriterOptions::default(), &Snapshot::default())
+        .unwrap_err();
+    assert!(
+        err.to_string().starts_with("symbolic link, not followed: "),
+        "{err}"
+    );
+    assert!(std::fs::symlink_metadata(&path)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+}
+
+/// A dead writer's file truncated or grown (nobody holds its lock, so
+/// nobody will fix it) is taken over like any dead writer's file; the
+/// generation goes on when the header is still there.
+#[test]
+fn dead_writers_file_of_the_wrong_size_is_taken_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dead");
+    // A dead writer's file (dropping a writer removes its file, so keep a
+    // copy of its bytes).
+    let bytes = {
+        let _w = create(dir.path(), "dead");
+        std::fs::read(&path).unwrap()
+    };
+    for (len, generation) in [(0, 1), (100, 2), (2 * FILE_SIZE as u64, 2)] {
+        std::fs::write(&path, &bytes).unwrap();
+        set_len(&path, len);
+        let writer = ShmWriter::create(
+            dir.path(),
+            &id("dead"),
+            &WriterOptions::default(),
+            &Snapshot::default(),
+        )
+        .unwrap_or_else(|e| panic!("{len} bytes: {e}"));
+        assert_eq!(writer.generation(), generation, "{len} bytes");
+        ShmFile::open(&path).unwrap().read().unwrap();
+        drop(writer);
+    }
+    // A foreign file of the wrong size is still never clobbered.
+    std::fs::write(&path, b"not an engine-state file").unwrap();
+    let err = ShmWriter::create(
+        dir.path(),
+        &id("dead"),
+        &WriterOptions::default(),
+        &Snapshot::default(),
+    )
+    .unwrap_err();
+    assert!(matches!(err, Error::NotEngineState { .. }), "{err:?}");
+}

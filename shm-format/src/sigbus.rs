@@ -15,9 +15,22 @@
 //! reports the engine torn), and the reader's next listing sees the flag
 //! and reopens the file (which then fails validation: wrong size). A writer
 //! whose file was truncated keeps running; its stores land in its private
-//! zero pages. Faults anywhere else go to the previous handler unchanged.
-//! `docs/ARCHITECTURE.md` says why this and not the alternatives (a
-//! per-read `fstat`, file seals).
+//! zero pages (and its heartbeat thread replaces the file: see
+//! `ShmWriter::create_after`). Faults anywhere else go to the previous
+//! handler. `docs/ARCHITECTURE.md` says why this and not the alternatives
+//! (a per-read `fstat`, file seals).
+//!
+//! Chaining, for a `SIGBUS` that is not ours: when the previous action was
+//! the default (or none was recorded), the default action is put back, so
+//! a fault ends the process with `SIGBUS` exactly as without us (a sent
+//! signal is raised again and acts when our handler returns); an ignored
+//! sent signal stays ignored (a fault cannot be ignored: it gets the
+//! default action too). A previous handler function is called directly
+//! from ours, with the arguments the kernel gave us, while our own action
+//! is in force: its `sa_mask` (the extra signals it asked to have blocked
+//! while it runs) and its `SA_RESETHAND`/`SA_NODEFER` flags are not
+//! honoured; handlers that reset themselves and re-raise (Rust's, Python's
+//! `faulthandler`) still end the process as they meant to.
 //!
 //! The registry is a list of fixed-size chunks of slots that is only ever
 //! appended to (never freed), so the handler walks it with atomic loads only:
@@ -265,39 +278,39 @@ fn replace_with_zero_pages(address: usize) -> bool {
 }
 
 /// Passes a signal that is not ours to the handler installed before ours
-/// (the pattern of wasmtime's trap handlers).
+/// (the pattern of wasmtime's trap handlers); see the module docs.
 fn chain(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
-    let Some(Previous(previous)) = PREVIOUS.get() else {
-        return;
-    };
-    let handler = previous.sa_sigaction;
     // SAFETY: the kernel passes a valid `siginfo_t` to an SA_SIGINFO handler.
     let sent = unsafe { (*info).si_code } <= 0;
+    let previous = PREVIOUS.get().map(|Previous(action)| action);
+    let handler = previous.map_or(libc::SIG_DFL, |action| action.sa_sigaction);
     if handler == libc::SIG_IGN && sent {
         // An ignored signal someone sent: still ignored.
     } else if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
-        // Put the old action back and let it act: a fault re-executes on
-        // return and takes the default action (the process ends with SIGBUS,
-        // as without us); a sent signal is raised again, pending until we
-        // return.
-        // SAFETY: `previous` is the action the kernel gave us; sigaction and
-        // raise are async-signal-safe.
+        // Put the default action back and let it act: a fault re-executes on
+        // return and takes it (the process ends with SIGBUS, as without us;
+        // returning with our handler still in place would fault forever); a
+        // sent signal is raised again, pending until we return.
+        // SAFETY: an all-zero `sigaction` is SIG_DFL with an empty mask and
+        // no flags; sigaction and raise are async-signal-safe.
         unsafe {
-            libc::sigaction(libc::SIGBUS, previous, ptr::null_mut());
+            let default: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(libc::SIGBUS, &default, ptr::null_mut());
             if sent {
                 libc::raise(signal);
             }
         }
-    } else if previous.sa_flags & libc::SA_SIGINFO != 0 {
+    } else if let Some(previous) = previous.filter(|a| a.sa_flags & libc::SA_SIGINFO != 0) {
         // SAFETY: with SA_SIGINFO, `sa_sigaction` is the address of a
         // handler with this signature, installed by its owner for SIGBUS;
         // it gets the arguments the kernel gave us.
         let previous: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-            unsafe { std::mem::transmute(handler) };
+            unsafe { std::mem::transmute(previous.sa_sigaction) };
         previous(signal, info, context);
     } else {
         // SAFETY: without SA_SIGINFO, `sa_sigaction` (the `sa_handler`
-        // union member) is the address of a one-argument handler.
+        // union member) is the address of a one-argument handler (not
+        // SIG_DFL or SIG_IGN, handled above).
         let previous: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(handler) };
         previous(signal);
     }

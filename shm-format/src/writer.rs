@@ -71,11 +71,16 @@ pub struct Heartbeat {
     /// Where the file was put, and its (device, inode).
     path: Arc<Path>,
     file_id: (u64, u64),
+    engine_id: EngineId,
+    generation: u64,
 }
 
 impl Heartbeat {
     /// Stores the current `CLOCK_MONOTONIC` as `heartbeat_mono_ns`. Returns
-    /// false (and writes nothing) once the file is retired or in a forked child.
+    /// false (and writes nothing) once the file is retired or in a forked
+    /// child. A file truncated under the mapping (which then reads zeros, see
+    /// `sigbus`) is not retired: nothing is stored, true is returned, and
+    /// [`Heartbeat::in_place`] says false, so the caller can replace it.
     pub fn beat(&self) -> bool {
         self.beat_unless_younger(std::time::Duration::ZERO)
     }
@@ -89,8 +94,12 @@ impl Heartbeat {
         if fork_generation() != self.fork_generation {
             return false;
         }
-        if self.map.word(STATE_WORD * 8).load(Ordering::Relaxed) != STATE_ACTIVE {
-            return false;
+        // This load may be the first touch of a truncated file: the `sigbus`
+        // handler then maps zero pages over the mapping and it reads 0.
+        match self.map.word(STATE_WORD * 8).load(Ordering::Relaxed) {
+            STATE_ACTIVE => {}
+            STATE_RETIRED => return false,
+            _ => return true, // zeroed or truncated: `in_place` says false
         }
         let word = self.map.word(HEARTBEAT_OFFSET);
         let now = monotonic_ns();
@@ -102,22 +111,48 @@ impl Heartbeat {
         true
     }
 
-    /// Whether the file's path still names this file: false when it was
-    /// removed (alone or with its directory) or replaced by another file,
-    /// so that readers no longer see it. One `stat`; for a heartbeat thread,
-    /// every few periods.
+    /// Whether readers still see this file at its path: false when it was
+    /// removed (alone or with its directory), replaced by another file or a
+    /// symbolic link (readers never follow one), or truncated or grown by
+    /// another process (readers refuse a file that is not [`FILE_SIZE`]
+    /// bytes, and one truncated and grown back has lost its header). One
+    /// `lstat` and two loads; for a heartbeat thread, every few periods.
     pub fn in_place(&self) -> bool {
-        std::fs::metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.file_id)
+        // `lstat`, not `stat`: a link to this very file has its own inode.
+        let Ok(meta) = std::fs::symlink_metadata(&self.path) else {
+            return false;
+        };
+        if !meta.is_file()
+            || (meta.dev(), meta.ino()) != self.file_id
+            || meta.len() != FILE_SIZE as u64
+        {
+            return false;
+        }
+        // The size is right now, but the file may have been truncated and
+        // grown back: its bytes are zeros (or this mapping's were replaced by
+        // zero pages when it faulted meanwhile). The magic tells. Relaxed:
+        // only this process stores these words, and it never changes them.
+        !self.map.truncated()
+            && self.map.word(0).load(Ordering::Relaxed) == MAGIC
+            && self.map.word(STATE_WORD * 8).load(Ordering::Relaxed) == STATE_ACTIVE
     }
 
     /// The latest snapshot published in this file (a seqlock read of the
     /// writer's own mapping), e.g. to carry it over into a recreated file.
     /// `None` if no consistent copy could be read (a write is in progress in
-    /// a killed thread).
+    /// a killed thread), or if the file was truncated or zeroed under the
+    /// mapping and nothing was published since (sequence 0, never a
+    /// snapshot).
     pub fn snapshot(&self) -> Option<Snapshot> {
-        seqlock::read(self.map.word(SEQ_OFFSET), self.map.words(PAYLOAD_OFFSET))
-            .ok()
-            .map(|(words, _)| Snapshot::from_words(words))
+        match seqlock::read(self.map.word(SEQ_OFFSET), self.map.words(PAYLOAD_OFFSET)) {
+            Ok((words, seq)) if seq != 0 => Some(Snapshot::from_words(words)),
+            _ => None,
+        }
+    }
+
+    /// The generation of this file.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 }
 
@@ -132,19 +167,37 @@ impl ShmWriter {
         options: &WriterOptions,
         first: &Snapshot,
     ) -> Result<ShmWriter, Error> {
-        ShmWriter::create_after(dir, engine_id, options, first, 0)
+        ShmWriter::create_in(dir, engine_id, options, first, None)
     }
 
-    /// [`ShmWriter::create`] for a writer whose file was removed (or
-    /// replaced) under it: the new file's generation is above `previous`
-    /// whatever the path holds now, so readers that knew the old file see a
-    /// new generation.
+    /// A new file for the writer of `previous`, whose file readers no longer
+    /// see ([`Heartbeat::in_place`] is false): removed, replaced, or
+    /// truncated. In the same directory under the same engine id; its
+    /// generation is above `previous`'s whatever the path holds now, so
+    /// readers that knew the old file see a new generation.
+    ///
+    /// If the path still names the old file (truncated, grown, or zeroed by
+    /// another process), the new file is renamed over it: the writer of
+    /// `previous` holds its lock, so no other writer can be replacing it
+    /// meanwhile. That writer must therefore still be alive (not retired)
+    /// until this returns; if it was retired, this fails and touches
+    /// nothing. Anything else on the path is treated as by
+    /// [`ShmWriter::create`].
     pub fn create_after(
+        previous: &Heartbeat,
+        options: &WriterOptions,
+        first: &Snapshot,
+    ) -> Result<ShmWriter, Error> {
+        let dir = previous.path.parent().unwrap_or(Path::new("."));
+        ShmWriter::create_in(dir, &previous.engine_id, options, first, Some(previous))
+    }
+
+    fn create_in(
         dir: &Path,
         engine_id: &EngineId,
         options: &WriterOptions,
         first: &Snapshot,
-        previous: u64,
+        replacing: Option<&Heartbeat>,
     ) -> Result<ShmWriter, Error> {
         let meta = std::fs::metadata(dir).map_err(|e| Error::io("read directory", dir, e))?;
         if !meta.is_dir() {
@@ -157,21 +210,37 @@ impl ShmWriter {
         let path = dir.join(engine_id.as_str());
         // A few rounds: another writer may replace or create the file between
         // our steps; each round starts over from what the path holds now.
+        let own = replacing.map(|beat| beat.file_id);
+        let previous = replacing.map_or(0, |beat| beat.generation);
         for _ in 0..8 {
-            let previous_file = match take_over(&path, engine_id)? {
+            // What the path holds now: its lock (a dead writer's file) and
+            // generation, and whether the new file is renamed over it.
+            let (old_lock, old_generation, rename) = match take_over(&path, engine_id, own)? {
                 TakeOver::Raced => continue,
-                TakeOver::Nothing => None,
-                TakeOver::Dead { lock, generation } => Some((lock, generation)),
+                TakeOver::Nothing => (None, 0, false),
+                TakeOver::Dead { lock, generation } => (Some(lock), generation, true),
+                TakeOver::Own => {
+                    let beat = replacing.expect("only a replacement owns the file");
+                    // Relaxed: stored by this process only (`retire`).
+                    if beat.map.word(STATE_WORD * 8).load(Ordering::Relaxed) == STATE_RETIRED {
+                        // Its lock may be released: another writer could be
+                        // replacing the path now. Never clobber that.
+                        return Err(Error::io(
+                            "replace",
+                            &path,
+                            io::Error::other("its writer was closed; create a new writer"),
+                        ));
+                    }
+                    (None, previous, true)
+                }
             };
-            let generation = previous_file
-                .as_ref()
-                .map_or(1, |(_, g)| g + 1)
-                .max(previous + 1);
+            let generation = (old_generation + 1).max(previous + 1);
             let (lock, map) = create_filled(dir, &path, engine_id, options, first, generation)?;
             let tmp = tmp_path(dir, engine_id);
-            let placed = if previous_file.is_some() {
-                // We hold the old file's lock and checked that the path names it,
-                // so nobody else can replace it meanwhile: rename over it.
+            let placed = if rename {
+                // We hold the old file's lock (taken over, or held by the
+                // writer we replace) and checked that the path names it, so
+                // no other writer can replace it meanwhile: rename over it.
                 std::fs::rename(&tmp, &path)
             } else {
                 // Nothing was there: link fails if someone created it since.
@@ -188,7 +257,7 @@ impl ShmWriter {
                     return Err(Error::io("move into place", &path, e));
                 }
             }
-            drop(previous_file);
+            drop(old_lock);
             let meta = lock.metadata().map_err(|e| Error::io("stat", &path, e))?;
             return Ok(ShmWriter {
                 map: Arc::new(map),
@@ -244,6 +313,8 @@ impl ShmWriter {
             fork_generation: self.fork_generation,
             path: Arc::from(self.path.as_path()),
             file_id: (self.dev, self.inode),
+            engine_id: self.engine_id.clone(),
+            generation: self.generation,
         }
     }
 
@@ -275,8 +346,11 @@ impl ShmWriter {
             .word(STATE_WORD * 8)
             .store(STATE_RETIRED, Ordering::Release);
         // We hold the lock, so no other writer can have replaced the path,
-        // but a foreign hand may have: only remove our own inode.
-        if std::fs::metadata(&self.path).map(|m| m.ino()).ok() == Some(self.inode) {
+        // but a foreign hand may have: only remove our own inode (`lstat`:
+        // not a link that points to it).
+        if std::fs::symlink_metadata(&self.path)
+            .is_ok_and(|m| (m.dev(), m.ino()) == (self.dev, self.inode))
+        {
             let _ = std::fs::remove_file(&self.path);
         }
     }
@@ -296,13 +370,27 @@ pub struct WrongProcess;
 enum TakeOver {
     Nothing,
     Raced,
-    Dead { lock: Flock<File>, generation: u64 },
+    /// A dead writer's file, locked and retired (generation 0 when it has
+    /// the wrong size and no readable header).
+    Dead {
+        lock: Flock<File>,
+        generation: u64,
+    },
+    /// The file of the writer being replaced (`create_after`), whose lock
+    /// that writer holds.
+    Own,
 }
 
-/// Looks at what `path` holds now: nothing, a live writer's file (error), a
-/// dead writer's file (locked and retired, its generation returned), or a
-/// foreign file (error: never clobbered).
-fn take_over(path: &Path, engine_id: &EngineId) -> Result<TakeOver, Error> {
+/// Looks at what `path` holds now: nothing, the file of the writer we
+/// replace (`own`, its device and inode), a live writer's file (error), a
+/// dead writer's file (locked and retired, its generation returned; also
+/// when another process truncated or grew it), or a foreign file (error:
+/// never clobbered).
+fn take_over(
+    path: &Path,
+    engine_id: &EngineId,
+    own: Option<(u64, u64)>,
+) -> Result<TakeOver, Error> {
     // Like a reader (shm_file.rs): never follow a link out of the directory
     // (retiring a file elsewhere), never block on a FIFO.
     let file = match OpenOptions::new()
@@ -321,32 +409,51 @@ fn take_over(path: &Path, engine_id: &EngineId) -> Result<TakeOver, Error> {
         }
         Err(e) => return Err(Error::io("open", path, e)),
     };
+    let opened = file.metadata().map_err(|e| Error::io("stat", path, e))?;
+    if own == Some((opened.dev(), opened.ino())) {
+        // Locking it again would fail: our own writer holds the lock.
+        return Ok(TakeOver::Own);
+    }
     let lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
         Ok(lock) => lock,
         Err((file, Errno::EWOULDBLOCK)) => {
-            let pid = crate::ShmFile::from_file(file, path)
-                .map(|f| f.header().writer_pid)
-                .unwrap_or(0);
-            return Err(Error::AlreadyPublished {
-                engine_id: engine_id.to_string(),
-                path: path.to_owned(),
-                pid,
+            return Err(match crate::ShmFile::from_file(file, path) {
+                Err(Error::WrongSize { size, expected, .. }) => Error::LiveFileWrongSize {
+                    engine_id: engine_id.to_string(),
+                    path: path.to_owned(),
+                    size,
+                    expected,
+                },
+                opened => Error::AlreadyPublished {
+                    engine_id: engine_id.to_string(),
+                    path: path.to_owned(),
+                    pid: opened.map(|f| f.header().writer_pid).unwrap_or(0),
+                },
             });
         }
         Err((_, errno)) => return Err(Error::io("lock", path, errno.into())),
     };
     // The path may have been replaced between open and lock.
-    let locked_inode = lock
-        .metadata()
-        .map_err(|e| Error::io("stat", path, e))?
-        .ino();
-    match std::fs::metadata(path) {
-        Ok(m) if m.ino() == locked_inode => {}
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if (m.dev(), m.ino()) == (opened.dev(), opened.ino()) => {}
         Ok(_) => return Ok(TakeOver::Raced),
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(TakeOver::Raced),
         Err(e) => return Err(Error::io("stat", path, e)),
     }
-    let old = crate::ShmFile::validate(&lock, path)?;
+    let old = match crate::ShmFile::validate(&lock, path) {
+        Ok(old) => old,
+        // Nobody holds its lock, so no writer will ever fix it: truncated
+        // or grown by another process (an engine's file, or too short to
+        // tell; a foreign file has another magic: `NotEngineState`, refused).
+        // Readers already refuse it: nothing to retire.
+        Err(Error::WrongSize { .. }) => {
+            return Ok(TakeOver::Dead {
+                generation: header_generation(&lock).unwrap_or(0),
+                lock,
+            })
+        }
+        Err(e) => return Err(e),
+    };
     // Tell readers still mapping it that this file is over.
     old.map
         .word(STATE_WORD * 8)
@@ -355,6 +462,15 @@ fn take_over(path: &Path, engine_id: &EngineId) -> Result<TakeOver, Error> {
         generation: old.header().generation,
         lock,
     })
+}
+
+/// The generation in the header of a file of the wrong size, if it still
+/// has one (`pread`: mapping a short file would fault).
+fn header_generation(file: &File) -> Option<u64> {
+    let mut bytes = [0u8; HEADER_SIZE];
+    let read = std::os::unix::fs::FileExt::read_at(file, &mut bytes, 0).ok()?;
+    let header: Header = bytemuck::cast(bytes);
+    (read == HEADER_SIZE && header.magic == MAGIC).then_some(header.generation)
 }
 
 fn tmp_path(dir: &Path, engine_id: &EngineId) -> PathBuf {

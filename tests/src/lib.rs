@@ -148,10 +148,19 @@ pub fn wait_for_engine(
 }
 
 /// Polls `condition` every 5 ms for up to 10 s; panics naming `what` on timeout.
-pub fn wait_for(mut condition: impl FnMut() -> bool, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
+pub fn wait_for(condition: impl FnMut() -> bool, what: &str) {
+    wait_for_within(Duration::from_secs(10), condition, what);
+}
+
+/// [`wait_for`] with a deadline of `limit`, for waits whose length is itself
+/// what a test checks (choose it generously: the host may be busy).
+pub fn wait_for_within(limit: Duration, mut condition: impl FnMut() -> bool, what: &str) {
+    let deadline = Instant::now() + limit;
     while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
 }

@@ -36,7 +36,9 @@ pub fn redis_server_path() -> PathBuf {
     })
 }
 
-/// A free TCP port on 127.0.0.1 (bound to port 0, then released).
+/// A free TCP port on 127.0.0.1 (bound to port 0, then released): for a
+/// server to start on, or as an address nobody answers on (never a fixed
+/// port such as 1, which something on the host may listen on).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -112,7 +114,8 @@ impl RedisServer {
 
     /// Freezes (`true`, SIGSTOP) or thaws (`false`, SIGCONT) the server: it
     /// keeps its connections and stops answering, like an overloaded or
-    /// paused server.
+    /// paused server. Returns once the server is stopped (resp. no longer
+    /// stopped), so nothing sent after a freeze is read before the thaw.
     pub fn freeze(&self, frozen: bool) {
         let proc = self.proc.as_ref().expect("a running server");
         let signal = if frozen {
@@ -121,6 +124,23 @@ impl RedisServer {
             nix::sys::signal::Signal::SIGCONT
         };
         nix::sys::signal::kill(proc.pid(), signal).expect("signal redis-server");
+        // The signal acts asynchronously: wait until /proc says so.
+        let stat = format!("/proc/{}/stat", proc.pid());
+        let stopped = || {
+            let text = std::fs::read_to_string(&stat).unwrap_or_default();
+            // `pid (comm) S …`: the state follows the last ')'.
+            let state = text.rsplit_once(") ").map(|(_, rest)| &rest[..1]);
+            state == Some("T")
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while stopped() != frozen {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not {} within 10 s",
+                if frozen { "stop" } else { "continue" }
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// (Re)starts the server on the same port, empty, and waits for PING.

@@ -243,10 +243,11 @@ const PY_READ_LOOP: &str = "import json, sys, time\nfrom engine_state import Rea
     \x20   print(json.dumps({'engines': states, 'errors': r.errors}), flush=True)\n\
     \x20   time.sleep(0.02)\n";
 
-/// `truncate -s 0` of an engine's file while `esdump --watch`, a Python
+/// `truncate -s 0` of a dead engine's file while `esdump --watch`, a Python
 /// `Reader` loop and `esagent` have it mapped: none of them dies of SIGBUS
 /// (exit 135 before); the engine reads torn, then is reported as a 0-byte
-/// file, and the other engine stays fresh throughout.
+/// file, and the other engine stays fresh throughout. (A live engine's
+/// publisher replaces its truncated file: see the next test.)
 #[test]
 fn truncating_a_mapped_file_kills_no_reader() {
     let shm = std::path::Path::new("/dev/shm");
@@ -305,12 +306,10 @@ fn truncating_a_mapped_file_kills_no_reader() {
         "every reader sees both engines",
     );
 
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(dir.path().join("victim"))
-        .unwrap()
-        .set_len(0)
-        .unwrap();
+    // Killed: its file stays (mapped by every reader), and nobody will
+    // replace it.
+    victim_writer.kill();
+    set_len(&dir.path().join("victim"), 0);
     wait_for(
         || {
             running(&mut esdump, "esdump --watch");
@@ -326,7 +325,6 @@ fn truncating_a_mapped_file_kills_no_reader() {
     running(&mut esdump, "esdump --watch");
     running(&mut python_reader, "the Python Reader");
     running(&mut agent, "esagent");
-    running(&mut victim_writer, "the truncated engine's writer");
 
     let frame = last_frame();
     let other_row = frame.lines().find(|l| l.starts_with("other ")).unwrap();
@@ -352,4 +350,69 @@ fn truncating_a_mapped_file_kills_no_reader() {
     assert!(relayed.get("other").unwrap().is_fresh(), "{relayed:?}");
     drop(python_reader);
     collector.join().unwrap();
+}
+
+fn set_len(path: &std::path::Path, len: u64) {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+}
+
+/// `truncate -s 0`, then a grow to twice the size, of a live `espublish`'s
+/// file: the publisher neither dies (its stores into the truncated mapping
+/// fault and are absorbed by the `SIGBUS` handler) nor stays invisible (it
+/// did before: readers refused the file forever): its heartbeat thread
+/// renames a new generation over the file each time, and a reader sees the
+/// engine fresh again, with its fields.
+#[test]
+fn truncating_a_live_writers_file_brings_the_engine_back() {
+    let shm = std::path::Path::new("/dev/shm");
+    let dir = if shm.is_dir() {
+        tempfile::tempdir_in(shm).unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
+    };
+    let uri = format!("file://{}", dir.path().display());
+    let path = dir.path().join("victim");
+    let mut writer = espublish(&uri, "victim");
+    let mut source = test_reader(&uri, Duration::from_millis(500));
+    let mut generation = 0;
+    wait_for(
+        || {
+            let reading = source.read().unwrap();
+            let seen = reading.get("victim").filter(|e| e.is_fresh());
+            generation = seen.map_or(0, |e| e.generation);
+            seen.is_some()
+        },
+        "the engine fresh",
+    );
+    for len in [0, 2 * engine_state_shm_format::FILE_SIZE as u64] {
+        set_len(&path, len);
+        wait_for(
+            || {
+                running(&mut writer, "espublish (the truncated engine's writer)");
+                let reading = source.read().unwrap();
+                let back = reading.get("victim").filter(|e| {
+                    e.is_fresh() && e.generation > generation && e.snapshot.num_running == 5
+                });
+                if let Some(back) = back {
+                    generation = back.generation;
+                }
+                back.is_some()
+            },
+            &format!("the engine fresh again in a new generation after a resize to {len} bytes"),
+        );
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            engine_state_shm_format::FILE_SIZE as u64
+        );
+    }
+    // And it still ends cleanly: retired and removed, no temporary file left.
+    nix::sys::signal::kill(writer.pid(), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = writer.0.wait().unwrap();
+    assert!(status.success(), "espublish: {status}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }

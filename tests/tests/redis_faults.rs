@@ -224,9 +224,9 @@ fn an_unreachable_server_does_not_stop_an_engine_from_starting() {
     });
 }
 
-/// An `InlineSink` connected to `redis` under key `prefix`, and its URI.
-fn connected_inline_sink(redis: &RedisServer, prefix: &str) -> (String, InlineSink) {
-    let uri = redis.uri(&format!("?prefix={prefix}"));
+/// An `InlineSink` connected to `redis` with URI parameters `query`, and its URI.
+fn connected_inline_sink(redis: &RedisServer, query: &str) -> (String, InlineSink) {
+    let uri = redis.uri(query);
     let target = RedisTarget::parse(&uri).unwrap();
     let sink = InlineSink::new(target.clone(), Some(target.connect().unwrap()), None);
     (uri, sink)
@@ -251,7 +251,9 @@ fn set_op(engine: &std::sync::Arc<str>, step: u64) -> (std::sync::Arc<str>, Sink
 #[test]
 fn inline_sink_keeps_the_newest_record_through_an_outage_and_writes_it_after() {
     let mut redis = RedisServer::start();
-    let (uri, mut sink) = connected_inline_sink(&redis, "inline:");
+    // A network timeout far above the bound on `submit` below: a submit that
+    // waited for it could not pass for one that did not.
+    let (uri, mut sink) = connected_inline_sink(&redis, "?prefix=inline:&timeout_ms=5000");
     let (a, b): (std::sync::Arc<str>, std::sync::Arc<str>) = ("a".into(), "b".into());
     let mut source = reader(&uri, 5000);
     let steps = |source: &mut Box<dyn Source>| {
@@ -265,17 +267,21 @@ fn inline_sink_keeps_the_newest_record_through_an_outage_and_writes_it_after() {
     assert_eq!(steps(&mut source), (Some(1), Some(1)));
     assert_eq!(sink.stats().written.load(Ordering::Relaxed), 2);
 
-    // The pipeline of step 2 is written to a server that dies before its
-    // replies are read: both records are kept. Steps 3 and 4 of `a` arrive
-    // during the outage and replace a's kept record: only 4 is left.
+    // The pipeline of step 2 is written to a server that dies before it
+    // reads it (frozen first: otherwise it may answer before the kill, the
+    // records are acknowledged, and the restarted, empty server never gets
+    // b again), so its replies fail: both records are kept. Steps 3 and 4
+    // of `a` arrive during the outage and replace a's kept record: only 4
+    // is left.
+    redis.freeze(true);
     sink.submit(&mut vec![set_op(&a, 2), set_op(&b, 2)]);
     redis.kill();
     for step in [3, 4] {
         let t = Instant::now();
         sink.submit(&mut vec![set_op(&a, step)]);
         assert!(
-            t.elapsed() < Duration::from_millis(500),
-            "submit waited {:?}",
+            t.elapsed() < Duration::from_millis(2500),
+            "submit waited {:?}, as if for the 5 s network timeout",
             t.elapsed()
         );
     }
@@ -311,7 +317,7 @@ fn inline_sink_keeps_the_newest_record_through_an_outage_and_writes_it_after() {
 #[test]
 fn inline_sink_keeps_the_newest_record_of_a_pipeline_that_failed() {
     let mut redis = RedisServer::start();
-    let (uri, mut sink) = connected_inline_sink(&redis, "failed:");
+    let (uri, mut sink) = connected_inline_sink(&redis, "?prefix=failed:");
     let a: std::sync::Arc<str> = "a".into();
     redis.kill();
     // One pipeline with two records of `a`, sent to a server that is gone:
@@ -335,7 +341,7 @@ fn inline_sink_keeps_the_newest_record_of_a_pipeline_that_failed() {
 #[test]
 fn inline_sink_reports_a_server_error_among_the_replies_and_writes_after() {
     let redis = RedisServer::start();
-    let (uri, mut sink) = connected_inline_sink(&redis, "oom:");
+    let (uri, mut sink) = connected_inline_sink(&redis, "?prefix=oom:");
     let (a, b): (std::sync::Arc<str>, std::sync::Arc<str>) = ("a".into(), "b".into());
     sink.submit(&mut vec![set_op(&a, 1)]);
     assert!(sink.flush(Duration::from_secs(2)), "{sink:?}");
@@ -423,7 +429,7 @@ fn a_publisher_never_overwrites_another_live_writers_record_and_takes_over_after
         state: engine_state_reader::STATE_ACTIVE,
         generation: 99,
         heartbeat_seq: 1,
-        ttl_ms: 1500,
+        ttl_ms: 60_000,
         snapshot: Snapshot {
             num_running: 42,
             ..Snapshot::default()
@@ -431,11 +437,13 @@ fn a_publisher_never_overwrites_another_live_writers_record_and_takes_over_after
         ..RedisRecord::default()
     };
     let key = engine_state_reader::engine_key(engine_state_reader::DEFAULT_PREFIX, "held");
+    // Held far longer than the loop below can take, however slow the host;
+    // it is expired by hand afterwards.
     let _: () = redis::cmd("SET")
         .arg(&key)
         .arg(&other.encode()[..])
         .arg("PX")
-        .arg(1500)
+        .arg(60_000)
         .query(&mut redis.connection())
         .unwrap();
     let refused = |p: &Publisher| p.redis_stats().unwrap().refused.load(Ordering::Relaxed);
@@ -458,6 +466,11 @@ fn a_publisher_never_overwrites_another_live_writers_record_and_takes_over_after
     }
     assert!(refused(&publisher) > refused_before);
     // Its key expires (nobody refreshes it): this publisher writes again.
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(&key)
+        .arg(1)
+        .query(&mut redis.connection())
+        .unwrap();
     wait_for_engine(&mut *source, "held", "the publisher to take over", |s| {
         s.snapshot.num_running == 1
     });
