@@ -61,5 +61,7 @@ pub use crate::config::{AgentConfig, Args, DEFAULT_LISTEN, DEFAULT_POLL_US};
 pub use crate::error::Error;
 pub use crate::relay::{Relay, TickReport};
 pub use crate::run::{run, Agent, SHUTDOWN_LIMIT};
-pub use crate::telemetry::{READ_ERRORS, RELAYED, RELAY_ERRORS, RELAY_LAG, SNAPSHOT_AGE};
+pub use crate::telemetry::{
+    READ_ERRORS, REGISTRY_ERRORS, RELAYED, RELAY_ERRORS, RELAY_LAG, RELAY_REFUSED, SNAPSHOT_AGE,
+};
 pub use tokio_util::sync::CancellationToken;

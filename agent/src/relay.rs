@@ -91,9 +91,13 @@ struct Relayed {
 }
 
 impl Relay {
-    /// Opens the directory (creating it when missing) and starts the sink.
-    /// A wrong Redis password is an error here; an unreachable server is not
-    /// (the sink reconnects with backoff).
+    /// Opens the directory (creating it when missing, said once on stderr)
+    /// and starts the sink. A wrong Redis password is an error here; an
+    /// unreachable server is not (the sink reconnects with backoff).
+    ///
+    /// The sink is owner-checked: an engine id another live process writes
+    /// to the same Redis directly (a `Publisher` with a `redis://` URI) is
+    /// not overwritten (see [`InlineSink::owner_checked`]).
     pub fn new(config: &AgentConfig) -> Result<Relay, Error> {
         if !config.shm_dir.exists() {
             std::fs::create_dir_all(&config.shm_dir).map_err(|e| Error::Config {
@@ -103,6 +107,14 @@ impl Relay {
                     config.shm_dir.display()
                 ),
             })?;
+            // A typo in --uri would otherwise relay an empty directory in
+            // silence, while the engines publish elsewhere.
+            eprintln!(
+                "esagent: created the missing engine-state directory {dir}; the engines must \
+                 publish into this same path (AGENTIC_ENGINE_STATE_URI=file://{dir}) and local \
+                 readers (esdump, routers) read it, or nothing they do is relayed or seen",
+                dir = config.shm_dir.display()
+            );
         }
         let options = ReaderOptions {
             freshness: Freshness {
@@ -128,7 +140,8 @@ impl Relay {
             config.redis.clone(),
             connection,
             Some(Box::new(move |d: Duration| lag.record(d.as_secs_f64()))),
-        );
+        )
+        .owner_checked();
         Ok(Relay {
             shm,
             reading: Reading::default(),

@@ -168,6 +168,10 @@ fn relay_loop(
             gauges.record(relay.reading(), connected, now);
             let relayed = stats.written.load(Ordering::Relaxed);
             metrics::counter!(telemetry::RELAYED).absolute(relayed);
+            metrics::counter!(telemetry::RELAY_REFUSED)
+                .absolute(stats.refused.load(Ordering::Relaxed));
+            metrics::counter!(telemetry::REGISTRY_ERRORS)
+                .absolute(stats.registry_errors.load(Ordering::Relaxed));
             if now >= upkeep_at {
                 upkeep_at = now + UPKEEP_INTERVAL;
                 metrics.run_upkeep();

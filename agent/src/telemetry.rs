@@ -9,7 +9,8 @@
 //! heartbeat stamp → Redis's acknowledgement read, at the pass after the
 //! write: up to one poll interval later than Redis sent it), counters
 //! `engine_state_read_errors_total`, `engine_state_relay_errors_total`,
-//! `engine_state_relayed_total`, gauges `engine_state_engines` and
+//! `engine_state_relayed_total`, `engine_state_relay_refused_total`,
+//! `engine_state_registry_errors_total`, gauges `engine_state_engines` and
 //! `engine_state_redis_connected`.
 
 use std::collections::HashMap;
@@ -31,6 +32,12 @@ pub const READ_ERRORS: &str = "engine_state_read_errors_total";
 pub const RELAY_ERRORS: &str = "engine_state_relay_errors_total";
 /// Relayed record counter.
 pub const RELAYED: &str = "engine_state_relayed_total";
+/// Counter of records not relayed because another live process writes the
+/// engine's key directly (`SinkStats::refused`).
+pub const RELAY_REFUSED: &str = "engine_state_relay_refused_total";
+/// Counter of registrations Redis refused because the registry key is not a
+/// set (`SinkStats::registry_errors`).
+pub const REGISTRY_ERRORS: &str = "engine_state_registry_errors_total";
 
 /// Gauges of engines that stopped being updated disappear after this long.
 const GAUGE_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -81,6 +88,14 @@ fn describe() {
     );
     metrics::describe_counter!(RELAY_ERRORS, "Failed Redis connections and pipelines");
     metrics::describe_counter!(RELAYED, "Records acknowledged by Redis");
+    metrics::describe_counter!(
+        RELAY_REFUSED,
+        "Records not relayed because another live process writes the engine's Redis key"
+    );
+    metrics::describe_counter!(
+        REGISTRY_ERRORS,
+        "Registrations refused because the registry key is not a set (readers cannot find engines)"
+    );
 }
 
 /// The per-engine gauges, registered once per engine: a registry lookup

@@ -1,5 +1,7 @@
 //! `engine_state.Publisher`.
 
+use std::sync::atomic::Ordering;
+
 use engine_state_publisher::PublisherConfig;
 use engine_state_shm_format::Snapshot;
 use pyo3::prelude::*;
@@ -21,7 +23,60 @@ use crate::errors::publisher_error;
 /// cannot write its parent's file (it must create its own Publisher).
 #[pyclass(module = "engine_state._native", name = "Publisher")]
 pub(crate) struct Publisher {
-    inner: engine_state_publisher::Publisher,
+    /// None once closed: `close()` takes it out under a short borrow and
+    /// closes it with the GIL released, so that another thread's call in the
+    /// meantime gets the "closed" error, not pyo3's "Already borrowed".
+    inner: Option<engine_state_publisher::Publisher>,
+    engine_id: String,
+    /// The URI, password hidden.
+    uri: String,
+    period_ms: u64,
+    /// The counters when `close()` began.
+    closed_stats: Stats,
+}
+
+/// `stats()`: every key for both backends (0 where it does not apply).
+type Stats = [(&'static str, u64); 7];
+
+fn stats_of(inner: &engine_state_publisher::Publisher) -> Stats {
+    let files = inner.stats();
+    let counter =
+        |read: fn(&engine_state_publisher::SinkStats) -> u64| inner.redis_stats().map_or(0, read);
+    [
+        ("files_lost", files.files_lost),
+        ("files_recreated", files.files_recreated),
+        ("written", counter(|s| s.written.load(Ordering::Relaxed))),
+        ("replaced", counter(|s| s.replaced.load(Ordering::Relaxed))),
+        ("errors", counter(|s| s.errors.load(Ordering::Relaxed))),
+        ("refused", counter(|s| s.refused.load(Ordering::Relaxed))),
+        (
+            "registry_errors",
+            counter(|s| s.registry_errors.load(Ordering::Relaxed)),
+        ),
+    ]
+}
+
+impl Publisher {
+    /// The open publisher, or the "closed" error.
+    fn open(&mut self) -> PyResult<&mut engine_state_publisher::Publisher> {
+        match self.inner.as_mut() {
+            Some(inner) => Ok(inner),
+            None => Err(publisher_error(engine_state_publisher::Error::Closed {
+                engine_id: self.engine_id.clone(),
+            })),
+        }
+    }
+
+    /// Closes with the GIL released, holding no borrow of `slf` meanwhile.
+    fn close_released(mut slf: PyRefMut<'_, Self>) {
+        let Some(mut inner) = slf.inner.take() else {
+            return;
+        };
+        slf.closed_stats = stats_of(&inner);
+        let py = slf.py();
+        drop(slf);
+        py.detach(move || inner.close());
+    }
 }
 
 #[pymethods]
@@ -40,7 +95,13 @@ impl Publisher {
         let inner = py
             .detach(|| engine_state_publisher::Publisher::start(config))
             .map_err(publisher_error)?;
-        Ok(Publisher { inner })
+        Ok(Publisher {
+            engine_id: inner.engine_id().to_owned(),
+            uri: inner.config().uri.to_string(),
+            period_ms: inner.config().period.as_millis() as u64,
+            closed_stats: Stats::default(),
+            inner: Some(inner),
+        })
     }
 
     /// Publishes one snapshot. Fields not given are 0; `captured_*` are stamped
@@ -91,54 +152,64 @@ impl Publisher {
             flags,
             ..Snapshot::default()
         };
-        self.inner.publish(snapshot).map_err(publisher_error)
+        self.open()?.publish(snapshot).map_err(publisher_error)
     }
 
-    /// Counters: `files_lost` (times the file was found removed, replaced or truncated
-    /// under the publisher) and `files_recreated` (times it was recreated, in
-    /// a new generation, once its directory existed again).
+    /// Counters, every key for both backends (0 where it does not apply;
+    /// once closed, the counts when `close()` began).
+    ///
+    /// Shared memory: `files_lost` (times the file was found removed,
+    /// replaced or truncated under the publisher) and `files_recreated` (times it was
+    /// recreated, in a new generation, once its directory existed again).
+    /// Redis: `written` (records Redis acknowledged), `replaced` (records a
+    /// newer one replaced before they were sent), `errors` (failed
+    /// connections and writes), `refused` (records not written because
+    /// another live process writes this engine id; logged on stderr) and
+    /// `registry_errors` (registrations refused because the registry key
+    /// is not a set; logged on stderr).
     fn stats(&self) -> std::collections::HashMap<&'static str, u64> {
-        let stats = self.inner.stats();
-        [
-            ("files_lost", stats.files_lost),
-            ("files_recreated", stats.files_recreated),
-        ]
-        .into()
+        match &self.inner {
+            Some(inner) => stats_of(inner).into(),
+            None => self.closed_stats.into(),
+        }
     }
 
-    /// Stops the heartbeat, retires the file and removes it. Idempotent.
-    fn close(&mut self, py: Python<'_>) {
-        py.detach(|| self.inner.close());
+    /// Stops the heartbeat, retires the file and removes it (Redis: deletes
+    /// the key), with the GIL released. Idempotent; a `publish()` from
+    /// another thread meanwhile raises the "closed" error.
+    fn close(slf: PyRefMut<'_, Self>) {
+        Publisher::close_released(slf);
     }
 
     /// The engine id.
     #[getter]
     fn engine_id(&self) -> &str {
-        self.inner.engine_id()
+        &self.engine_id
     }
 
     /// The URI published to (password hidden).
     #[getter]
-    fn uri(&self) -> String {
-        self.inner.config().uri.to_string()
+    fn uri(&self) -> &str {
+        &self.uri
     }
 
     /// The file being published, or None once closed (and for Redis).
     #[getter]
     fn path(&self) -> Option<String> {
-        self.inner.path().map(|p| p.display().to_string())
+        let inner = self.inner.as_ref()?;
+        inner.path().map(|p| p.display().to_string())
     }
 
     /// The heartbeat period in milliseconds.
     #[getter]
     fn period_ms(&self) -> u64 {
-        self.inner.config().period.as_millis() as u64
+        self.period_ms
     }
 
     /// True once closed.
     #[getter]
     fn closed(&self) -> bool {
-        !self.inner.is_open()
+        !self.inner.as_ref().is_some_and(|inner| inner.is_open())
     }
 
     fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
@@ -147,22 +218,21 @@ impl Publisher {
 
     #[pyo3(signature = (_exc_type=None, _exc_value=None, _traceback=None))]
     fn __exit__(
-        &mut self,
-        py: Python<'_>,
+        slf: PyRefMut<'_, Self>,
         _exc_type: Option<&Bound<'_, PyType>>,
         _exc_value: Option<&Bound<'_, PyAny>>,
         _traceback: Option<&Bound<'_, PyAny>>,
     ) -> bool {
-        py.detach(|| self.inner.close());
+        Publisher::close_released(slf);
         false
     }
 
     fn __repr__(&self) -> String {
         format!(
             "Publisher(engine_id={:?}, uri={:?}, closed={})",
-            self.inner.engine_id(),
-            self.inner.config().uri.to_string(),
-            !self.inner.is_open()
+            self.engine_id,
+            self.uri,
+            self.closed()
         )
     }
 }

@@ -211,7 +211,7 @@ def test_a_removed_directory_is_recreated_with_a_new_generation(tmp_path):
     with Publisher(uri=uri, engine_id="phoenix", period_ms=10) as pub:
         pub.publish(step=1, num_running=2)
         (before,) = Reader(uri=uri).read()
-        assert pub.stats() == {"files_lost": 0, "files_recreated": 0}
+        assert pub.stats().items() >= {"files_lost": 0, "files_recreated": 0}.items()
         shutil.rmtree(d)
         deadline = time.monotonic() + 5
         while pub.stats()["files_lost"] == 0:
@@ -228,5 +228,5 @@ def test_a_removed_directory_is_recreated_with_a_new_generation(tmp_path):
         assert (after.step, after.num_running) == (2, 2)
         pub.publish(step=3, num_running=2)
         assert reader.read()[0].step == 3
-        assert pub.stats() == {"files_lost": 1, "files_recreated": 1}
+        assert pub.stats().items() >= {"files_lost": 1, "files_recreated": 1}.items()
     assert list(d.iterdir()) == []

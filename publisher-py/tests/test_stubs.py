@@ -55,3 +55,14 @@ def test_module_functions_match():
         runtime = getattr(_native, fn.name)
         stub_params = [a.arg for a in fn.args.args] + [a.arg for a in fn.args.kwonlyargs]
         assert stub_params == list(inspect.signature(runtime).parameters), fn.name
+
+
+def test_publisher_stats_keys_match(uri):
+    (stats_type,) = [
+        n.value
+        for n in stub_tree().body
+        if isinstance(n, ast.Assign) and [t.id for t in n.targets] == ["_PublisherStats"]
+    ]
+    stubbed = [key.value for key in stats_type.args[1].keys]
+    with _native.Publisher(uri=uri, engine_id="stub-keys") as publisher:
+        assert sorted(publisher.stats()) == sorted(stubbed)

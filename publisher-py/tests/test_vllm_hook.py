@@ -567,3 +567,30 @@ def test_a_scheduler_with_a_connector_gets_full_captures(shm_uri, module):
     scheduler.add_request(Request("a", 40))
     hook_of(scheduler).capture(scheduler)
     assert_published_matches(shm_uri, scheduler, 0)
+
+
+def test_a_free_count_that_includes_the_null_block_is_clamped_and_publishing_goes_on(
+    shm_uri, module, monkeypatch, caplog
+):
+    # A vLLM whose free count includes the null block: an empty engine
+    # reports one more free block than it has usable ones. Unclamped,
+    # publish() refuses free > total and the hook turns itself off.
+    import vllm_doubles
+
+    monkeypatch.setattr(vllm_doubles.BlockPool, "get_num_free_blocks", lambda pool: pool.free + 1)
+    with caplog.at_level(logging.WARNING, logger="engine_state.vllm"):
+        scheduler = every_boundary(module.Scheduler(num_blocks=33))
+        hook = hook_of(scheduler)
+        assert hook is not None, [r.getMessage() for r in caplog.records]
+        state = published(shm_uri, hook.engine_id)
+        assert (state.gpu_blocks_total, state.gpu_blocks_free) == (32, 32)
+        scheduler.add_request(Request("a", 40, max_tokens=3))
+        drive(scheduler, check=False)
+        scheduler.add_request(Request("b", 20, max_tokens=2))
+        scheduler.schedule()
+    assert not [r for r in caplog.records if "hook turned off" in r.getMessage()]
+    assert hook_of(scheduler) is hook and not hook.publisher.closed
+    state = published(shm_uri, hook.engine_id)
+    # Still published, as reported once it fits: b holds 2 of the 32 blocks.
+    assert state.num_running == 1 and state.step == hook.step
+    assert (state.gpu_blocks_total, state.gpu_blocks_free) == (32, 31)

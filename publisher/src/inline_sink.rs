@@ -14,6 +14,11 @@
 //! the number of engines) and written as one pipeline once a connection is
 //! back; ops of a pipeline whose replies failed are kept the same way unless
 //! a newer op for the engine replaced them.
+//!
+//! [`InlineSink::owner_checked`] makes it respect other writers of an
+//! engine id (a direct publisher of the same id): it claims each key with
+//! the owner check and leaves another live writer's key alone
+//! (`crate::pipeline`).
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -23,7 +28,8 @@ use std::time::{Duration, Instant};
 
 use engine_state_reader::{RedisTarget, RECONNECT_CAP, RECONNECT_FIRST};
 
-use crate::redis_sink::{acknowledged, check_replies, PipelineEncoder};
+use crate::pipeline::{check_replies, Ownership, PipelineEncoder};
+use crate::redis_sink::acknowledged;
 use crate::{SinkOp, SinkStats, WrittenObserver};
 
 type Connecting = JoinHandle<Result<redis::Connection, engine_state_reader::Error>>;
@@ -41,11 +47,13 @@ pub struct InlineSink {
     backoff: Duration,
     /// Ops not yet written (no connection), newest per engine.
     pending: HashMap<Arc<str>, SinkOp>,
-    /// The pipeline sent and not yet acknowledged: its ops, its command count
-    /// and the heartbeat stamps of its records.
+    /// The pipeline sent and not yet acknowledged: its ops and its command
+    /// count (the encoder keeps the rest until the next pipeline begins,
+    /// which is after these replies are collected).
     in_flight: Vec<(Arc<str>, SinkOp)>,
     in_flight_commands: usize,
-    in_flight_sent: Vec<u64>,
+    /// The replies of the pipeline in flight (kept for their allocation).
+    replies: Vec<redis::Value>,
     stats: SinkStats,
     on_written: Option<WrittenObserver>,
 }
@@ -74,7 +82,7 @@ impl InlineSink {
             .connected
             .store(connection.is_some(), Ordering::Relaxed);
         InlineSink {
-            encoder: PipelineEncoder::new(&target),
+            encoder: PipelineEncoder::new(&target, Ownership::Unchecked),
             target,
             con: connection,
             connecting: None,
@@ -83,10 +91,22 @@ impl InlineSink {
             pending: HashMap::new(),
             in_flight: Vec::new(),
             in_flight_commands: 0,
-            in_flight_sent: Vec::new(),
+            replies: Vec::new(),
             stats,
             on_written,
         }
+    }
+
+    /// Respects other writers of the same engine ids: a key holding another
+    /// live writer's record (a direct publisher's) is not overwritten —
+    /// those records are counted in [`SinkStats::refused`] and logged on
+    /// stderr once per engine — until that key expires, and a delete leaves
+    /// it alone. Costs a script run per engine when its key is claimed
+    /// (first write, after a gap of half a `ttl_ms`, after a reconnect); the
+    /// writes in between are plain `SET`s (see `crate::pipeline`).
+    pub fn owner_checked(mut self) -> InlineSink {
+        self.encoder = PipelineEncoder::new(&self.target, Ownership::Claimed);
+        self
     }
 
     /// Collects the replies of the previous pipeline, then writes `ops`
@@ -118,10 +138,7 @@ impl InlineSink {
         self.in_flight.append(ops);
         let con = self.con.as_mut().expect("connected above");
         match con.send_packed_command(&self.encoder.request) {
-            Ok(()) => {
-                self.in_flight_commands = self.encoder.commands;
-                std::mem::swap(&mut self.in_flight_sent, &mut self.encoder.sent);
-            }
+            Ok(()) => self.in_flight_commands = self.encoder.commands,
             Err(e) => {
                 let error = self.target.error("cannot write engines", &e);
                 self.failed(error);
@@ -164,26 +181,27 @@ impl InlineSink {
         };
         // Every reply is read (the connection stays in step); the first
         // server error among them fails the pipeline.
+        self.replies.clear();
         let mut result = Ok(());
         for _ in 0..self.in_flight_commands {
             match con.recv_response() {
-                Ok(reply) => {
-                    if result.is_ok() {
-                        result =
-                            check_replies(&self.target, std::slice::from_ref(&reply), &self.stats);
-                    }
-                }
+                Ok(reply) => self.replies.push(reply),
                 Err(e) => {
                     result = Err(self.target.error("cannot write engines", &e));
                     break;
                 }
             }
         }
+        let result = result.and_then(|()| check_replies(&self.target, &self.replies, &self.stats));
         match result {
             Ok(()) => {
                 self.in_flight.clear();
-                acknowledged(&self.stats, self.on_written.as_ref(), &self.in_flight_sent);
-                self.in_flight_sent.clear();
+                // No pipeline was begun since this one: the encoder still
+                // holds its claims and the stamps of its records.
+                self.encoder
+                    .settle_claims(&self.replies, &self.target, &self.stats);
+                acknowledged(&self.stats, self.on_written.as_ref(), &self.encoder.sent);
+                self.encoder.sent.clear();
                 self.backoff = RECONNECT_FIRST;
                 self.stats.succeeded();
             }
@@ -198,7 +216,7 @@ impl InlineSink {
         self.encoder.connection_lost();
         let in_flight = std::mem::take(&mut self.in_flight);
         self.keep_older(in_flight);
-        self.in_flight_sent.clear();
+        self.encoder.sent.clear();
         self.stats.failed(&error);
         self.back_off();
     }

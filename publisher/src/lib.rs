@@ -30,6 +30,7 @@
 mod config;
 mod error;
 mod inline_sink;
+mod pipeline;
 mod publisher;
 mod recreate;
 mod redis_sink;

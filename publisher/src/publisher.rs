@@ -15,8 +15,9 @@ use engine_state_shm_format::{
 
 use crate::config::PublisherConfig;
 use crate::error::Error;
+use crate::pipeline::holder_pid;
 use crate::recreate::{Handoff, Keeper, PublisherStats};
-use crate::redis_sink::{holder_pid, RedisSink, SinkHandle, SinkOp};
+use crate::redis_sink::{RedisSink, SinkHandle, SinkOp};
 
 /// The flag bits of layout version 1 (DESIGN §3); the others are reserved.
 const KNOWN_FLAGS: u64 = FLAG_IDLE | FLAG_SHUTTING_DOWN;

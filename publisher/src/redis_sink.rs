@@ -14,18 +14,12 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use engine_state_reader::{
-    engine_key, registry_key, RedisRecord, RedisTarget, DELETE_IF_OWNER_SCRIPT, RECONNECT_CAP,
-    RECONNECT_FIRST, RECORD_SIZE, SET_IF_OWNER_SCRIPT,
-};
+use engine_state_reader::{registry_key, RedisRecord, RedisTarget, RECONNECT_CAP, RECONNECT_FIRST};
 use engine_state_shm_format::monotonic_ns;
-use redis::{ConnectionLike, Value};
+use redis::ConnectionLike;
 
 use crate::error::Error;
-
-/// How often an engine's id is re-added to the registry while it is written
-/// (heals a registry entry a reader pruned during a long outage).
-const REREGISTER_EVERY: Duration = Duration::from_secs(1);
+use crate::pipeline::{check_replies, PipelineEncoder};
 
 /// One pending write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,12 +45,14 @@ pub struct SinkStats {
     pub errors: AtomicU64,
     /// Whether the last attempt succeeded.
     pub connected: AtomicBool,
-    /// Records not written because another live publisher holds the
-    /// engine's key (an owner-checked sink only, see [`RedisSink::start`]).
+    /// Records not written because another live writer holds the engine's
+    /// key (an owner-checked sink only, see [`RedisSink::start`] and
+    /// [`crate::InlineSink::owner_checked`]). Logged on stderr once per
+    /// engine each time it starts being refused.
     pub refused: AtomicU64,
     /// Registrations (`SADD`/`SREM` of `<prefix>engines`) the server refused
     /// because that key is not a set: readers cannot discover engines
-    /// written here. Logged once (`log::warn!`).
+    /// written here. Logged once per sink on stderr.
     pub registry_errors: AtomicU64,
     last_error: Mutex<Option<String>>,
 }
@@ -75,12 +71,17 @@ impl SinkStats {
 
     /// Counts a registration the server refused with `WRONGTYPE`; logs the
     /// first one (the registry key must be deleted by hand).
+    ///
+    /// On stderr, not through `log`: no binary of ours, nor the Python
+    /// module, installs a `log` logger, so a `log::warn!` would go nowhere
+    /// (like `recreate.rs`'s messages). `target` prints with its password
+    /// hidden; `reply` is the server's error text.
     pub(crate) fn registry_refused(&self, target: &RedisTarget, reply: &str) {
         if self.registry_errors.fetch_add(1, Ordering::Relaxed) == 0 {
-            log::warn!(
+            eprintln!(
                 "engine-state: Redis at {target}: the registry key {:?} is not a set ({reply}); \
                  engines written there are not registered, so readers will not find them. \
-                 Delete the key, or give this fleet its own ?prefix=",
+                 Delete that key, or give this fleet its own ?prefix= in the URI",
                 registry_key(target.prefix())
             );
         }
@@ -195,11 +196,13 @@ impl RedisSink {
     ///
     /// With `owner` (the writer's record: its `writer_pid` and `generation`
     /// are its identity), every write is owner-checked
-    /// ([`SET_IF_OWNER_SCRIPT`]): a key that holds another live writer's
-    /// record is left alone, counted in [`SinkStats::refused`] and logged
-    /// once, until that key expires; a delete only removes the key while it
-    /// is the owner's ([`DELETE_IF_OWNER_SCRIPT`]). The [`crate::Publisher`]
-    /// uses this; without `owner` writes are plain `SET`s.
+    /// ([`engine_state_reader::SET_IF_OWNER_SCRIPT`]): a key that holds
+    /// another live writer's record is left alone, counted in
+    /// [`SinkStats::refused`] and logged once on stderr, until that key
+    /// expires; a delete only removes the key while it is the owner's
+    /// ([`engine_state_reader::DELETE_IF_OWNER_SCRIPT`]). The
+    /// [`crate::Publisher`] uses this; without `owner` writes are plain
+    /// `SET`s.
     pub fn start(
         target: RedisTarget,
         connection: Option<redis::Connection>,
@@ -220,7 +223,7 @@ impl RedisSink {
             .store(connection.is_some(), Ordering::Relaxed);
         let worker = Worker {
             shared: shared.clone(),
-            encoder: PipelineEncoder::new(&target).owned_by(owner),
+            encoder: PipelineEncoder::for_owner(&target, owner),
             target,
             con: connection,
             spare: HashMap::new(),
@@ -314,62 +317,6 @@ struct Worker {
     /// (so neither side reallocates in the steady state).
     spare: HashMap<Arc<str>, SinkOp>,
     backoff: Duration,
-}
-
-/// Encodes [`SinkOp`]s as one RESP pipeline, keeping per engine what makes
-/// the next `SET` cheap (its encoded key) and when its id was last added to
-/// the registry. Used by the sink thread and by [`crate::InlineSink`].
-#[derive(Debug)]
-pub(crate) struct PipelineEncoder {
-    prefix: String,
-    registry: String,
-    ttl_ms: u32,
-    /// `PX <ttl>` of every `SET`, encoded once.
-    set_tail: Vec<u8>,
-    /// Per engine written: its encoded command prefix and registration time.
-    engines: HashMap<Arc<str>, Written, foldhash::fast::RandomState>,
-    /// The pipeline being built (kept for its allocation).
-    pub(crate) request: Vec<u8>,
-    /// Commands in `request`.
-    pub(crate) commands: usize,
-    /// Heartbeat stamps of the records in `request`.
-    pub(crate) sent: Vec<u64>,
-    /// Owner-checked writes: the record whose identity every write claims
-    /// (None: plain `SET`s).
-    owner: Option<[u8; RECORD_SIZE]>,
-    /// Per owner-checked `SET` in `request`: its command index, its index in
-    /// `sent` and its engine.
-    claims: Vec<(usize, usize, Arc<str>)>,
-    /// When the pipeline was begun (both clocks).
-    began: Instant,
-    began_mono_ns: u64,
-}
-
-/// What the encoder keeps per engine, so a `SET` costs no formatting.
-#[derive(Debug)]
-struct Written {
-    /// `*5 $3 SET $n <key> $<RECORD_SIZE>` in RESP, up to the record's bytes.
-    set_head: Vec<u8>,
-    /// When the id was last added to the registry (None: not since connecting).
-    registered: Option<Instant>,
-    /// Another writer held the key at the last owner-checked write (logged
-    /// once per change).
-    refused: bool,
-}
-
-/// The RESP bytes of a `SET` after the value: `PX <ttl_ms>`.
-fn set_tail(ttl_ms: u32) -> Vec<u8> {
-    let ttl = ttl_ms.to_string();
-    format!("\r\n$2\r\nPX\r\n${}\r\n{ttl}\r\n", ttl.len()).into_bytes()
-}
-
-/// The RESP bytes of `SET <key> ` up to the value's bytes.
-fn set_head(key: &str) -> Vec<u8> {
-    format!(
-        "*5\r\n$3\r\nSET\r\n${}\r\n{key}\r\n${RECORD_SIZE}\r\n",
-        key.len()
-    )
-    .into_bytes()
 }
 
 impl Worker {
@@ -496,232 +443,7 @@ pub(crate) fn acknowledged(stats: &SinkStats, on_written: Option<&WrittenObserve
     }
 }
 
-/// The first server error among a pipeline's replies, as an error.
-///
-/// `WRONGTYPE` is not one: of the commands a sink sends only `SADD`/`SREM`
-/// of the registry can get it (`SET` replaces any type, the scripts read
-/// with `pcall`), and a registry of the wrong type is not a connection
-/// problem that reconnecting would fix. It is counted and logged once
-/// ([`SinkStats::registry_errors`]); the records are written all the same.
-pub(crate) fn check_replies(
-    target: &RedisTarget,
-    replies: &[Value],
-    stats: &SinkStats,
-) -> Result<(), engine_state_reader::Error> {
-    for reply in replies {
-        if let Value::ServerError(e) = reply {
-            if e.code() == "WRONGTYPE" {
-                stats.registry_refused(target, &format!("{e:?}"));
-                continue;
-            }
-            let error: redis::RedisError = e.clone().into();
-            return Err(target.error("cannot write engines", &error));
-        }
-    }
-    Ok(())
-}
-
-impl PipelineEncoder {
-    pub(crate) fn new(target: &RedisTarget) -> PipelineEncoder {
-        let ttl_ms = target.ttl().as_millis() as u32;
-        PipelineEncoder {
-            prefix: target.prefix().to_owned(),
-            registry: registry_key(target.prefix()),
-            ttl_ms,
-            set_tail: set_tail(ttl_ms),
-            engines: HashMap::default(),
-            request: Vec::new(),
-            commands: 0,
-            sent: Vec::new(),
-            owner: None,
-            claims: Vec::new(),
-            began: Instant::now(),
-            began_mono_ns: 0,
-        }
-    }
-
-    /// Owner-checked writes as `owner` (see [`RedisSink::start`]); None: plain.
-    pub(crate) fn owned_by(mut self, owner: Option<RedisRecord>) -> PipelineEncoder {
-        self.owner = owner.map(|record| record.encode());
-        self
-    }
-
-    /// After an owner-checked pipeline's replies: counts (and logs, once per
-    /// change) the records refused because another writer holds their key,
-    /// and leaves only the written ones in `sent`.
-    pub(crate) fn settle_claims(
-        &mut self,
-        replies: &[Value],
-        target: &RedisTarget,
-        stats: &SinkStats,
-    ) {
-        if self.claims.is_empty() {
-            return;
-        }
-        let mut refused_sent = Vec::new();
-        for (command, sent, id) in self.claims.drain(..) {
-            let holder = match replies.get(command) {
-                Some(Value::BulkString(header)) => Some(holder_pid(header)),
-                _ => None,
-            };
-            let Some(written) = self.engines.get_mut(&id) else {
-                continue;
-            };
-            match holder {
-                Some(pid) => {
-                    stats.refused.fetch_add(1, Ordering::Relaxed);
-                    refused_sent.push(sent);
-                    if !written.refused {
-                        log::warn!(
-                            "engine-state: engine id {id:?} is published by another live \
-                             process (pid {pid} on its host) at Redis key {:?} ({target}); \
-                             this publisher's records are not written until that key expires",
-                            engine_key(&self.prefix, &id)
-                        );
-                    }
-                    written.refused = true;
-                }
-                None if written.refused => {
-                    log::warn!(
-                        "engine-state: engine id {id:?}: the other publisher's key expired; \
-                         this publisher writes it again ({target})"
-                    );
-                    written.refused = false;
-                }
-                None => {}
-            }
-        }
-        for sent in refused_sent.into_iter().rev() {
-            self.sent.remove(sent);
-        }
-    }
-
-    /// Starts a new pipeline.
-    pub(crate) fn begin(&mut self) {
-        self.request.clear();
-        self.commands = 0;
-        self.sent.clear();
-        self.claims.clear();
-        self.began = Instant::now();
-        self.began_mono_ns = monotonic_ns();
-    }
-
-    /// A new connection may reach a server that lost the registry: register
-    /// every engine again with its next write.
-    pub(crate) fn connection_lost(&mut self) {
-        for written in self.engines.values_mut() {
-            written.registered = None;
-        }
-    }
-
-    /// Appends `op` for `id` to the pipeline.
-    pub(crate) fn push(&mut self, id: &Arc<str>, op: &SinkOp) {
-        match op {
-            SinkOp::Set(record) => {
-                let now = self.began;
-                let prefix = &self.prefix;
-                let written = self.engines.entry(id.clone()).or_insert_with(|| Written {
-                    set_head: set_head(&engine_key(prefix, id)),
-                    registered: None,
-                    refused: false,
-                });
-                let mut record = *record;
-                record.ttl_ms = self.ttl_ms;
-                record.write_delay_us =
-                    (self.began_mono_ns.saturating_sub(record.heartbeat_mono_ns) / 1000)
-                        .min(u64::from(u32::MAX)) as u32;
-                if self.owner.is_some() {
-                    // Written only while no other live writer holds the key.
-                    self.claims
-                        .push((self.commands, self.sent.len(), id.clone()));
-                    redis::cmd("EVAL")
-                        .arg(SET_IF_OWNER_SCRIPT)
-                        .arg(1)
-                        .arg(engine_key(prefix, id))
-                        .arg(&record.encode()[..])
-                        .arg(self.ttl_ms)
-                        .write_packed_command(&mut self.request);
-                } else {
-                    // SET <key> <record> PX <ttl>, from the cached prefix.
-                    self.request.extend_from_slice(&written.set_head);
-                    self.request.extend_from_slice(&record.encode());
-                    self.request.extend_from_slice(&self.set_tail);
-                }
-                self.commands += 1;
-                let due = written
-                    .registered
-                    .is_none_or(|t| now.duration_since(t) >= REREGISTER_EVERY);
-                if due {
-                    redis::cmd("SADD")
-                        .arg(&self.registry)
-                        .arg(&**id)
-                        .write_packed_command(&mut self.request);
-                    self.commands += 1;
-                    written.registered = Some(now);
-                }
-                self.sent.push(record.heartbeat_mono_ns);
-            }
-            SinkOp::Delete => {
-                let key = engine_key(&self.prefix, id);
-                if let Some(owner) = &self.owner {
-                    // Only the owner's key: another writer's stays.
-                    redis::cmd("EVAL")
-                        .arg(DELETE_IF_OWNER_SCRIPT)
-                        .arg(2)
-                        .arg(&key)
-                        .arg(&self.registry)
-                        .arg(&owner[..])
-                        .arg(&**id)
-                        .write_packed_command(&mut self.request);
-                    self.commands += 1;
-                } else {
-                    redis::cmd("DEL")
-                        .arg(&key)
-                        .write_packed_command(&mut self.request);
-                    redis::cmd("SREM")
-                        .arg(&self.registry)
-                        .arg(&**id)
-                        .write_packed_command(&mut self.request);
-                    self.commands += 2;
-                }
-                self.engines.remove(id);
-            }
-        }
-    }
-}
-
-/// The `writer_pid` in a record header (0 if too short to hold one).
-pub(crate) fn holder_pid(header: &[u8]) -> u32 {
-    header
-        .get(16..20)
-        .map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
-}
-
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // Plain data behind the lock: a panic elsewhere leaves it usable.
     mutex.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cached_set_encoding_is_the_packed_command() {
-        let record = RedisRecord {
-            generation: 3,
-            ..RedisRecord::default()
-        };
-        let key = engine_key("p:", "engine-7");
-        let mut ours = set_head(&key);
-        ours.extend_from_slice(&record.encode());
-        ours.extend_from_slice(&set_tail(2000));
-        let theirs = redis::cmd("SET")
-            .arg(&key)
-            .arg(&record.encode()[..])
-            .arg("PX")
-            .arg(2000u32)
-            .get_packed_command();
-        assert_eq!(ours, theirs);
-    }
 }

@@ -1,7 +1,7 @@
 """Type stubs of the compiled module (checked against it by tests/test_stubs.py)."""
 
 from types import TracebackType
-from typing import Any, Optional, Sequence, Type
+from typing import Any, Optional, Sequence, Type, TypedDict
 
 FIELD_NAMES: list[str]
 FLAG_IDLE: int
@@ -11,6 +11,21 @@ LAYOUT_VERSION: int
 __version__: str
 
 class EngineStateError(Exception): ...
+
+# What Publisher.stats() returns: every key on both backends, 0 where it does
+# not apply (stub-only name; tests/test_stubs.py checks the keys).
+_PublisherStats = TypedDict(
+    "_PublisherStats",
+    {
+        "files_lost": int,
+        "files_recreated": int,
+        "written": int,
+        "replaced": int,
+        "errors": int,
+        "refused": int,
+        "registry_errors": int,
+    },
+)
 
 class Publisher:
     def __init__(
@@ -35,7 +50,7 @@ class Publisher:
         num_preempted: int = 0,
         flags: int = 0,
     ) -> None: ...
-    def stats(self) -> dict[str, int]: ...
+    def stats(self) -> _PublisherStats: ...
     def close(self) -> None: ...
     @property
     def engine_id(self) -> str: ...

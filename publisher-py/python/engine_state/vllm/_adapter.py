@@ -223,11 +223,18 @@ def has_requests(scheduler: Any) -> bool:
 
 
 def block_counts(scheduler: Any) -> tuple[int, int]:
-    """(usable KV blocks, free KV blocks); the null block is not usable."""
+    """(usable KV blocks, free KV blocks); the null block is not usable.
+
+    Free is clamped to usable: ``num_gpu_blocks`` counts the null block and
+    vLLM 0.33 takes it out of the free queue, but a vLLM that counts it as
+    free too (free = usable + 1 on an empty engine) would make every
+    ``publish()`` fail its free <= total check and turn the hook off; one
+    block of ~thousands is not worth that.
+    """
     pool = getattr(getattr(scheduler, KV_CACHE_MANAGER), BLOCK_POOL)
-    total = int(getattr(pool, NUM_GPU_BLOCKS)) - 1
+    total = max(int(getattr(pool, NUM_GPU_BLOCKS)) - 1, 0)
     free = int(getattr(pool, GET_NUM_FREE_BLOCKS)())
-    return max(total, 0), max(free, 0)
+    return total, min(max(free, 0), total)
 
 
 def data_parallel(scheduler: Any) -> tuple[int, int]:

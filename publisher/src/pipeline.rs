@@ -1,0 +1,424 @@
+//! The commands both Redis sinks send: [`SinkOp`]s encoded as one RESP
+//! pipeline, and the rule for whose records a sink may overwrite.
+//!
+//! Who may write an engine's key is decided by one Lua script,
+//! [`SET_IF_OWNER_SCRIPT`] (and [`DELETE_IF_OWNER_SCRIPT`] for a clean
+//! close), in `reader/src/redis_schema.rs`. This module decides when a sink
+//! runs it ([`Ownership`]):
+//!
+//! - a [`crate::Publisher`] runs it for every write
+//!   ([`Ownership::EveryWrite`]);
+//! - the node agent's relay ([`crate::InlineSink::owner_checked`]) runs it to
+//!   claim a key, then writes plain `SET`s while it knows it holds the key
+//!   ([`Ownership::Claimed`]): a script costs Redis ~10× a `SET`, and the
+//!   relay writes every engine of a host.
+//!
+//! Why a held key needs no script: the script refuses every other writer
+//! while the key holds an unexpired ACTIVE record of ours, so from an
+//! acknowledged write of ours, sent at `t`, until `t + ttl_ms` the key can
+//! only hold our records (we are the only ones who delete them). A sink
+//! writes a plain `SET` only within [`HOLD_FRACTION`] of that (half a
+//! `ttl_ms`: margin for the server's clock), and runs the script again after
+//! a longer gap (a stale engine, a stopped process), after any refusal and
+//! on every new connection. This holds against writers that follow the
+//! protocol (every sink here); a plain `SET` by someone else (`redis-cli`,
+//! an older version) can be overwritten by a held key's next write, where
+//! [`Ownership::EveryWrite`] would leave it alone.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use engine_state_reader::{
+    engine_key, registry_key, RedisRecord, RedisTarget, DELETE_IF_OWNER_SCRIPT, RECORD_SIZE,
+    SET_IF_OWNER_SCRIPT,
+};
+use engine_state_shm_format::monotonic_ns;
+use redis::Value;
+
+use crate::redis_sink::{SinkOp, SinkStats};
+
+/// How often an engine's id is re-added to the registry while it is written
+/// (heals a registry entry a reader pruned during a long outage).
+const REREGISTER_EVERY: Duration = Duration::from_secs(1);
+
+/// [`Ownership::Claimed`]: a key is held for this fraction of `ttl_ms`
+/// after the sending of a write of ours that Redis acknowledged.
+const HOLD_FRACTION: u32 = 2; // ttl / 2
+
+/// When a sink runs the owner check (see the module docs).
+#[derive(Debug)]
+pub(crate) enum Ownership {
+    /// Plain `SET` and `DEL`: whatever the key holds is replaced.
+    Unchecked,
+    /// Every `SET` through [`SET_IF_OWNER_SCRIPT`]; a delete through
+    /// [`DELETE_IF_OWNER_SCRIPT`] as this record (the publisher's identity).
+    EveryWrite([u8; RECORD_SIZE]),
+    /// The script to claim a key, plain `SET`s while it is held; a delete
+    /// through [`DELETE_IF_OWNER_SCRIPT`] as the engine's last record.
+    Claimed,
+}
+
+/// Encodes [`SinkOp`]s as one RESP pipeline, keeping per engine what makes
+/// the next `SET` cheap (its encoded key), when its id was last added to
+/// the registry and whether its key is held. Used by the sink thread and by
+/// [`crate::InlineSink`].
+#[derive(Debug)]
+pub(crate) struct PipelineEncoder {
+    prefix: String,
+    registry: String,
+    ttl_ms: u32,
+    /// `PX <ttl>` of every `SET`, encoded once.
+    set_tail: Vec<u8>,
+    /// Per engine written: its encoded command prefix and registration time.
+    engines: HashMap<Arc<str>, Written, foldhash::fast::RandomState>,
+    /// The pipeline being built (kept for its allocation).
+    pub(crate) request: Vec<u8>,
+    /// Commands in `request`.
+    pub(crate) commands: usize,
+    /// Heartbeat stamps of the records in `request` (once its replies are
+    /// settled: of the records written).
+    pub(crate) sent: Vec<u64>,
+    ownership: Ownership,
+    /// [`Ownership::Claimed`]: how long a key stays held.
+    hold_for: Duration,
+    /// Per owner-checked `SET` in `request`, what [`Self::settle_claims`]
+    /// needs.
+    claims: Vec<Claim>,
+    /// When the pipeline was begun (both clocks).
+    began: Instant,
+    began_mono_ns: u64,
+}
+
+/// One owner-checked `SET` of a pipeline.
+#[derive(Debug)]
+struct Claim {
+    /// Its index among the pipeline's commands (and replies).
+    command: usize,
+    /// Its record's index in `sent`.
+    sent: usize,
+    engine: Arc<str>,
+    /// Through [`SET_IF_OWNER_SCRIPT`] (else a plain `SET` of a held key).
+    scripted: bool,
+}
+
+/// What the encoder keeps per engine, so a `SET` costs no formatting.
+#[derive(Debug)]
+struct Written {
+    /// `*5 $3 SET $n <key> $<RECORD_SIZE>` in RESP, up to the record's bytes.
+    set_head: Vec<u8>,
+    /// When the id was last added to the registry (None: not since connecting).
+    registered: Option<Instant>,
+    /// Another writer held the key at the last owner-checked write (logged
+    /// once per change).
+    refused: bool,
+    /// [`Ownership::Claimed`]: when the last pipeline with an acknowledged
+    /// write of ours to the key was begun (None: not held).
+    held_since: Option<Instant>,
+    /// The identity (`writer_pid`, `generation`) of the last record queued,
+    /// which a delete claims.
+    identity: (u32, u64),
+}
+
+/// The RESP bytes of a `SET` after the value: `PX <ttl_ms>`.
+fn set_tail(ttl_ms: u32) -> Vec<u8> {
+    let ttl = ttl_ms.to_string();
+    format!("\r\n$2\r\nPX\r\n${}\r\n{ttl}\r\n", ttl.len()).into_bytes()
+}
+
+/// The RESP bytes of `SET <key> ` up to the value's bytes.
+fn set_head(key: &str) -> Vec<u8> {
+    format!(
+        "*5\r\n$3\r\nSET\r\n${}\r\n{key}\r\n${RECORD_SIZE}\r\n",
+        key.len()
+    )
+    .into_bytes()
+}
+
+/// The first server error among a pipeline's replies, as an error.
+///
+/// `WRONGTYPE` is not one: of the commands a sink sends only `SADD`/`SREM`
+/// of the registry can get it (`SET` replaces any type, the scripts read
+/// with `pcall`), and a registry of the wrong type is not a connection
+/// problem that reconnecting would fix. It is counted and logged once
+/// ([`SinkStats::registry_errors`]); the records are written all the same.
+pub(crate) fn check_replies(
+    target: &RedisTarget,
+    replies: &[Value],
+    stats: &SinkStats,
+) -> Result<(), engine_state_reader::Error> {
+    for reply in replies {
+        if let Value::ServerError(e) = reply {
+            if e.code() == "WRONGTYPE" {
+                stats.registry_refused(target, &format!("{e:?}"));
+                continue;
+            }
+            let error: redis::RedisError = e.clone().into();
+            return Err(target.error("cannot write engines", &error));
+        }
+    }
+    Ok(())
+}
+
+/// The `writer_pid` in a record header (0 if too short to hold one).
+pub(crate) fn holder_pid(header: &[u8]) -> u32 {
+    header
+        .get(16..20)
+        .map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+}
+
+impl PipelineEncoder {
+    pub(crate) fn new(target: &RedisTarget, ownership: Ownership) -> PipelineEncoder {
+        let ttl_ms = target.ttl().as_millis() as u32;
+        PipelineEncoder {
+            prefix: target.prefix().to_owned(),
+            registry: registry_key(target.prefix()),
+            ttl_ms,
+            set_tail: set_tail(ttl_ms),
+            engines: HashMap::default(),
+            request: Vec::new(),
+            commands: 0,
+            sent: Vec::new(),
+            ownership,
+            hold_for: target.ttl() / HOLD_FRACTION,
+            claims: Vec::new(),
+            began: Instant::now(),
+            began_mono_ns: 0,
+        }
+    }
+
+    /// Checks every write as `owner` (None: plain writes); see
+    /// [`Ownership::EveryWrite`].
+    pub(crate) fn for_owner(target: &RedisTarget, owner: Option<RedisRecord>) -> PipelineEncoder {
+        let ownership = match owner {
+            Some(record) => Ownership::EveryWrite(record.encode()),
+            None => Ownership::Unchecked,
+        };
+        PipelineEncoder::new(target, ownership)
+    }
+
+    /// After the replies of the pipeline last begun (and found free of
+    /// errors by [`check_replies`]): counts (and logs, once per change) the
+    /// records refused because another writer holds their key, leaves only
+    /// the written ones in `sent`, and notes which keys are held.
+    pub(crate) fn settle_claims(
+        &mut self,
+        replies: &[Value],
+        target: &RedisTarget,
+        stats: &SinkStats,
+    ) {
+        if self.claims.is_empty() {
+            return;
+        }
+        let mut refused_sent = Vec::new();
+        for claim in self.claims.drain(..) {
+            let holder = match replies.get(claim.command) {
+                // The script's refusal: the holder's header.
+                Some(Value::BulkString(header)) if claim.scripted => Some(holder_pid(header)),
+                _ => None,
+            };
+            let Some(written) = self.engines.get_mut(&claim.engine) else {
+                continue; // deleted later in the same pipeline
+            };
+            let id = &claim.engine;
+            match holder {
+                Some(pid) => {
+                    stats.refused.fetch_add(1, Ordering::Relaxed);
+                    refused_sent.push(claim.sent);
+                    written.held_since = None;
+                    if !written.refused {
+                        // stderr (see `SinkStats::registry_refused`); the
+                        // target prints without its password.
+                        eprintln!(
+                            "engine-state: engine id {id:?} is written by another live process \
+                             (pid {pid} on its host) at Redis key {:?} ({target}); this \
+                             process's records of it are not written until that key expires \
+                             (ttl_ms after the other writer's last write). Give each engine \
+                             its own id (AGENTIC_WORKER_ID), or stop the other writer",
+                            engine_key(&self.prefix, id)
+                        );
+                    }
+                    written.refused = true;
+                }
+                None => {
+                    written.held_since = Some(self.began);
+                    if written.refused {
+                        eprintln!(
+                            "engine-state: engine id {id:?}: the other writer's key is gone \
+                             (it closed, or its key expired); this process writes it again \
+                             ({target})"
+                        );
+                        written.refused = false;
+                    }
+                }
+            }
+        }
+        for sent in refused_sent.into_iter().rev() {
+            self.sent.remove(sent);
+        }
+    }
+
+    /// Starts a new pipeline.
+    pub(crate) fn begin(&mut self) {
+        self.request.clear();
+        self.commands = 0;
+        self.sent.clear();
+        self.claims.clear();
+        self.began = Instant::now();
+        self.began_mono_ns = monotonic_ns();
+    }
+
+    /// A new connection may reach a server that lost the registry (register
+    /// every engine again with its next write) or that failed over (claim
+    /// every key again).
+    pub(crate) fn connection_lost(&mut self) {
+        for written in self.engines.values_mut() {
+            written.registered = None;
+            written.held_since = None;
+        }
+    }
+
+    /// Appends `op` for `id` to the pipeline.
+    pub(crate) fn push(&mut self, id: &Arc<str>, op: &SinkOp) {
+        match op {
+            SinkOp::Set(record) => self.push_set(id, record),
+            SinkOp::Delete => self.push_delete(id),
+        }
+    }
+
+    fn push_set(&mut self, id: &Arc<str>, record: &RedisRecord) {
+        let now = self.began;
+        let prefix = &self.prefix;
+        let written = self.engines.entry(id.clone()).or_insert_with(|| Written {
+            set_head: set_head(&engine_key(prefix, id)),
+            registered: None,
+            refused: false,
+            held_since: None,
+            identity: (record.writer_pid, record.generation),
+        });
+        written.identity = (record.writer_pid, record.generation);
+        let mut record = *record;
+        record.ttl_ms = self.ttl_ms;
+        record.write_delay_us = (self.began_mono_ns.saturating_sub(record.heartbeat_mono_ns) / 1000)
+            .min(u64::from(u32::MAX)) as u32;
+        let scripted = match self.ownership {
+            Ownership::Unchecked => None,
+            Ownership::EveryWrite(_) => Some(true),
+            // Not held (never, or too long ago): claim it.
+            Ownership::Claimed => Some(
+                written
+                    .held_since
+                    .is_none_or(|t| now.saturating_duration_since(t) >= self.hold_for),
+            ),
+        };
+        if let Some(scripted) = scripted {
+            self.claims.push(Claim {
+                command: self.commands,
+                sent: self.sent.len(),
+                engine: id.clone(),
+                scripted,
+            });
+        }
+        if scripted == Some(true) {
+            // Written only while no other live writer holds the key.
+            redis::cmd("EVAL")
+                .arg(SET_IF_OWNER_SCRIPT)
+                .arg(1)
+                .arg(engine_key(prefix, id))
+                .arg(&record.encode()[..])
+                .arg(self.ttl_ms)
+                .write_packed_command(&mut self.request);
+        } else {
+            // SET <key> <record> PX <ttl>, from the cached prefix.
+            self.request.extend_from_slice(&written.set_head);
+            self.request.extend_from_slice(&record.encode());
+            self.request.extend_from_slice(&self.set_tail);
+        }
+        self.commands += 1;
+        let due = written
+            .registered
+            .is_none_or(|t| now.duration_since(t) >= REREGISTER_EVERY);
+        if due {
+            redis::cmd("SADD")
+                .arg(&self.registry)
+                .arg(&**id)
+                .write_packed_command(&mut self.request);
+            self.commands += 1;
+            written.registered = Some(now);
+        }
+        self.sent.push(record.heartbeat_mono_ns);
+    }
+
+    fn push_delete(&mut self, id: &Arc<str>) {
+        let key = engine_key(&self.prefix, id);
+        let written = self.engines.remove(id);
+        let mine = match &self.ownership {
+            Ownership::Unchecked => None,
+            Ownership::EveryWrite(owner) => Some(*owner),
+            Ownership::Claimed => match written {
+                Some(written) => Some(
+                    RedisRecord {
+                        writer_pid: written.identity.0,
+                        generation: written.identity.1,
+                        ..RedisRecord::default()
+                    }
+                    .encode(),
+                ),
+                // Nothing of this engine went through this encoder (its
+                // records were replaced by the delete before a connection
+                // was up): there is no key of ours to delete, and another
+                // writer's must stay. A key of an earlier run expires.
+                None => return,
+            },
+        };
+        match mine {
+            Some(mine) => {
+                // Only our key: another writer's stays.
+                redis::cmd("EVAL")
+                    .arg(DELETE_IF_OWNER_SCRIPT)
+                    .arg(2)
+                    .arg(&key)
+                    .arg(&self.registry)
+                    .arg(&mine[..])
+                    .arg(&**id)
+                    .write_packed_command(&mut self.request);
+                self.commands += 1;
+            }
+            None => {
+                redis::cmd("DEL")
+                    .arg(&key)
+                    .write_packed_command(&mut self.request);
+                redis::cmd("SREM")
+                    .arg(&self.registry)
+                    .arg(&**id)
+                    .write_packed_command(&mut self.request);
+                self.commands += 2;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cached_set_encoding_is_the_packed_command() {
+        let record = RedisRecord {
+            generation: 3,
+            ..RedisRecord::default()
+        };
+        let key = engine_key("p:", "engine-7");
+        let mut ours = set_head(&key);
+        ours.extend_from_slice(&record.encode());
+        ours.extend_from_slice(&set_tail(2000));
+        let theirs = redis::cmd("SET")
+            .arg(&key)
+            .arg(&record.encode()[..])
+            .arg("PX")
+            .arg(2000u32)
+            .get_packed_command();
+        assert_eq!(ours, theirs);
+    }
+}

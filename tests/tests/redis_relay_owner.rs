@@ -1,0 +1,233 @@
+//! One live writer per engine id in Redis, whoever writes: the node agent's
+//! relay (an owner-checked `InlineSink`) never overwrites the key of a
+//! direct publisher of the same id, says so once, counts it, and takes the
+//! id over once that publisher is gone; while it holds a key it writes
+//! plain `SET`s, not the owner-check script.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use engine_state_publisher::{InlineSink, Publisher, PublisherConfig, SinkOp};
+use engine_state_reader::{RedisRecord, RedisTarget, Source, STATE_ACTIVE};
+use engine_state_shm_format::{monotonic_ns, Snapshot};
+use engine_state_tests::*;
+
+fn start(uri: &str, id: &str) -> Result<Publisher, engine_state_publisher::Error> {
+    Publisher::start(PublisherConfig::resolve(Some(uri), Some(id), Some(20), None).unwrap())
+}
+
+fn running(source: &mut dyn Source, id: &str) -> Option<u64> {
+    let reading = source.read().unwrap();
+    reading.get(id).map(|e| e.snapshot.num_running)
+}
+
+/// A record of the relay's kind: the file's writer (pid, generation).
+fn relayed(id: &Arc<str>, running: u64, seq: u64) -> (Arc<str>, SinkOp) {
+    let record = RedisRecord {
+        writer_pid: 777_001,
+        state: STATE_ACTIVE,
+        generation: 5,
+        heartbeat_seq: seq,
+        heartbeat_mono_ns: monotonic_ns(),
+        snapshot: Snapshot {
+            num_running: running,
+            captured_mono_ns: monotonic_ns(),
+            ..Snapshot::default()
+        },
+        ..RedisRecord::default()
+    };
+    (id.clone(), SinkOp::Set(record))
+}
+
+/// `calls` of `command` in `INFO commandstats`.
+fn calls(redis: &RedisServer, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut redis.connection())
+        .unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+#[test]
+fn an_owner_checked_inline_sink_leaves_a_live_publishers_key_alone() {
+    let redis = RedisServer::start();
+    let uri = redis.uri("?prefix=own:&ttl_ms=1000");
+    let target = RedisTarget::parse(&uri).unwrap();
+    let mut sink =
+        InlineSink::new(target.clone(), Some(target.connect().unwrap()), None).owner_checked();
+    let mut source = test_reader(&uri, Duration::from_secs(5));
+    let id: Arc<str> = "both".into();
+
+    let mut publisher = start(&uri, "both").unwrap();
+    publisher
+        .publish(Snapshot {
+            num_running: 42,
+            ..Snapshot::default()
+        })
+        .unwrap();
+    wait_for(
+        || running(&mut *source, "both") == Some(42),
+        "the publisher's record",
+    );
+    for seq in 1..=20 {
+        sink.submit(&mut vec![relayed(&id, 1, seq)]);
+        assert!(sink.flush(Duration::from_secs(5)));
+        assert_eq!(running(&mut *source, "both"), Some(42), "write {seq}");
+    }
+    let count = |sink: &InlineSink| {
+        let stats = sink.stats();
+        [&stats.refused, &stats.written, &stats.errors].map(|c| c.load(Ordering::Relaxed))
+    };
+    assert_eq!(count(&sink), [20, 0, 0], "refused, written, errors");
+    // A delete (the engine's file left) leaves the publisher's key too.
+    sink.submit(&mut vec![(id.clone(), SinkOp::Delete)]);
+    assert!(sink.flush(Duration::from_secs(5)));
+    assert_eq!(running(&mut *source, "both"), Some(42));
+
+    // The publisher closes (its key is deleted): the relay takes the id.
+    publisher.close();
+    sink.submit(&mut vec![relayed(&id, 1, 21)]);
+    assert!(sink.flush(Duration::from_secs(5)));
+    assert_eq!(running(&mut *source, "both"), Some(1));
+    assert_eq!(count(&sink), [20, 1, 0]);
+    // And now a direct publisher of the id is refused while the relay holds it.
+    let error = start(&uri, "both").expect_err("the relay holds the id");
+    assert!(
+        error
+            .to_string()
+            .contains("already published by a live process"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_held_key_is_written_with_plain_sets_and_claimed_again_after_a_gap() {
+    let redis = RedisServer::start();
+    // Held for half of ttl_ms (2 s): the writes below are far closer together.
+    let uri = redis.uri("?prefix=held:&ttl_ms=4000");
+    let target = RedisTarget::parse(&uri).unwrap();
+    let mut sink =
+        InlineSink::new(target.clone(), Some(target.connect().unwrap()), None).owner_checked();
+    let id: Arc<str> = "e".into();
+    let (evals, sets) = (calls(&redis, "eval"), calls(&redis, "set"));
+    for seq in 1..=10 {
+        sink.submit(&mut vec![relayed(&id, seq, seq)]);
+        assert!(sink.flush(Duration::from_secs(5)));
+    }
+    assert_eq!(sink.stats().written.load(Ordering::Relaxed), 10);
+    // (A script's own SET counts as a SET too.)
+    assert_eq!(calls(&redis, "eval") - evals, 1, "one claim");
+    assert_eq!(calls(&redis, "set") - sets, 10, "one SET per write");
+    // Longer than the hold since the last write: claimed again.
+    std::thread::sleep(Duration::from_millis(2100));
+    sink.submit(&mut vec![relayed(&id, 11, 11)]);
+    assert!(sink.flush(Duration::from_secs(5)));
+    assert_eq!(calls(&redis, "eval") - evals, 2);
+    // A clean delete is owner-checked too (the script, not DEL).
+    sink.submit(&mut vec![(id.clone(), SinkOp::Delete)]);
+    assert!(sink.flush(Duration::from_secs(5)));
+    assert_eq!(calls(&redis, "eval") - evals, 3);
+    let mut source = test_reader(&uri, Duration::from_secs(5));
+    assert_eq!(running(&mut *source, "e"), None);
+}
+
+/// The same through `esagent`: an engine publishing into the agent's
+/// directory under an id a direct publisher holds in Redis.
+#[test]
+fn esagent_does_not_overwrite_a_direct_publisher_and_reports_it_once() {
+    let redis = RedisServer::start();
+    let uri = redis.uri("?prefix=mixed:&ttl_ms=1000");
+    let dir = tempfile::tempdir().unwrap();
+    let mut direct = start(&uri, "twin").unwrap();
+    direct
+        .publish(Snapshot {
+            num_running: 42,
+            ..Snapshot::default()
+        })
+        .unwrap();
+    let mut local = start(&format!("file://{}", dir.path().display()), "twin").unwrap();
+    local
+        .publish(Snapshot {
+            num_running: 1,
+            ..Snapshot::default()
+        })
+        .unwrap();
+    let mut agent = Proc::spawn(
+        Command::new(bin("esagent"))
+            .args(["--uri", &format!("file://{}", dir.path().display())])
+            .args([
+                "--redis",
+                &uri,
+                "--period-ms",
+                "20",
+                "--listen",
+                "127.0.0.1:0",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    let line = agent.first_line();
+    let addr = line
+        .rsplit("http://")
+        .next()
+        .and_then(|rest| rest.strip_suffix("/metrics\n"))
+        .unwrap_or_else(|| panic!("esagent did not print its address: {line:?}"))
+        .to_owned();
+    let refused = || {
+        let metrics = http_get(&addr, "/metrics");
+        metrics.lines().find_map(|line| {
+            line.strip_prefix("engine_state_relay_refused_total ")
+                .map(|v| v.parse::<f64>().unwrap())
+        })
+    };
+    wait_for(
+        || refused().is_some_and(|n| n > 0.0),
+        "refused relay writes in /metrics",
+    );
+    let mut source = test_reader(&uri, Duration::from_secs(5));
+    for _ in 0..50 {
+        assert_eq!(running(&mut *source, "twin"), Some(42));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The direct publisher stops: the agent relays the local engine.
+    direct.close();
+    wait_for(
+        || running(&mut *source, "twin") == Some(1),
+        "the agent to take the id over",
+    );
+    nix::sys::signal::kill(agent.pid(), nix::sys::signal::Signal::SIGTERM).unwrap();
+    assert!(agent.0.wait().unwrap().success());
+    let mut stderr = String::new();
+    agent
+        .0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert_eq!(
+        stderr.matches("is written by another live process").count(),
+        1,
+        "{stderr}"
+    );
+    assert!(stderr.contains("\"twin\""), "{stderr}");
+    assert_eq!(
+        stderr.matches("the other writer's key is gone").count(),
+        1,
+        "{stderr}"
+    );
+}
+
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
+}
