@@ -147,7 +147,7 @@ func (d *Dir) Header(engineID string) (Header, bool) {
 }
 
 func (d *Dir) rescanIfDue(now uint64) error {
-	if d.lastScan == 0 || now < d.lastScan || time.Duration(now-d.lastScan) >= d.opts.RescanInterval {
+	if d.lastScan == 0 || (now > d.lastScan && time.Duration(now-d.lastScan) >= d.opts.RescanInterval) {
 		return d.Rescan()
 	}
 	return nil
