@@ -57,11 +57,9 @@ type entry struct {
 	file   *File
 	writer Liveness
 	// lateAfter: a heartbeat older than this makes the reader check the pid.
-	lateAfter     time.Duration
-	nextPidCheck  uint64
-	nextReopen    uint64
-	seenInode     uint64
-	observedState observed
+	lateAfter    time.Duration
+	nextPidCheck uint64
+	nextReopen   uint64
 }
 
 type badEntry struct {
@@ -115,7 +113,8 @@ func (d *Dir) ReadAt(out *Reading, nowMonoNs uint64) error {
 		return err
 	}
 	for _, e := range d.engines {
-		out.Engines = append(out.Engines, e.read(d.path, nowMonoNs, &d.opts))
+		out.Engines = append(out.Engines, EngineState{})
+		e.read(d.path, nowMonoNs, &d.opts, &out.Engines[len(out.Engines)-1])
 	}
 	for _, b := range d.bad {
 		out.Errors = append(out.Errors, b.err)
@@ -123,17 +122,27 @@ func (d *Dir) ReadAt(out *Reading, nowMonoNs uint64) error {
 	return nil
 }
 
-// ReadEngine reads one engine by id (no listing unless one is due).
-func (d *Dir) ReadEngine(engineID string) (EngineState, bool) {
+// ReadEngine reads one engine by id into out (no listing unless one is
+// due); false when there is no such engine.
+func (d *Dir) ReadEngine(engineID string, out *EngineState) bool {
 	now := MonotonicNs()
 	if d.rescanIfDue(now) != nil {
-		return EngineState{}, false
+		return false
 	}
-	i := sort.Search(len(d.engines), func(i int) bool { return d.engines[i].id >= engineID })
-	if i == len(d.engines) || d.engines[i].id != engineID {
-		return EngineState{}, false
+	lo, hi := 0, len(d.engines)
+	for lo < hi {
+		mid := int(uint(lo+hi) >> 1)
+		if d.engines[mid].id < engineID {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
 	}
-	return d.engines[i].read(d.path, now, &d.opts), true
+	if lo == len(d.engines) || d.engines[lo].id != engineID {
+		return false
+	}
+	d.engines[lo].read(d.path, now, &d.opts, out)
+	return true
 }
 
 // Header is the header of an engine's file as it was at open.
@@ -186,7 +195,7 @@ func (d *Dir) Rescan() error {
 		if kept, ok := oldEngines[de.name]; ok {
 			delete(oldEngines, de.name)
 			if kept.file.Inode() == de.inode && !kept.file.Truncated() {
-				kept.writer = writerAlive(kept.file.Header())
+				kept.writer = writerAlive(&kept.file.header)
 				engines = append(engines, kept)
 				continue
 			}
@@ -251,44 +260,39 @@ func newEntry(f *File) *entry {
 	if late < pidCheckInterval {
 		late = pidCheckInterval
 	}
-	return &entry{id: f.EngineID(), file: f, writer: writerAlive(f.Header()), lateAfter: late}
+	return &entry{id: f.EngineID(), file: f, writer: writerAlive(&f.header), lateAfter: late}
 }
 
-func (e *entry) read(dir string, now uint64, opts *Options) EngineState {
-	o := &e.observedState
-	e.file.m.observe(o)
+func (e *entry) read(dir string, now uint64, opts *Options, out *EngineState) {
+	var o observed
+	e.file.m.observe(&o, &out.Snapshot)
 	if o.state == StateRetired {
 		// A restarted engine may have replaced the file: read the new one.
 		if e.reopenIfReplaced(dir, now) {
-			e.file.m.observe(o)
+			e.file.m.observe(&o, &out.Snapshot)
 		}
 	}
 	heartbeatAge := age(now, o.heartbeat)
 	// A live writer stamps every period, so the pid (a system call) is
 	// only checked when the heartbeat is late, and then at most every 10 ms.
 	if heartbeatAge > e.lateAfter && e.writer == Alive && now >= e.nextPidCheck {
-		e.writer = writerAlive(e.file.Header())
+		e.writer = writerAlive(&e.file.header)
 		e.nextPidCheck = now + uint64(pidCheckInterval)
 	}
-	snapshot := SnapshotFromWords(&o.words)
-	captureAge := age(now, snapshot.CapturedMonoNs)
-	status := opts.Freshness.Classify(Observation{
+	captureAge := age(now, out.Snapshot.CapturedMonoNs)
+	out.Status = opts.Freshness.Classify(Observation{
 		Torn:         o.torn,
 		Retired:      o.state == StateRetired,
 		Writer:       e.writer,
 		HeartbeatAge: heartbeatAge,
 		CaptureAge:   captureAge,
-		Idle:         snapshot.IsIdle(),
+		Idle:         out.Snapshot.IsIdle(),
 	})
-	return EngineState{
-		EngineID:     e.id,
-		Status:       status,
-		Snapshot:     snapshot,
-		HeartbeatAge: heartbeatAge,
-		CaptureAge:   captureAge,
-		Generation:   e.file.Header().Generation,
-		ReadMonoNs:   now,
-	}
+	out.EngineID = e.id
+	out.HeartbeatAge = heartbeatAge
+	out.CaptureAge = captureAge
+	out.Generation = e.file.header.Generation
+	out.ReadMonoNs = now
 }
 
 // reopenIfReplaced switches to the file now at the entry's path when it is
@@ -320,7 +324,7 @@ func (e *entry) reopenIfReplaced(dir string, now uint64) bool {
 // known: only in the writer's own pid namespace (engines and routers often
 // run in separate containers that share /dev/shm; there the heartbeat
 // alone decides).
-func writerAlive(h Header) Liveness {
+func writerAlive(h *Header) Liveness {
 	ns := pidNamespace()
 	if h.WriterPIDNs == 0 || h.WriterPIDNs != ns || h.WriterPID == 0 || h.WriterPID > 1<<31-1 {
 		return Unknown

@@ -159,8 +159,8 @@ func (f *File) validate() error {
 // truncated under the mapping: then Truncated reports true).
 func (f *File) Read() (snapshot Snapshot, seq uint64, torn bool) {
 	var o observed
-	f.m.observe(&o)
-	return SnapshotFromWords(&o.words), o.seq, o.torn
+	f.m.observe(&o, &snapshot)
+	return snapshot, o.seq, o.torn
 }
 
 // Seq is the sequence word now (one load): a cheap "did anything change?".

@@ -109,6 +109,19 @@ func (m *mapping) contains(addr uintptr) bool {
 	return addr >= start && addr < start+uintptr(len(m.data))
 }
 
+// snapshotWords views a Snapshot as its 16 words, so a read copies the
+// payload straight into the caller's snapshot. Sound because Snapshot is
+// sixteen uint64 fields (13 named, then [3]uint64) in word order: Go lays
+// struct fields out in order, and uint64 fields need no padding between
+// them; the size is asserted below.
+func snapshotWords(s *Snapshot) *[SnapshotWords]uint64 {
+	return (*[SnapshotWords]uint64)(unsafe.Pointer(s))
+}
+
+// A compile-time check that Snapshot is exactly 16 words.
+var _ [unsafe.Sizeof(Snapshot{}) - SnapshotWords*8]byte
+var _ [SnapshotWords*8 - unsafe.Sizeof(Snapshot{})]byte
+
 // payload is the snapshot words (see word for the invariants).
 func (m *mapping) payload() *[SnapshotWords]uint64 {
 	if PayloadOffset+PayloadSize > len(m.data) {

@@ -32,21 +32,22 @@ const (
 	readYields = 16
 )
 
-// observed is what one read of an engine file loads from its mapping.
+// observed is what one read of an engine file loads from its mapping,
+// besides the snapshot.
 type observed struct {
 	state     uint64
-	words     [SnapshotWords]uint64
 	seq       uint64
 	torn      bool
 	heartbeat uint64
 }
 
-// observe loads state, a consistent snapshot and the heartbeat. False when
-// the mapping faulted (the file was truncated under it): then o is zero,
-// as the Rust reader sees it (it maps zero pages over the file).
-func (m *mapping) observe(o *observed) (ok bool) {
+// observe loads state, a consistent snapshot (into snapshot) and the
+// heartbeat. False when the mapping faulted (the file was truncated under
+// it): then everything reads zero and torn, as the Rust reader sees it (it
+// maps zero pages over the file).
+func (m *mapping) observe(o *observed, snapshot *Snapshot) (ok bool) {
 	if m.faulted || m.data == nil {
-		*o = observed{torn: true}
+		*o, *snapshot = observed{torn: true}, Snapshot{}
 		return false
 	}
 	old := debug.SetPanicOnFault(true)
@@ -54,13 +55,13 @@ func (m *mapping) observe(o *observed) (ok bool) {
 		debug.SetPanicOnFault(old)
 		if r := recover(); r != nil {
 			ok = m.absorb(r)
-			*o = observed{torn: true}
+			*o, *snapshot = observed{torn: true}, Snapshot{}
 		}
 	}()
 	// state and heartbeat are single words outside the protocol: each is
 	// one value and carries no other data (FORMAT.md).
 	o.state = atomic.LoadUint64(m.word(stateWord * 8))
-	o.seq, o.torn = m.readSeqlock(&o.words)
+	o.seq, o.torn = m.readSeqlock(snapshotWords(snapshot))
 	o.heartbeat = atomic.LoadUint64(m.word(HeartbeatOffset))
 	return true
 }

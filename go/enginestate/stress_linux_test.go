@@ -32,8 +32,8 @@ func TestCrossLanguageStressAcceptsNoTornSnapshot(t *testing.T) {
 			t.Fatalf("after %v: %d reads, %d accepted, %d torn, %d distinct snapshots", time.Since(started), reads, accepted, torn, changes)
 		}
 		reads++
-		e, ok := d.ReadEngine("stress")
-		if !ok {
+		var e EngineState
+		if !d.ReadEngine("stress", &e) {
 			t.Fatal("the stress writer's engine is gone")
 		}
 		if e.Status == Torn {
