@@ -17,12 +17,12 @@ BIN := $(TARGET_DIR)/$(PROFILE)
 
 export ENGINE_STATE_PYTHON := $(PY)
 
-.PHONY: help build bins py venv test test-rust test-loom test-py test-vllm vllm-venv \
+.PHONY: help build bins py venv test test-rust test-loom test-py test-go test-vllm vllm-venv \
         lint fmt miri bench bench-vllm demo demo-smoke sim clean fuzz
 
 help:
 	@echo "make demo        four demo engines, live in esdump --watch for DURATION=$(DURATION) s"
-	@echo "make test        every test (Rust, loom, Miri, Python, vLLM contract, demo smoke)"
+	@echo "make test        every test (Rust, loom, Miri, Python, Go, vLLM contract, demo smoke)"
 	@echo "make bench       benchmarks against their baselines (see BENCHMARKS.md)"
 	@echo "make sim         the essim routing sweeps behind docs/ROUTING.md (minutes)"
 	@echo "make lint        cargo fmt --check and clippy -D warnings"
@@ -50,7 +50,7 @@ build: bins py
 
 # ---- tests -------------------------------------------------------------------
 
-test: lint build test-rust test-loom miri test-py test-vllm demo-smoke
+test: lint build test-rust test-loom miri test-py test-go test-vllm demo-smoke
 
 test-rust: bins py
 	$(CARGO) test --release --workspace --exclude engine-state-py
@@ -62,6 +62,16 @@ test-loom:
 
 test-py: py bins
 	ENGINE_STATE_BIN=$(abspath $(BIN)) $(PY) -m pytest -q publisher-py/tests
+
+# The Go reader (go/enginestate, no cgo): gofmt, go vet, and go test — the
+# golden vectors, bad files, and against the Rust binaries: a million reads
+# of espublish --stress, esdump-go diffed with esdump --json. Standard library
+# only: nothing is downloaded.
+test-go: bins
+	@command -v go >/dev/null || { echo "test-go: Go is missing; install it (Debian: apt-get install golang-go; .ci/run does)"; exit 1; }
+	@cd go && test -z "$$(gofmt -l .)" || { echo "test-go: gofmt -l lists files to format:"; gofmt -l .; exit 1; }
+	cd go && go vet ./...
+	cd go && ENGINE_STATE_BIN=$(abspath $(BIN)) go test -count=1 ./...
 
 $(VLLM_VENV)/.ok:
 	$(PYTHON) -m venv $(VLLM_VENV)

@@ -113,6 +113,14 @@ pub fn default_engine_id() -> String {
 mod tests {
     use super::*;
 
+    /// docs/FORMAT.md states one default period, checked against the
+    /// writer's default (reader/tests/format_doc.rs).
+    #[test]
+    fn default_period_is_the_writers() {
+        let writer = engine_state_shm_format::WriterOptions::default();
+        assert_eq!(DEFAULT_PERIOD, writer.publish_period);
+    }
+
     #[test]
     fn explicit_values_are_validated() {
         let config =

@@ -4,7 +4,9 @@
 //! - [`Source`]: one API over every backend; [`open`] picks the backend a
 //!   [`StateUri`] names. [`ShmDir`] reads a shared-memory directory,
 //!   [`RedisSource`] a Redis server ([`RedisTarget`]: server, database, key
-//!   prefix; [`RedisRecord`]: the key schema every Redis writer and reader uses).
+//!   prefix; [`RedisRecord`]: the key schema every Redis writer and reader uses;
+//!   [`decode_fetched`], [`heartbeat_age_at_fetch`], [`record_state`]: one
+//!   fetched record judged, for programs that fetch with their own client).
 //! - [`EngineState`]: per engine, the [`Snapshot`], `heartbeat_age`,
 //!   `capture_age`, `gpu_kv_used_frac()` and a [`Status`]
 //!   (`fresh | stale | dead | torn`).
@@ -30,6 +32,7 @@
 
 mod error;
 mod freshness;
+mod redis_fetch;
 mod redis_schema;
 mod redis_source;
 mod redis_target;
@@ -42,6 +45,7 @@ pub use crate::error::{EngineError, Error, FormatError};
 pub use crate::freshness::{
     Freshness, Observation, Status, DEFAULT_MAX_CAPTURE_AGE, DEFAULT_STALE_AFTER,
 };
+pub use crate::redis_fetch::{decode_fetched, heartbeat_age_at_fetch, record_state};
 pub use crate::redis_schema::{
     engine_key, registry_key, RedisRecord, DELETE_IF_OWNER_SCRIPT, RECORD_HEADER_SIZE,
     RECORD_MAGIC, RECORD_SIZE, SET_IF_OWNER_SCRIPT, STATE_ACTIVE, STATE_RETIRED,

@@ -1,6 +1,7 @@
 //! The Redis key schema: the one place that knows key names and the bytes of
 //! a value. The publisher's sink, the Redis source and the node agent all
-//! call it (DESIGN §7, docs/REDIS.md).
+//! call it (DESIGN §7, docs/REDIS.md; the bytes are specified in
+//! docs/FORMAT.md, whose table a test checks against [`RedisRecord::encode`]).
 //!
 //! ```text
 //! <prefix>engines            SET of engine ids (discovery without KEYS)

@@ -4,11 +4,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use engine_state_shm_format::{monotonic_ns, EngineId, Snapshot};
+use engine_state_shm_format::{monotonic_ns, EngineId};
 use redis::{ConnectionLike, Value};
 
 use crate::error::{EngineError, Error};
-use crate::freshness::Observation;
+use crate::redis_fetch::{decode_fetched, heartbeat_age_at_fetch, record_state};
 use crate::redis_schema::{engine_key, registry_key, RedisRecord, RECORD_SIZE};
 use crate::redis_target::RedisTarget;
 use crate::source::{ReaderOptions, Source};
@@ -341,8 +341,7 @@ impl Tracked {
                     RECORD_SIZE + 1
                 ),
             }),
-            Value::BulkString(bytes) => RedisRecord::decode(&self.key, &bytes)
-                .and_then(|record| self.check_expiry(record, pttl)),
+            Value::BulkString(bytes) => decode_fetched(&self.key, &bytes, pttl),
             Value::ServerError(e) if e.code() == "WRONGTYPE" => Err(Error::ForeignValue {
                 key: self.key.clone(),
                 what: "the key holds a list, hash, set or other non-string type".to_owned(),
@@ -369,14 +368,10 @@ impl Tracked {
         });
         let heartbeat_at = match self.seen {
             Some(seen) if !advanced => seen.heartbeat_at,
+            // Estimated once per new heartbeat: from then on this reader's
+            // clock counts (`decode_fetched` made sure 0 <= pttl <= ttl_ms).
             _ => {
-                // Time since the write by the server's clock, plus the
-                // writer's delay between heartbeat and write by the writer's
-                // clock; never a difference of two hosts' clocks.
-                // `check_expiry` made sure 0 <= pttl <= ttl_ms.
-                let since_write_ms = u64::from(record.ttl_ms).saturating_sub(pttl as u64);
-                let age = Duration::from_millis(since_write_ms)
-                    + Duration::from_micros(u64::from(record.write_delay_us));
+                let age = heartbeat_age_at_fetch(&record, pttl);
                 now.checked_sub(age).unwrap_or(now)
             }
         };
@@ -386,63 +381,21 @@ impl Tracked {
         });
     }
 
-    /// A record's age is `ttl_ms - PTTL`: that only holds for a key written
-    /// with `SET ... PX ttl_ms`. A key without expiry (PERSIST, a plain SET
-    /// or a copy) or with a longer one than its record says would read as
-    /// "written just now" forever: it is that engine's error instead.
-    fn check_expiry(&self, record: RedisRecord, pttl: i64) -> Result<RedisRecord, Error> {
-        let what = if pttl < 0 {
-            "the key has no expiry (PTTL -1; PERSISTed, copied or written without PX)".to_owned()
-        } else if pttl as u64 > u64::from(record.ttl_ms) {
-            format!(
-                "the key expires in {pttl} ms but its record says it was written with PX {} \
-                 (re-expired or written by hand)",
-                record.ttl_ms
-            )
-        } else {
-            return Ok(record);
-        };
-        Err(Error::NoExpiry {
-            key: self.key.clone(),
-            what,
-        })
-    }
-
     fn state(&self, now: Instant, now_ns: u64, options: &ReaderOptions) -> Option<EngineState> {
         let expired = self.missing_since.is_some();
-        let (snapshot, record, heartbeat_age) = match &self.seen {
-            Some(seen) => (
-                seen.record.snapshot,
-                Some(seen.record),
-                now.duration_since(seen.heartbeat_at),
-            ),
-            None if expired => (Snapshot::default(), None, options.freshness.stale_after),
+        let (record, heartbeat_age) = match &self.seen {
+            Some(seen) => (Some(&seen.record), now.duration_since(seen.heartbeat_at)),
+            None if expired => (None, options.freshness.stale_after),
             None => return None,
         };
-        let capture_age = heartbeat_age
-            + Duration::from_nanos(record.map_or(0, |r| {
-                r.heartbeat_mono_ns
-                    .saturating_sub(snapshot.captured_mono_ns)
-            }));
-        let observation = Observation {
-            torn: false,
-            retired: record.is_some_and(|r| r.is_retired()),
-            // The key expired on the server's clock: the writer is gone. While
-            // it exists, whether the writer lives cannot be known from here.
-            writer_alive: if expired { Some(false) } else { None },
+        Some(record_state(
+            self.id.clone(),
+            record,
             heartbeat_age,
-            capture_age,
-            idle: snapshot.is_idle(),
-        };
-        Some(EngineState {
-            engine_id: self.id.clone(),
-            status: options.freshness.classify(&observation),
-            snapshot,
-            heartbeat_age,
-            capture_age,
-            generation: record.map_or(0, |r| r.generation),
-            read_mono_ns: now_ns,
-        })
+            expired,
+            &options.freshness,
+            now_ns,
+        ))
     }
 }
 

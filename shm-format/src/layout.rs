@@ -1,4 +1,6 @@
-//! The layout-version-1 shared-memory file: where every byte lives.
+//! The layout-version-1 shared-memory file: where every byte lives
+//! (specified for every language in docs/FORMAT.md, whose tables a test
+//! checks against these constants).
 //!
 //! ```text
 //! offset  size  cache line 0: header (immutable after creation but `state`)

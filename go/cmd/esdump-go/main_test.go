@@ -1,0 +1,103 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"example.invalid/engine-state/go/internal/rustbin"
+)
+
+// esdump-go prints what esdump --json prints, for a live directory: Rust
+// espublish engines (busy, idle, shutting down), one whose writer was killed
+// (dead: its pid is gone), and golden vectors copied in (retired, torn, and
+// bad files, which both report on stderr). The ages differ between the two
+// runs (they are taken moments apart); everything else must be the same
+// bytes.
+func TestPrintsWhatEsdumpPrints(t *testing.T) {
+	espublish := rustbin.Binary(t, "espublish")
+	esdump := rustbin.Binary(t, "esdump")
+	dir := t.TempDir()
+	uri := "file://" + dir
+	// A 60 s period: no engine publishes again while the test runs, so the
+	// snapshots stay put between the two dumps.
+	engine := func(id string, fields ...string) *rustbin.Child {
+		args := []string{"--uri", uri, "--engine-id", id, "--period-ms", "60000", "--duration", "120"}
+		for _, f := range fields {
+			args = append(args, "--set", f)
+		}
+		return rustbin.Start(t, espublish, args...)
+	}
+	engine("busy", "num_running=12", "num_waiting=3", "gpu_blocks_total=30000", "gpu_blocks_free=10001",
+		"pending_prefill_tokens=40961", "ongoing_decode_tokens=90113", "num_prefilling=2",
+		"max_prefill_remaining=31007", "num_preempted=1", "step=7")
+	engine("idle", "gpu_blocks_total=100", "gpu_blocks_free=100")
+	engine("leaving", "num_running=1", "flags=2")
+	engine("killed", "num_running=5").Kill()
+	for vector, name := range map[string]string{
+		"retired": "retired", "mid_write": "mid_write", "bad_magic": "bad_magic",
+		"version_2_larger": "version_2_larger", "truncated": "truncated",
+	} {
+		b, err := os.ReadFile(filepath.Join("..", "..", "..", "format", "vectors", "shm", vector+".bin"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	args := []string{"--uri", uri, "--json", "--stale-after", "600000"}
+	var rustOut, rustErr bytes.Buffer
+	cmd := exec.Command(esdump, args...)
+	cmd.Stdout, cmd.Stderr = &rustOut, &rustErr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("esdump: %v\n%s", err, rustErr.String())
+	}
+	var goOut, goErr bytes.Buffer
+	if err := run(args, &goOut, &goErr); err != nil {
+		t.Fatalf("esdump-go: %v", err)
+	}
+
+	ages := regexp.MustCompile(`("(?:heartbeat|capture)_age_ms": )([0-9.e+-]+)`)
+	mask := func(b []byte) string { return ages.ReplaceAllString(string(b), "${1}AGE") }
+	if mask(goOut.Bytes()) != mask(rustOut.Bytes()) {
+		t.Errorf("stdout differs (ages masked):\nesdump-go:\n%s\nesdump:\n%s", goOut.String(), rustOut.String())
+	}
+	for _, m := range ages.FindAllStringSubmatch(goOut.String(), -1) {
+		if v, err := strconv.ParseFloat(m[2], 64); err != nil || v < 0 {
+			t.Errorf("age %q", m[2])
+		}
+	}
+	for _, status := range []string{"fresh", "dead", "torn"} {
+		if !strings.Contains(goOut.String(), `"status": "`+status+`"`) {
+			t.Errorf("no %s engine in the comparison:\n%s", status, goOut.String())
+		}
+	}
+	goLines := strings.ReplaceAll(goErr.String(), "esdump-go: ", "")
+	rustLines := strings.ReplaceAll(rustErr.String(), "esdump: ", "")
+	if goLines != rustLines || strings.Count(goLines, "\n") != 3 {
+		t.Errorf("stderr differs:\nesdump-go:\n%s\nesdump:\n%s", goErr.String(), rustErr.String())
+	}
+}
+
+func TestURIs(t *testing.T) {
+	for uri, want := range map[string]string{
+		"file:///dev/shm/x": "/dev/shm/x", "file://localhost/a": "/a", "/b": "/b",
+	} {
+		if got, err := directory(uri); err != nil || got != want {
+			t.Errorf("%s: %q %v", uri, got, err)
+		}
+	}
+	for uri, says := range map[string]string{
+		"redis://127.0.0.1:6379/0": "StateAtFetch", "file://relative": "absolute path", "http://x": "file:///dir",
+	} {
+		if _, err := directory(uri); err == nil || !strings.Contains(err.Error(), says) {
+			t.Errorf("%s: %v", uri, err)
+		}
+	}
+}

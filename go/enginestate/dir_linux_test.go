@@ -1,0 +1,246 @@
+package enginestate
+
+import (
+	"encoding/binary"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+	"unsafe"
+)
+
+// activeFile is the golden "active" file with its engine id field set to id.
+func activeFile(t testing.TB, id string) []byte {
+	t.Helper()
+	b := vectorFile(t, "shm/active.bin")
+	field := b[EngineIDOffset : EngineIDOffset+EngineIDFieldSize]
+	for i := range field {
+		field[i] = 0
+	}
+	copy(field, id)
+	return b
+}
+
+func mustWrite(t testing.TB, path string, b []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// within runs f, failing the test if it takes longer than limit (a reader
+// that blocks on a FIFO would otherwise hang the test run).
+func within(t *testing.T, limit time.Duration, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { defer close(done); f() }()
+	select {
+	case <-done:
+	case <-time.After(limit):
+		t.Fatalf("still blocked after %v", limit)
+	}
+}
+
+func TestBadEntriesAreRefusedWithoutBlockingAndTheOthersAreRead(t *testing.T) {
+	dir := t.TempDir()
+	mustWrite(t, filepath.Join(dir, "e0"), activeFile(t, "e0"))
+	mustWrite(t, filepath.Join(dir, ".e1.tmp.123"), activeFile(t, "e1")) // a writer's temporary file: skipped
+	mustWrite(t, filepath.Join(dir, "bad\xffname"), activeFile(t, "e2"))
+	for _, fifo := range []string{"fifo", ".dotfifo"} {
+		if err := syscall.Mkfifo(filepath.Join(dir, fifo), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(filepath.Join(dir, "e0"), filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "sub"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	sock, err := net.Listen("unix", filepath.Join(dir, "sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sock.Close()
+
+	var r Reading
+	within(t, 10*time.Second, func() {
+		d, err := OpenDir(dir, DefaultOptions())
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer d.Close()
+		r, err = d.Read()
+		if err != nil {
+			t.Error(err)
+		}
+	})
+	if len(r.Engines) != 1 || r.Engines[0].EngineID != "e0" {
+		t.Errorf("engines: %+v", r.Engines)
+	}
+	want := map[string]string{
+		".dotfifo": "a FIFO", "bad\xffname": "not UTF-8", "fifo": "a FIFO", "link": "symbolic link",
+		"sock": "a socket", "sub": "a directory",
+	}
+	for _, e := range r.Errors {
+		var err *Error
+		if !errors.As(e.Err, &err) || err.Class != RefusedEntry || !strings.Contains(e.Error(), want[e.Name]) {
+			t.Errorf("%q: %v", e.Name, e.Err)
+		}
+		if !strings.Contains(e.Error(), "remove it from the engine-state directory") {
+			t.Errorf("%q: the message does not say what to do: %v", e.Name, e.Err)
+		}
+		delete(want, e.Name)
+	}
+	if len(want) != 0 {
+		t.Errorf("not reported: %v", want)
+	}
+}
+
+// OpenFile itself (what a listing without d_type, or a race, comes to)
+// neither blocks on a FIFO nor follows a link.
+func TestOpenFileRefusesFIFOsAndLinksWithoutBlocking(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mustWrite(t, filepath.Join(dir, "e0"), activeFile(t, "e0"))
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink("e0", link); err != nil {
+		t.Fatal(err)
+	}
+	within(t, 10*time.Second, func() {
+		for path, says := range map[string]string{fifo: "not a regular file (a FIFO)", link: "symbolic link, not followed"} {
+			_, err := OpenFile(path)
+			var e *Error
+			if !errors.As(err, &e) || e.Class != RefusedEntry || e.What != says {
+				t.Errorf("%s: %v", path, err)
+			}
+		}
+	})
+}
+
+// A file truncated under the mapping must not crash the process: the read
+// that faults reads torn, and the next listing reports the file's size.
+func TestAFileTruncatedUnderTheMappingReadsTornThenWrongSize(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "e0")
+	mustWrite(t, path, activeFile(t, "e0"))
+	mustWrite(t, filepath.Join(dir, "e1"), activeFile(t, "e1"))
+	opts := DefaultOptions()
+	opts.RescanInterval = time.Hour
+	d, err := OpenDir(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	now := loadManifest(t).NowMonoNs
+	var r Reading
+	if err := d.ReadAt(&r, now); err != nil || len(r.Engines) != 2 || r.Engines[0].Status != Fresh {
+		t.Fatalf("before: %+v %v", r, err)
+	}
+	if err := os.Truncate(path, 0); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ { // faults once, then does not touch the mapping again
+		if err := d.ReadAt(&r, now); err != nil {
+			t.Fatal(err)
+		}
+		if e := r.Engines[0]; e.EngineID != "e0" || e.Status != Torn || e.Snapshot != (Snapshot{}) {
+			t.Fatalf("after truncation: %+v", e)
+		}
+		if r.Engines[1].Status != Fresh {
+			t.Fatalf("the other engine: %+v", r.Engines[1])
+		}
+	}
+	if err := d.Rescan(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.ReadAt(&r, now); err != nil {
+		t.Fatal(err)
+	}
+	var e *Error
+	if len(r.Engines) != 1 || len(r.Errors) != 1 || !errors.As(r.Errors[0].Err, &e) || e.Class != WrongSize || e.Size != 0 {
+		t.Fatalf("after a listing: %+v", r)
+	}
+}
+
+// A retired file replaced by a restarted engine's new file is read from
+// the new file at once, without waiting for a listing.
+func TestAReplacementOfARetiredFileIsPickedUp(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "retired")
+	mustWrite(t, path, vectorFile(t, "shm/retired.bin"))
+	opts := DefaultOptions()
+	opts.RescanInterval = time.Hour
+	d, err := OpenDir(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	now := loadManifest(t).NowMonoNs
+	var r Reading
+	if d.ReadAt(&r, now); len(r.Engines) != 1 || r.Engines[0].Status != Dead {
+		t.Fatalf("before: %+v", r)
+	}
+	next := activeFile(t, "retired")
+	binary.LittleEndian.PutUint64(next[48:], 2) // generation 2
+	mustWrite(t, path+".new", next)
+	if err := os.Rename(path+".new", path); err != nil {
+		t.Fatal(err)
+	}
+	if d.ReadAt(&r, now+uint64(time.Second)); len(r.Engines) != 1 || r.Engines[0].Status != Fresh ||
+		r.Engines[0].Generation != 2 {
+		t.Fatalf("after: %+v", r)
+	}
+}
+
+// The pid check: a writer that exists in our pid namespace is alive, one
+// that does not is dead (the golden dead_writer vector), one in another
+// namespace is unknown (the heartbeat decides).
+func TestWriterLiveness(t *testing.T) {
+	h := Header{WriterPID: uint32(os.Getpid()), WriterPIDNs: PIDNamespace()}
+	if PIDNamespace() == 0 || writerAlive(&h) != Alive {
+		t.Errorf("this process: %v (namespace %d)", writerAlive(&h), PIDNamespace())
+	}
+	h.WriterPID = 1<<31 - 1
+	if writerAlive(&h) != Gone {
+		t.Errorf("no such pid: %v", writerAlive(&h))
+	}
+	h.WriterPIDNs++
+	if writerAlive(&h) != Unknown {
+		t.Errorf("another namespace: %v", writerAlive(&h))
+	}
+}
+
+func TestDirectoryErrorsSayWhatToDo(t *testing.T) {
+	dir := t.TempDir()
+	_, err := OpenDir(filepath.Join(dir, "missing"), DefaultOptions())
+	if err == nil || !strings.Contains(err.Error(), "create it, or point AGENTIC_ENGINE_STATE_URI") {
+		t.Errorf("missing directory: %v", err)
+	}
+	file := filepath.Join(dir, "file")
+	mustWrite(t, file, nil)
+	if _, err := OpenDir(file, DefaultOptions()); err == nil || !strings.Contains(err.Error(), "use as a directory") {
+		t.Errorf("a file: %v", err)
+	}
+}
+
+// MonotonicNs is clock_gettime(CLOCK_MONOTONIC), the writers' clock.
+func TestMonotonicNsIsClockMonotonic(t *testing.T) {
+	var ts syscall.Timespec
+	before := MonotonicNs()
+	if _, _, errno := syscall.Syscall(syscall.SYS_CLOCK_GETTIME, 1 /* CLOCK_MONOTONIC */, uintptr(unsafe.Pointer(&ts)), 0); errno != 0 {
+		t.Fatal(errno)
+	}
+	after := MonotonicNs()
+	if clock := uint64(ts.Nano()); clock < before || clock > after {
+		t.Errorf("CLOCK_MONOTONIC %d outside [%d, %d]", clock, before, after)
+	}
+}

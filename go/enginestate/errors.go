@@ -1,0 +1,102 @@
+package enginestate
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+)
+
+// Class says what kind of bad input an error is about; the classes of the
+// golden vectors (format/vectors/README.md) plus IO.
+type Class string
+
+const (
+	// NotEngineState: a file whose first 8 bytes are not "ENGSTATE".
+	NotEngineState Class = "not_engine_state"
+	// UnknownVersion: a layout version this package does not read.
+	UnknownVersion Class = "unknown_version"
+	// WrongSize: a file that is not 4096 bytes.
+	WrongSize Class = "wrong_size"
+	// CorruptHeader: header or payload size, state, or engine id wrong.
+	CorruptHeader Class = "corrupt_header"
+	// RefusedEntry: a symbolic link, FIFO, socket, device or directory in
+	// the engine directory, or a name that is not UTF-8.
+	RefusedEntry Class = "refused_entry"
+	// ForeignValue: a Redis value that is not a version-1 record.
+	ForeignValue Class = "foreign_value"
+	// NoExpiry: a Redis record whose key's expiry does not match its ttl_ms.
+	NoExpiry Class = "no_expiry"
+	// IO: a system call failed (permission denied, ...).
+	IO Class = "io"
+)
+
+// Error is every error of this package about a file, a directory or a Redis
+// key. The message says what to do next.
+type Error struct {
+	Class Class
+	// Name is the path or the Redis key.
+	Name string
+	// Found and Supported are the versions of an UnknownVersion error.
+	Found, Supported uint32
+	// Size is the file's size for WrongSize.
+	Size int64
+	// What details the problem (CorruptHeader, RefusedEntry, ForeignValue,
+	// NoExpiry) or names the action that failed (IO).
+	What string
+	// Err is the OS error of an IO error.
+	Err error
+}
+
+func (e *Error) Error() string {
+	redis := e.Class == ForeignValue || e.Class == NoExpiry || (e.Class == UnknownVersion && e.What == "redis")
+	switch {
+	case e.Class == NotEngineState:
+		return fmt.Sprintf("%s is not an engine-state file (bad magic); remove it from the engine-state directory", e.Name)
+	case e.Class == UnknownVersion && redis:
+		return fmt.Sprintf("Redis key %q has layout version %d, but this build reads version %d; upgrade "+
+			"engine-state on this side (or downgrade the writer) so both use the same layout", e.Name, e.Found, e.Supported)
+	case e.Class == UnknownVersion:
+		return fmt.Sprintf("%s has layout version %d, but this build reads version %d; upgrade engine-state "+
+			"on this side (or downgrade the writer) so both use the same layout", e.Name, e.Found, e.Supported)
+	case e.Class == WrongSize:
+		return fmt.Sprintf("%s is %d bytes, but an engine-state file is %d bytes (truncated, or not an "+
+			"engine-state file); remove it (a restarted publisher creates a new one)", e.Name, e.Size, FileSize)
+	case e.Class == CorruptHeader:
+		return fmt.Sprintf("%s has a corrupt header (%s); remove it (a restarted publisher creates a new one)", e.Name, e.What)
+	case e.Class == RefusedEntry:
+		return fmt.Sprintf("%s: %s; engine-state opens only regular files named after an engine id, and "+
+			"never follows links: remove it from the engine-state directory", e.What, e.Name)
+	case e.Class == ForeignValue:
+		return fmt.Sprintf("Redis key %q does not hold an engine-state record (%s); delete it, or give this "+
+			"fleet its own key prefix (?prefix=... in the URI)", e.Name, e.What)
+	case e.Class == NoExpiry:
+		return fmt.Sprintf("Redis key %q holds an engine-state record whose age cannot be told: %s; it is not "+
+			"used. Delete the key (engine-state writers always SET it with PX ttl_ms, and a live writer writes "+
+			"it again within a period)", e.Name, e.What)
+	}
+	return fmt.Sprintf("could not %s %s: %v%s", e.What, e.Name, e.Err, ioHint(e))
+}
+
+// Unwrap gives the OS error of an IO error.
+func (e *Error) Unwrap() error { return e.Err }
+
+// Actions of IO errors that have a hint.
+const (
+	actionOpenForReading = "open for reading"
+	actionReadDirectory  = "read directory"
+)
+
+func ioHint(e *Error) string {
+	switch {
+	case errors.Is(e.Err, fs.ErrNotExist) && e.What == actionReadDirectory:
+		return "; create it, or point AGENTIC_ENGINE_STATE_URI / --uri at the directory the engines publish into"
+	case errors.Is(e.Err, fs.ErrNotExist):
+		return "; check the path (AGENTIC_ENGINE_STATE_URI / --uri)"
+	case errors.Is(e.Err, fs.ErrPermission) && e.What == actionOpenForReading:
+		return "; a reader needs read access to the engine files: run it as a user that may read them, or " +
+			"have the publishers create them readable by others (AGENTIC_ENGINE_STATE_FILE_MODE=644)"
+	case errors.Is(e.Err, fs.ErrPermission):
+		return "; run as a user that may read it, or choose another directory (AGENTIC_ENGINE_STATE_URI / --uri)"
+	}
+	return ""
+}

@@ -1,0 +1,3 @@
+module example.invalid/engine-state/go
+
+go 1.19

@@ -1,0 +1,289 @@
+//! docs/FORMAT.md and the code cannot drift: the document's tables (each
+//! after a `<!-- table: NAME -->` marker) are parsed and checked against the
+//! crates' constants, `offset_of!` and the Redis record's encoder. Editing
+//! either side alone fails here.
+
+use std::collections::BTreeSet;
+use std::mem::{offset_of, size_of};
+use std::path::Path;
+
+use engine_state_reader::{
+    RedisRecord, DEFAULT_MAX_CAPTURE_AGE, DEFAULT_PREFIX, DEFAULT_STALE_AFTER, DEFAULT_TTL,
+    DEFAULT_URI, RECORD_HEADER_SIZE, RECORD_SIZE, STATE_ACTIVE, STATE_RETIRED,
+};
+use engine_state_shm_format::layout::*;
+use engine_state_shm_format::seqlock::{READ_SPINS, READ_YIELDS};
+use engine_state_shm_format::{
+    Header, Snapshot, WriterOptions, FLAG_IDLE, FLAG_SHUTTING_DOWN, MAX_ENGINE_ID_LEN,
+    SNAPSHOT_WORDS,
+};
+
+fn format_md() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/FORMAT.md");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The body rows of the table after `<!-- table: name -->`, cells trimmed
+/// and stripped of backticks.
+fn table(doc: &str, name: &str) -> Vec<Vec<String>> {
+    let marker = format!("<!-- table: {name} -->");
+    let start = doc
+        .find(&marker)
+        .unwrap_or_else(|| panic!("docs/FORMAT.md has no {marker}"));
+    let rows: Vec<Vec<String>> = doc[start + marker.len()..]
+        .lines()
+        .skip_while(|l| l.trim().is_empty())
+        .take_while(|l| l.trim_start().starts_with('|'))
+        .map(|l| {
+            let l = l.trim().trim_start_matches('|').trim_end_matches('|');
+            l.split('|').map(|c| c.trim().replace('`', "")).collect()
+        })
+        .collect();
+    assert!(rows.len() > 2, "table {name} is empty");
+    // Skip the header and the |---| line.
+    rows.into_iter().skip(2).collect()
+}
+
+fn number(cell: &str) -> usize {
+    cell.parse()
+        .unwrap_or_else(|_| panic!("{cell:?} is not a number"))
+}
+
+/// `(offset, size, field)` of a byte-layout table.
+fn layout(doc: &str, name: &str) -> Vec<(usize, usize, String)> {
+    table(doc, name)
+        .into_iter()
+        .map(|r| (number(&r[0]), number(&r[1]), r[2].clone()))
+        .collect()
+}
+
+/// The rows cover `0..total` with no gap and no overlap.
+fn assert_contiguous(rows: &[(usize, usize, String)], total: usize, name: &str) {
+    let mut at = 0;
+    for (offset, size, field) in rows {
+        assert_eq!(*offset, at, "{name}: {field} should start at {at}");
+        at += size;
+    }
+    assert_eq!(at, total, "{name}: the rows cover {at} bytes, not {total}");
+}
+
+fn size_of_field<F>(_: fn(&Header) -> &F) -> usize {
+    size_of::<F>()
+}
+
+#[test]
+fn the_file_table_is_the_layout() {
+    let rows = layout(&format_md(), "file");
+    assert_contiguous(&rows, FILE_SIZE, "file");
+    macro_rules! header_field {
+        ($f:ident) => {
+            (
+                stringify!($f),
+                offset_of!(Header, $f),
+                size_of_field(|h| &h.$f),
+            )
+        };
+    }
+    let expected = [
+        header_field!(magic),
+        header_field!(layout_version),
+        header_field!(header_size),
+        header_field!(payload_size),
+        header_field!(writer_pid),
+        header_field!(publish_period_us),
+        header_field!(state),
+        header_field!(writer_pid_ns),
+        header_field!(created_unix_ns),
+        header_field!(generation),
+        header_field!(reserved),
+        ("seq", SEQ_OFFSET, 8),
+        ("heartbeat_mono_ns", HEARTBEAT_OFFSET, 8),
+        ("payload", PAYLOAD_OFFSET, PAYLOAD_SIZE),
+        ("engine_id", ENGINE_ID_OFFSET, ENGINE_ID_FIELD_SIZE),
+    ];
+    let documented: Vec<(&str, usize, usize)> = rows
+        .iter()
+        .filter(|(_, _, field)| field != "unused")
+        .map(|(offset, size, field)| (field.as_str(), *offset, *size))
+        .collect();
+    assert_eq!(
+        documented, expected,
+        "docs/FORMAT.md file table vs layout.rs"
+    );
+    assert_eq!(size_of::<Header>(), HEADER_SIZE);
+    assert_eq!(offset_of!(Header, state), STATE_WORD * 8);
+}
+
+#[test]
+fn the_snapshot_table_is_the_word_order() {
+    let rows = table(&format_md(), "snapshot");
+    let documented: Vec<(usize, usize, &str)> = rows
+        .iter()
+        .map(|r| (number(&r[0]), number(&r[1]), r[2].as_str()))
+        .collect();
+    let mut expected: Vec<(usize, usize, &str)> = Snapshot::FIELD_NAMES
+        .iter()
+        .enumerate()
+        .map(|(word, name)| (word, word * 8, *name))
+        .collect();
+    for word in Snapshot::FIELD_NAMES.len()..SNAPSHOT_WORDS {
+        expected.push((word, word * 8, "reserved"));
+    }
+    assert_eq!(
+        documented, expected,
+        "docs/FORMAT.md snapshot table vs snapshot.rs"
+    );
+    assert_eq!(
+        offset_of!(Snapshot, reserved),
+        Snapshot::FIELD_NAMES.len() * 8
+    );
+    assert_eq!(size_of::<Snapshot>(), PAYLOAD_SIZE);
+}
+
+/// Where each documented field lands in an encoded record: set the field
+/// alone to a value whose bytes are all non-zero and see which bytes change.
+#[test]
+fn the_redis_record_table_is_the_encoder() {
+    let rows = layout(&format_md(), "redis-record");
+    assert_contiguous(&rows, RECORD_SIZE, "redis-record");
+    let base = RedisRecord::default();
+    let base_bytes = base.encode();
+    let changed = |record: RedisRecord| -> (usize, usize) {
+        let bytes = record.encode();
+        let diff: Vec<usize> = (0..RECORD_SIZE)
+            .filter(|i| bytes[*i] != base_bytes[*i])
+            .collect();
+        (diff[0], diff.len())
+    };
+    let (v32, v64) = (0x8182_8384u32, 0x9192_9394_9596_9798u64);
+    let mut documented = BTreeSet::new();
+    for (offset, size, field) in &rows {
+        documented.insert(field.as_str());
+        let at = (*offset, *size);
+        let bytes = &base_bytes[*offset..offset + size];
+        match field.as_str() {
+            "magic" => assert_eq!(bytes, b"ENGSTATE"),
+            "layout_version" => assert_eq!(bytes, LAYOUT_VERSION.to_le_bytes()),
+            "header_size" => assert_eq!(bytes, (RECORD_HEADER_SIZE as u16).to_le_bytes()),
+            "payload_size" => assert_eq!(bytes, (PAYLOAD_SIZE as u16).to_le_bytes()),
+            "writer_pid" => assert_eq!(
+                changed(RedisRecord {
+                    writer_pid: v32,
+                    ..base
+                }),
+                at
+            ),
+            "publish_period_us" => assert_eq!(
+                changed(RedisRecord {
+                    publish_period_us: v32,
+                    ..base
+                }),
+                at
+            ),
+            "state" => assert_eq!(changed(RedisRecord { state: v64, ..base }), at),
+            "generation" => assert_eq!(
+                changed(RedisRecord {
+                    generation: v64,
+                    ..base
+                }),
+                at
+            ),
+            "heartbeat_seq" => assert_eq!(
+                changed(RedisRecord {
+                    heartbeat_seq: v64,
+                    ..base
+                }),
+                at
+            ),
+            "heartbeat_mono_ns" => assert_eq!(
+                changed(RedisRecord {
+                    heartbeat_mono_ns: v64,
+                    ..base
+                }),
+                at
+            ),
+            "ttl_ms" => assert_eq!(
+                changed(RedisRecord {
+                    ttl_ms: v32,
+                    ..base
+                }),
+                at
+            ),
+            "write_delay_us" => assert_eq!(
+                changed(RedisRecord {
+                    write_delay_us: v32,
+                    ..base
+                }),
+                at
+            ),
+            "snapshot" => {
+                let snapshot = Snapshot::from_words(core::array::from_fn(|i| v64 + i as u64));
+                assert_eq!(changed(RedisRecord { snapshot, ..base }), at);
+                let bytes = RedisRecord { snapshot, ..base }.encode();
+                assert_eq!(bytes[*offset..offset + size], snapshot.to_le_bytes());
+            }
+            other => panic!("docs/FORMAT.md documents a record field {other:?} the code lacks"),
+        }
+    }
+    // Every field of the record is documented (a new one fails here).
+    let RedisRecord {
+        writer_pid: _,
+        publish_period_us: _,
+        state: _,
+        generation: _,
+        heartbeat_seq: _,
+        heartbeat_mono_ns: _,
+        ttl_ms: _,
+        write_delay_us: _,
+        snapshot: _,
+    } = base;
+    assert_eq!(
+        documented.len(),
+        13,
+        "record fields documented: {documented:?}"
+    );
+}
+
+#[test]
+fn the_constants_table_is_the_code() {
+    let rows = table(&format_md(), "constants");
+    let ms = |d: std::time::Duration| format!("{} ms", d.as_millis());
+    let writer = WriterOptions::default();
+    let expected: Vec<(&str, String)> = vec![
+        (
+            "MAGIC",
+            String::from_utf8(MAGIC.to_le_bytes().to_vec()).unwrap(),
+        ),
+        ("LAYOUT_VERSION", LAYOUT_VERSION.to_string()),
+        ("FILE_SIZE", FILE_SIZE.to_string()),
+        ("HEADER_SIZE", HEADER_SIZE.to_string()),
+        ("PAYLOAD_SIZE", PAYLOAD_SIZE.to_string()),
+        ("SNAPSHOT_WORDS", SNAPSHOT_WORDS.to_string()),
+        ("MAX_ENGINE_ID_LEN", MAX_ENGINE_ID_LEN.to_string()),
+        ("STATE_ACTIVE", STATE_ACTIVE.to_string()),
+        ("STATE_RETIRED", STATE_RETIRED.to_string()),
+        ("FLAG_IDLE", FLAG_IDLE.to_string()),
+        ("FLAG_SHUTTING_DOWN", FLAG_SHUTTING_DOWN.to_string()),
+        ("RECORD_SIZE", RECORD_SIZE.to_string()),
+        ("DEFAULT_STALE_AFTER", ms(DEFAULT_STALE_AFTER)),
+        ("DEFAULT_MAX_CAPTURE_AGE", ms(DEFAULT_MAX_CAPTURE_AGE)),
+        // The writer's defaults; the publisher's period is the same
+        // (publisher/src/config.rs, `default_period_is_the_writers`).
+        ("DEFAULT_PERIOD", ms(writer.publish_period)),
+        ("DEFAULT_FILE_MODE", format!("{:o}", writer.mode)),
+        ("DEFAULT_URI", DEFAULT_URI.to_owned()),
+        ("DEFAULT_PREFIX", DEFAULT_PREFIX.to_owned()),
+        ("DEFAULT_TTL", ms(DEFAULT_TTL)),
+        ("READ_SPINS", READ_SPINS.to_string()),
+        ("READ_YIELDS", READ_YIELDS.to_string()),
+    ];
+    let documented: Vec<(&str, String)> =
+        rows.iter().map(|r| (r[0].as_str(), r[1].clone())).collect();
+    assert_eq!(documented, expected, "docs/FORMAT.md constants vs the code");
+    assert_eq!(STATE_ACTIVE, engine_state_shm_format::layout::STATE_ACTIVE);
+    assert_eq!(
+        STATE_RETIRED,
+        engine_state_shm_format::layout::STATE_RETIRED
+    );
+    assert!(rows[0][2].contains(&format!("0x{MAGIC:016x}")));
+}
