@@ -61,7 +61,9 @@ pub struct Summary {
     pub throughput_tok_s: f64,
     /// Requests per second over the run.
     pub throughput_req_s: f64,
-    /// Engine prefix-cache hit tokens / queried tokens.
+    /// Engine prefix-cache hit tokens / queried tokens at first admissions
+    /// (vLLM's `prefix_cache_hits / prefix_cache_queries`: recomputes after a
+    /// preemption are not counted).
     pub prefix_hit_rate: f64,
     /// Preemptions.
     pub preemptions: u64,

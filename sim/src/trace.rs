@@ -81,10 +81,18 @@ impl TraceRequest {
         }
     }
 
-    /// Chained hashes of the prompt's full 16-token blocks (the engine's prefix cache).
+    /// Chained hashes of the full 16-token blocks the engine's prefix cache
+    /// knows in advance ([`crate::EngineRequest::block_hashes`]): the
+    /// prompt's, and for a session stream also the output's (the next turn's
+    /// prompt contains it; elsewhere the output is the request's own and the
+    /// engine hashes it itself).
     pub fn kv_block_hashes(&self, index: usize) -> Vec<u64> {
+        let known = match self.content {
+            Content::Stream(_) => self.input_len + self.output_len,
+            Content::Blocks(_) | Content::Unique => self.input_len,
+        };
         let mut parent = 0;
-        (0..self.input_len / KV_BLOCK_TOKENS)
+        (0..known / KV_BLOCK_TOKENS)
             .map(|block| {
                 parent = mix(parent, self.kv_content(index, block));
                 parent
