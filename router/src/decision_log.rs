@@ -85,6 +85,8 @@ struct Record<'a> {
     real_state_use: &'static str,
     consulted_real_state: bool,
     instance: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shadow_only_instance: Option<&'a str>,
     reason: &'static str,
     input_len: u64,
     cache_hit_tokens: u64,
@@ -163,6 +165,7 @@ pub(crate) fn render(input: &RecordInput<'_>) -> String {
         real_state_use: input.settings.real_state_use.name(),
         consulted_real_state: d.consulted_real_state,
         instance: &d.instance_id,
+        shadow_only_instance: d.shadow_only_instance_id.as_deref(),
         reason: d.reason.name(),
         input_len: d.input_len,
         cache_hit_tokens: d.cache_hit_tokens,

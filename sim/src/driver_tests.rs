@@ -215,3 +215,32 @@ fn late_completions_still_release_everything_and_keep_the_shadow_high_meanwhile(
         "an over-counting shadow places differently"
     );
 }
+
+#[test]
+fn real_state_changes_decisions_only_where_it_reaches_the_router() {
+    let trace = agentic(40, 3);
+    let changed = |config: &RunConfig| {
+        let result = simulate(&trace, config).unwrap();
+        let summary = Summary::of(config, &result);
+        assert_eq!(
+            summary.decisions_real_changed,
+            result.decisions_real_changed as f64 / result.decisions as f64
+        );
+        result.decisions_real_changed
+    };
+    // No feed: nothing to consult, nothing changed.
+    assert_eq!(changed(&config(Policy::LoadOnly, 4, "none", 4)), 0);
+    // Real state never used: nothing changed.
+    let never = RunConfig {
+        router: RouterSettings {
+            policy: Policy::LoadOnly,
+            real_state_use: RealStateUse::Never,
+            ..RouterSettings::default()
+        },
+        ..config(Policy::LoadOnly, 4, "periodic:50", 4)
+    };
+    assert_eq!(changed(&never), 0);
+    // Four replicas: each shadow sees a quarter of the traffic, so the
+    // engines' real load must overrule it for some picks.
+    assert!(changed(&config(Policy::LoadOnly, 4, "periodic:50", 4)) > 0);
+}
