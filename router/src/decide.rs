@@ -266,7 +266,8 @@ impl Router {
         };
         let log_line = state.logging.then(|| {
             render(&RecordInput {
-                time_unix_ns: engine_state_shm_format::unix_ns(),
+                clock_ns: now_ns,
+                time_unix_ns: self.shared.clock.unix_ns(),
                 seq: state.counts.decisions,
                 settings,
                 decision: &decision,

@@ -435,6 +435,7 @@ fn the_decision_log_records_scores_state_and_real_provenance() {
     assert_eq!(record["reason"], "placement");
     assert_eq!(record["policy"], "unified");
     assert!(record["time_unix_ns"].as_u64().unwrap() > 0);
+    assert!(record["clock_ns"].as_u64().unwrap() > 0);
     let a = &record["candidates"][0];
     assert_eq!(a["instance"], "a");
     // (700 + 1024) × max(2, 1) = 3448
@@ -809,4 +810,36 @@ fn the_shadow_comparison_leaves_the_picks_themselves_unchanged() {
     };
     assert_eq!(picks(false), ["a", "b", "a", "b", "a", "b"]);
     assert_eq!(picks(true), picks(false));
+}
+
+#[test]
+fn a_simulated_clock_stamps_the_decision_log_with_simulated_time() {
+    let now = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let clock = crate::Clock::from_fn({
+        let now = Arc::clone(&now);
+        move || now.load(std::sync::atomic::Ordering::Relaxed)
+    });
+    let r = Router::with_clock(RouterSettings::default(), clock).unwrap();
+    r.add_instance("a").unwrap();
+    let out = Captured::default();
+    r.set_decision_log(Some(DecisionLog::new(out.clone())));
+    let mut held = Vec::new();
+    for (i, t) in [1_500_000_000u64, 2_750_000_000].into_iter().enumerate() {
+        now.store(t, std::sync::atomic::Ordering::Relaxed);
+        held.push(
+            r.pick(&Request::from_tokens(format!("{i}"), vec![1; 10]))
+                .unwrap(),
+        );
+    }
+    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    let records: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records[0]["clock_ns"], 1_500_000_000u64);
+    assert_eq!(records[1]["clock_ns"], 2_750_000_000u64);
+    assert!(
+        records.iter().all(|r| r.get("time_unix_ns").is_none()),
+        "no wall-clock time in a simulation: {text}"
+    );
 }

@@ -66,9 +66,9 @@ pub struct RunConfig {
     /// How late those completions are, ns.
     pub late_completion_ns: u64,
     /// Write the router's decision log (JSON Lines) here; with several
-    /// replicas, replica `i` writes `PATH.r{i}`. Records carry the decision
-    /// sequence and the router's own wall-clock `time_unix_ns`, not
-    /// simulated time.
+    /// replicas, replica `i` writes `PATH.r{i}`. Records are stamped with
+    /// simulated time (`clock_ns`, ns from the trace's start: the routers run
+    /// on the simulation's clock) and carry no wall-clock time.
     pub decision_log: Option<PathBuf>,
 }
 

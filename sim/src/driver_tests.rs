@@ -183,15 +183,22 @@ fn the_decision_log_gets_one_record_per_decision_per_replica() {
         ..config(Policy::Unified, 2, "periodic:50", 2)
     };
     let result = simulate(&trace, &config).unwrap();
+    let arrivals: HashSet<u64> = result.requests.iter().map(|r| r.arrival_ns).collect();
     let mut lines = 0;
     for replica in 0..2 {
         let text = std::fs::read_to_string(format!("{}.r{replica}", path.display())).unwrap();
+        let mut last = 0;
         for line in text.lines() {
             let record: serde_json::Value = serde_json::from_str(line).unwrap();
             assert!(
                 record["instance"].is_string() && record["seq"].is_u64(),
                 "{line}"
             );
+            // Simulated time: each decision happens at an arrival.
+            let at = record["clock_ns"].as_u64().unwrap();
+            assert!(arrivals.contains(&at) && at >= last, "{line}");
+            assert!(record.get("time_unix_ns").is_none(), "{line}");
+            last = at;
             lines += 1;
         }
     }

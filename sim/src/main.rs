@@ -64,10 +64,11 @@ struct TraceArgs {
     /// Trace format (agentic = the built-in generator).
     #[arg(long, value_enum, default_value = "mooncake")]
     format: TraceFormat,
-    /// Trace file.
+    /// Trace file (the default: the Mooncake synthetic trace beside the
+    /// repository, for essim run from the repository root).
     #[arg(
         long,
-        default_value = "/work/shared/traces/mooncake_synthetic_trace.jsonl"
+        default_value = "../shared/traces/mooncake_synthetic_trace.jsonl"
     )]
     trace: PathBuf,
     /// Arrivals N times as dense.
