@@ -81,10 +81,13 @@ $(VLLM_VENV)/.ok:
 
 vllm-venv: $(VLLM_VENV)/.ok
 
-# The hook against the real vLLM scheduler (installs vLLM once, ~3 min).
+# The hook against the real vLLM scheduler (installs vLLM once, ~3 min), then
+# essim's engine model against the same scheduler, step by step (own session:
+# no plugin loaded).
 test-vllm: vllm-venv bins
 	VIRTUAL_ENV=$(VLLM_VENV) $(VLLM_VENV)/bin/maturin develop --release -q -m publisher-py/Cargo.toml
 	ENGINE_STATE_BIN=$(abspath $(BIN)) $(VLLM_VENV)/bin/python -m pytest -q publisher-py/tests_vllm
+	ENGINE_STATE_BIN=$(abspath $(BIN)) $(VLLM_VENV)/bin/python -m pytest -q sim/tests_vllm
 
 lint:
 	$(CARGO) fmt --all -- --check

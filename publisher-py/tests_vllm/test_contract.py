@@ -24,7 +24,7 @@ import pytest
 
 import engine_state
 import engine_state.vllm as hook_pkg
-from vllm_harness import build_scheduler, drive, make_requests, sleep_past
+from vllm_harness import build_scheduler, design_fields, drive, make_requests, sleep_past
 
 STATE_URI = os.environ["AGENTIC_ENGINE_STATE_URI"]
 PERIOD_MS = int(os.environ["AGENTIC_ENGINE_STATE_PERIOD_MS"])
@@ -57,34 +57,11 @@ def esdump() -> Path:
 
 def expected_fields(scheduler) -> dict:
     """DESIGN §3 from the scheduler, independently of the hook."""
-    from vllm.v1.request import RequestStatus
-
-    live = [r for r in scheduler.requests.values() if not RequestStatus.is_finished(r.status)]
-    running = [r for r in live if r.status == RequestStatus.RUNNING]
-    waiting = [r for r in live if r.status != RequestStatus.RUNNING]
-    assert (len(running), len(waiting)) == scheduler.get_request_counts()
-
-    def remaining(r) -> int:
-        if r.num_output_tokens > 0:
-            value = r.num_tokens - 1 - r.num_computed_tokens
-        else:
-            value = r.num_prompt_tokens - r.num_computed_tokens
-        return max(value, 0)
-
-    pool = scheduler.kv_cache_manager.block_pool
-    total, free = pool.num_gpu_blocks - 1, pool.get_num_free_blocks()
+    fields = design_fields(scheduler)
+    assert (fields["num_running"], fields["num_waiting"]) == scheduler.get_request_counts()
+    total, free = fields["gpu_blocks_total"], fields["gpu_blocks_free"]
     assert abs((1 - free / total) - scheduler.get_kv_cache_usage()) < 1e-9
-    return dict(
-        num_running=len(running),
-        num_waiting=len(waiting),
-        gpu_blocks_total=total,
-        gpu_blocks_free=free,
-        pending_prefill_tokens=sum(remaining(r) for r in live),
-        ongoing_decode_tokens=sum(r.num_tokens for r in running if remaining(r) == 0),
-        num_prefilling=sum(1 for r in running if remaining(r) > 0),
-        max_prefill_remaining=max((remaining(r) for r in live), default=0),
-        num_preempted=sum(1 for r in live if r.status == RequestStatus.PREEMPTED),
-    )
+    return fields
 
 
 def read_state(engine_id: str):

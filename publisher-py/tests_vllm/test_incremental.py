@@ -33,7 +33,14 @@ import engine_state.vllm as hook_pkg
 from engine_state import Publisher
 from engine_state.vllm import _adapter as adapter
 from engine_state.vllm import _hook
-from vllm_harness import BLOCK_SIZE, EOS_TOKEN_ID, MAX_MODEL_LEN, build_scheduler, fake_output
+from vllm_harness import (
+    BLOCK_SIZE,
+    EOS_TOKEN_ID,
+    MAX_MODEL_LEN,
+    build_scheduler,
+    design_fields,
+    fake_output,
+)
 
 SCENARIOS = {
     # name: (async scheduling, policy, in-flight depth, seed)
@@ -48,24 +55,15 @@ PERIOD = 50  # the plugin hook's period, in fake-clock units
 
 def python_fields(scheduler) -> tuple:
     """DESIGN §3, independently of the hook (status, not queue membership)."""
-    from vllm.v1.request import RequestStatus
-
-    live = [r for r in scheduler.requests.values() if not RequestStatus.is_finished(r.status)]
-    running = [r for r in live if r.status == RequestStatus.RUNNING]
-
-    def remaining(r) -> int:
-        if r.num_output_tokens > 0:
-            return max(r.num_tokens - 1 - r.num_computed_tokens, 0)
-        return max(r.num_prompt_tokens - r.num_computed_tokens, 0)
-
+    f = design_fields(scheduler)
     return (
-        len(running),
-        len(live) - len(running),
-        sum(remaining(r) for r in live),
-        sum(r.num_tokens for r in running if remaining(r) == 0),
-        sum(1 for r in running if remaining(r) > 0),
-        max((remaining(r) for r in live), default=0),
-        sum(1 for r in live if r.status == RequestStatus.PREEMPTED),
+        f["num_running"],
+        f["num_waiting"],
+        f["pending_prefill_tokens"],
+        f["ongoing_decode_tokens"],
+        f["num_prefilling"],
+        f["max_prefill_remaining"],
+        f["num_preempted"],
     )
 
 

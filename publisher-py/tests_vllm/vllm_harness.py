@@ -67,6 +67,7 @@ def build_scheduler(
     max_num_seqs: int = 8,
     max_batched: int = MAX_BATCHED,
     policy: str = "fcfs",
+    max_model_len: int = MAX_MODEL_LEN,
 ):
     """Returns (scheduler, vllm_config), built like EngineCore builds it."""
     import torch
@@ -80,7 +81,7 @@ def build_scheduler(
         skip_tokenizer_init=True,
         dtype="float32",
         seed=0,
-        max_model_len=MAX_MODEL_LEN,
+        max_model_len=max_model_len,
     )
     scheduler_config = SchedulerConfig(
         max_num_seqs=max_num_seqs,
@@ -137,7 +138,9 @@ def build_scheduler(
 _none_hash = False
 
 
-def make_requests(prompt_lens=PROMPT_LENS, max_tokens=MAX_TOKENS, prefix=""):
+def make_request(request_id: str, prompt_token_ids: list, max_tokens: int):
+    """A request that generates exactly ``max_tokens`` tokens (EOS ignored),
+    its blocks hashed as vLLM's engine hashes them (sha256, chained)."""
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -147,21 +150,52 @@ def make_requests(prompt_lens=PROMPT_LENS, max_tokens=MAX_TOKENS, prefix=""):
     if not _none_hash:
         init_none_hash(sha256)
         _none_hash = True
-    block_hasher = get_request_block_hasher(BLOCK_SIZE, sha256)
-    requests = []
-    for i, n in enumerate(prompt_lens):
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-        params.update_from_generation_config({}, EOS_TOKEN_ID)
-        requests.append(
-            Request(
-                request_id=f"{prefix}r{i}",
-                prompt_token_ids=[10 + (0 if i == 1 else i)] * n,
-                sampling_params=params,
-                pooling_params=None,
-                block_hasher=block_hasher,
-            )
-        )
-    return requests
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    params.update_from_generation_config({}, EOS_TOKEN_ID)
+    return Request(
+        request_id=request_id,
+        prompt_token_ids=prompt_token_ids,
+        sampling_params=params,
+        pooling_params=None,
+        block_hasher=get_request_block_hasher(BLOCK_SIZE, sha256),
+    )
+
+
+def make_requests(prompt_lens=PROMPT_LENS, max_tokens=MAX_TOKENS, prefix=""):
+    return [
+        make_request(f"{prefix}r{i}", [10 + (0 if i == 1 else i)] * n, max_tokens)
+        for i, n in enumerate(prompt_lens)
+    ]
+
+
+def design_fields(scheduler) -> dict:
+    """DESIGN §3's fields computed from the scheduler, independently of the
+    hook: requests are classified by their status (not by queue membership)
+    and the remaining prefill uses ``num_output_tokens`` and ``num_tokens``."""
+    from vllm.v1.request import RequestStatus
+
+    live = [r for r in scheduler.requests.values() if not RequestStatus.is_finished(r.status)]
+    running = [r for r in live if r.status == RequestStatus.RUNNING]
+
+    def remaining(r) -> int:
+        if r.num_output_tokens > 0:
+            value = r.num_tokens - 1 - r.num_computed_tokens
+        else:
+            value = r.num_prompt_tokens - r.num_computed_tokens
+        return max(value, 0)
+
+    pool = scheduler.kv_cache_manager.block_pool
+    return dict(
+        num_running=len(running),
+        num_waiting=len(live) - len(running),
+        gpu_blocks_total=pool.num_gpu_blocks - 1,
+        gpu_blocks_free=pool.get_num_free_blocks(),
+        pending_prefill_tokens=sum(remaining(r) for r in live),
+        ongoing_decode_tokens=sum(r.num_tokens for r in running if remaining(r) == 0),
+        num_prefilling=sum(1 for r in running if remaining(r) > 0),
+        max_prefill_remaining=max((remaining(r) for r in live), default=0),
+        num_preempted=sum(1 for r in live if r.status == RequestStatus.PREEMPTED),
+    )
 
 
 def fake_output(scheduler, scheduler_output, step: int):

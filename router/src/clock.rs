@@ -42,6 +42,13 @@ impl Clock {
         }
     }
 
+    /// The wall-clock time (Unix ns) for records a person reads alongside
+    /// other logs: `Some` for the real clock, `None` for a clock given by
+    /// [`Clock::from_fn`] (simulated time has no wall-clock counterpart).
+    pub fn unix_ns(&self) -> Option<u64> {
+        self.source.is_none().then(engine_state_shm_format::unix_ns)
+    }
+
     /// Now, in nanoseconds.
     #[inline]
     pub fn now_ns(&self) -> u64 {

@@ -164,6 +164,23 @@ impl Router {
                 (Placement::Policy, Policy::LMetric | Policy::Unified)
             );
         let blocks = hits_needed.then_some(&prompt.blocks[..]);
+        // The counterfactual first, so that the real candidates stay in
+        // `state.candidates` for the choice and its log record.
+        let shadow_only = match placement {
+            Placement::Policy if consult_real && state.compare_shadow => {
+                state.fill_candidates(false, blocks, now_ns, expiry);
+                let mut rr = state.rr;
+                policy::choose(
+                    settings,
+                    &state.candidates,
+                    prompt.input_len,
+                    bound,
+                    &mut rr,
+                )
+                .map(|choice| choice.index)
+            }
+            _ => None,
+        };
         if !matches!(placement, Placement::Migration(_)) {
             state.fill_candidates(consult_real, blocks, now_ns, expiry);
         }
@@ -245,10 +262,12 @@ impl Router {
             cache_hit_tokens,
             new_prefill_tokens: load.new_prefill,
             consulted_real_state: consult_real,
+            shadow_only_instance_id: shadow_only.map(|p| state.instances[p].id.clone()),
         };
         let log_line = state.logging.then(|| {
             render(&RecordInput {
-                time_unix_ns: engine_state_shm_format::unix_ns(),
+                clock_ns: now_ns,
+                time_unix_ns: self.shared.clock.unix_ns(),
                 seq: state.counts.decisions,
                 settings,
                 decision: &decision,

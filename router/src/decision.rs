@@ -61,4 +61,20 @@ pub struct Decision {
     pub new_prefill_tokens: u64,
     /// Fresh real state was consulted for this decision (per `real_state_use`).
     pub consulted_real_state: bool,
+    /// The instance the policy would have chosen from the shadow counters
+    /// alone, for a pick that consulted real state while
+    /// [`crate::Router::set_shadow_comparison`] is on; `None` otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shadow_only_instance_id: Option<String>,
+}
+
+impl Decision {
+    /// Whether real state changed this decision: `Some(true)` when the
+    /// shadow counters alone would have chosen another instance, `None` when
+    /// that was not evaluated (see [`Decision::shadow_only_instance_id`]).
+    pub fn real_state_changed(&self) -> Option<bool> {
+        self.shadow_only_instance_id
+            .as_ref()
+            .map(|id| *id != self.instance_id)
+    }
 }

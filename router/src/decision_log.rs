@@ -17,7 +17,10 @@ use crate::state::Instance;
 
 /// Where decision records go: JSON Lines, one record per decision.
 ///
-/// Each record holds the time, the request and session ids, the chosen
+/// Each record holds the time — `clock_ns`, the router's [`crate::Clock`] at
+/// the decision (`CLOCK_MONOTONIC`, or a simulator's simulated time), and
+/// `time_unix_ns`, the wall clock, only with the real clock — then the
+/// decision's sequence number `seq`, the request and session ids, the chosen
 /// instance and reason, and for every instance its score, cache hit and
 /// effective state, with the fields that came from real state and their age
 /// (`"real": {"age_ms": …, "fields": […]}`, `null` for shadow alone).
@@ -77,7 +80,9 @@ pub(crate) enum Scoring<'a> {
 
 #[derive(Serialize)]
 struct Record<'a> {
-    time_unix_ns: u64,
+    clock_ns: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    time_unix_ns: Option<u64>,
     seq: u64,
     request_id: &'a str,
     session_id: Option<&'a str>,
@@ -85,6 +90,8 @@ struct Record<'a> {
     real_state_use: &'static str,
     consulted_real_state: bool,
     instance: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shadow_only_instance: Option<&'a str>,
     reason: &'static str,
     input_len: u64,
     cache_hit_tokens: u64,
@@ -118,7 +125,8 @@ struct CandidateRecord<'a> {
 
 /// Everything one record is made of, borrowed from the decision in progress.
 pub(crate) struct RecordInput<'a> {
-    pub time_unix_ns: u64,
+    pub clock_ns: u64,
+    pub time_unix_ns: Option<u64>,
     pub seq: u64,
     pub settings: &'a RouterSettings,
     pub decision: &'a Decision,
@@ -155,6 +163,7 @@ pub(crate) fn render(input: &RecordInput<'_>) -> String {
         })
         .collect();
     let record = Record {
+        clock_ns: input.clock_ns,
         time_unix_ns: input.time_unix_ns,
         seq: input.seq,
         request_id: &d.request_id,
@@ -163,6 +172,7 @@ pub(crate) fn render(input: &RecordInput<'_>) -> String {
         real_state_use: input.settings.real_state_use.name(),
         consulted_real_state: d.consulted_real_state,
         instance: &d.instance_id,
+        shadow_only_instance: d.shadow_only_instance_id.as_deref(),
         reason: d.reason.name(),
         input_len: d.input_len,
         cache_hit_tokens: d.cache_hit_tokens,

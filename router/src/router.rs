@@ -269,6 +269,16 @@ impl Router {
         self.shared.lock().logging = enabled;
     }
 
+    /// Start or stop comparing each pick that consults real state with the
+    /// pick the shadow counters alone would make: the same policy, run a
+    /// second time under the same lock hold on the shadow-only state (a copy
+    /// of its round-robin cursor, so the real pick is unaffected), reported
+    /// as [`Decision::shadow_only_instance_id`]. Off by default: it doubles
+    /// the cost of those picks. For measuring what real state changes (essim).
+    pub fn set_shadow_comparison(&self, enabled: bool) {
+        self.shared.lock().compare_shadow = enabled;
+    }
+
     /// Choose an instance by the policy and reserve the request on it, as one
     /// step: the choice and the reservation happen under one lock hold, so a
     /// concurrent pick always sees this one's reservation.

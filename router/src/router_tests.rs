@@ -435,6 +435,7 @@ fn the_decision_log_records_scores_state_and_real_provenance() {
     assert_eq!(record["reason"], "placement");
     assert_eq!(record["policy"], "unified");
     assert!(record["time_unix_ns"].as_u64().unwrap() > 0);
+    assert!(record["clock_ns"].as_u64().unwrap() > 0);
     let a = &record["candidates"][0];
     assert_eq!(a["instance"], "a");
     // (700 + 1024) × max(2, 1) = 3448
@@ -721,4 +722,124 @@ fn an_injected_clock_ages_real_state_by_its_own_time() {
     // 2.5 simulated seconds later the reading is past the 2 s expiry.
     now.fetch_add(2_500_000_000, Ordering::Relaxed);
     assert_eq!(r.instance("a").unwrap().effective.num_requests, 0);
+}
+
+#[test]
+fn the_shadow_comparison_reports_whether_real_state_changed_a_pick() {
+    let busy = |n| Snapshot {
+        num_running: n,
+        ..Snapshot::default()
+    };
+    let r = router(Policy::LoadOnly, &["a", "b"]);
+    // Shadow: b holds one request, a none.
+    let (_, _on_b) = r
+        .reserve_on(&Request::from_tokens("0", vec![1; 10]), "b")
+        .unwrap();
+    r.update_real_state([("a", fresh(busy(7)))]);
+    let (off, _h0) = r.pick(&Request::from_tokens("1", vec![1; 10])).unwrap();
+    assert_eq!(
+        (off.instance_id.as_str(), off.real_state_changed()),
+        ("b", None)
+    );
+
+    r.set_shadow_comparison(true);
+    let out = Captured::default();
+    r.set_decision_log(Some(DecisionLog::new(out.clone())));
+    // Real: a runs 7 → b (2 now); the shadow alone: a (0) < b (2).
+    let (changed, _h1) = r.pick(&Request::from_tokens("2", vec![1; 10])).unwrap();
+    assert_eq!(changed.instance_id, "b");
+    assert_eq!(changed.shadow_only_instance_id.as_deref(), Some("a"));
+    assert_eq!(changed.real_state_changed(), Some(true));
+    r.set_decision_log(None);
+    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    let record: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+    assert_eq!(
+        (&record["instance"], &record["shadow_only_instance"]),
+        (&"b".into(), &"a".into())
+    );
+
+    // Real state that agrees with the shadow changes nothing.
+    r.update_real_state([("a", fresh(busy(0))), ("b", fresh(busy(9)))]);
+    let (same, _h2) = r.pick(&Request::from_tokens("3", vec![1; 10])).unwrap();
+    assert_eq!(
+        (same.instance_id.as_str(), same.real_state_changed()),
+        ("a", Some(false))
+    );
+
+    // No real state at all: evaluated, never changed.
+    r.clear_real_state();
+    let (none, _h3) = r.pick(&Request::from_tokens("4", vec![1; 10])).unwrap();
+    assert_eq!(none.real_state_changed(), Some(false));
+
+    // Not consulted (real_state_use = never): not evaluated.
+    let never = RouterSettings {
+        real_state_use: RealStateUse::Never,
+        ..RouterSettings::default()
+    };
+    let r = Router::with_instances(never, ["a", "b"]).unwrap();
+    r.set_shadow_comparison(true);
+    r.update_real_state([("a", fresh(busy(7)))]);
+    let (d, _h) = r.pick(&Request::from_tokens("1", vec![1; 10])).unwrap();
+    assert_eq!(d.real_state_changed(), None);
+}
+
+#[test]
+fn the_shadow_comparison_leaves_the_picks_themselves_unchanged() {
+    // Every pick is a tie (requests complete at once), so the round-robin
+    // cursor decides: the shadow-only evaluation must not move it. The
+    // shadow alone ties a, b and c; with c busy, real state ties a and b.
+    let picks = |compare: bool| {
+        let r = router(Policy::LoadOnly, &["a", "b", "c"]);
+        r.set_shadow_comparison(compare);
+        r.update_real_state([(
+            "c",
+            fresh(Snapshot {
+                num_running: 4,
+                ..Snapshot::default()
+            }),
+        )]);
+        (0..6)
+            .map(|i| {
+                let (d, mut held) = r
+                    .pick(&Request::from_tokens(format!("{i}"), vec![1; 10]))
+                    .unwrap();
+                held.complete();
+                d.instance_id
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(picks(false), ["a", "b", "a", "b", "a", "b"]);
+    assert_eq!(picks(true), picks(false));
+}
+
+#[test]
+fn a_simulated_clock_stamps_the_decision_log_with_simulated_time() {
+    let now = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let clock = crate::Clock::from_fn({
+        let now = Arc::clone(&now);
+        move || now.load(std::sync::atomic::Ordering::Relaxed)
+    });
+    let r = Router::with_clock(RouterSettings::default(), clock).unwrap();
+    r.add_instance("a").unwrap();
+    let out = Captured::default();
+    r.set_decision_log(Some(DecisionLog::new(out.clone())));
+    let mut held = Vec::new();
+    for (i, t) in [1_500_000_000u64, 2_750_000_000].into_iter().enumerate() {
+        now.store(t, std::sync::atomic::Ordering::Relaxed);
+        held.push(
+            r.pick(&Request::from_tokens(format!("{i}"), vec![1; 10]))
+                .unwrap(),
+        );
+    }
+    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    let records: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records[0]["clock_ns"], 1_500_000_000u64);
+    assert_eq!(records[1]["clock_ns"], 2_750_000_000u64);
+    assert!(
+        records.iter().all(|r| r.get("time_unix_ns").is_none()),
+        "no wall-clock time in a simulation: {text}"
+    );
 }

@@ -109,6 +109,9 @@ pub(crate) struct RouterState {
     /// to reuse its allocation.
     pub candidates: Vec<Candidate>,
     pub logging: bool,
+    /// Evaluate each pick that consults real state a second time on the
+    /// shadow counters alone (`Router::set_shadow_comparison`).
+    pub compare_shadow: bool,
     pub counts: Counts,
 }
 
@@ -131,6 +134,7 @@ impl RouterState {
             next_uid: 0,
             candidates: Vec::new(),
             logging: false,
+            compare_shadow: false,
             counts: Counts::default(),
         }
     }

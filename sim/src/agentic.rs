@@ -137,7 +137,7 @@ mod tests {
             assert_eq!(
                 x[..],
                 y[..x.len()],
-                "the earlier prompt is the later one's prefix"
+                "the earlier prompt and output are the later prompt's prefix"
             );
         }
     }

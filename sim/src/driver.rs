@@ -66,9 +66,9 @@ pub struct RunConfig {
     /// How late those completions are, ns.
     pub late_completion_ns: u64,
     /// Write the router's decision log (JSON Lines) here; with several
-    /// replicas, replica `i` writes `PATH.r{i}`. Records carry the decision
-    /// sequence and the router's own wall-clock `time_unix_ns`, not
-    /// simulated time.
+    /// replicas, replica `i` writes `PATH.r{i}`. Records are stamped with
+    /// simulated time (`clock_ns`, ns from the trace's start: the routers run
+    /// on the simulation's clock) and carry no wall-clock time.
     pub decision_log: Option<PathBuf>,
 }
 
@@ -158,6 +158,10 @@ pub struct RunResult {
     pub migrations: u64,
     /// Decisions that consulted real state.
     pub decisions_consulting_real: u64,
+    /// Picks whose instance real state changed: the router's policy on the
+    /// shadow counters alone would have chosen another
+    /// (`Decision::real_state_changed`; migrations are counted apart).
+    pub decisions_real_changed: u64,
     /// Decisions made.
     pub decisions: u64,
     /// Age (ns) of the chosen engine's real state at decisions that consulted
@@ -218,6 +222,9 @@ pub fn simulate(trace: &Trace, config: &RunConfig) -> Result<RunResult, SimError
                 move || now.load(Ordering::Relaxed)
             });
             let router = Router::with_clock(config.router.clone(), clock)?;
+            // Each pick that consults real state is also made on the shadow
+            // alone, by the router's own policy (RunResult::decisions_real_changed).
+            router.set_shadow_comparison(true);
             for id in &ids {
                 router.add_instance(id)?;
             }
@@ -317,6 +324,9 @@ pub fn simulate(trace: &Trace, config: &RunConfig) -> Result<RunResult, SimError
                     request = request.with_session(format!("s{session}"));
                 }
                 let (decision, mut reservation) = router.pick(&request)?;
+                if decision.real_state_changed() == Some(true) {
+                    result.decisions_real_changed += 1;
+                }
                 let mut consulted = decision.consulted_real_state;
                 let mut instance = decision.instance_id;
                 if config.migration {

@@ -183,15 +183,22 @@ fn the_decision_log_gets_one_record_per_decision_per_replica() {
         ..config(Policy::Unified, 2, "periodic:50", 2)
     };
     let result = simulate(&trace, &config).unwrap();
+    let arrivals: HashSet<u64> = result.requests.iter().map(|r| r.arrival_ns).collect();
     let mut lines = 0;
     for replica in 0..2 {
         let text = std::fs::read_to_string(format!("{}.r{replica}", path.display())).unwrap();
+        let mut last = 0;
         for line in text.lines() {
             let record: serde_json::Value = serde_json::from_str(line).unwrap();
             assert!(
                 record["instance"].is_string() && record["seq"].is_u64(),
                 "{line}"
             );
+            // Simulated time: each decision happens at an arrival.
+            let at = record["clock_ns"].as_u64().unwrap();
+            assert!(arrivals.contains(&at) && at >= last, "{line}");
+            assert!(record.get("time_unix_ns").is_none(), "{line}");
+            last = at;
             lines += 1;
         }
     }
@@ -214,4 +221,33 @@ fn late_completions_still_release_everything_and_keep_the_shadow_high_meanwhile(
         result.requests, baseline.requests,
         "an over-counting shadow places differently"
     );
+}
+
+#[test]
+fn real_state_changes_decisions_only_where_it_reaches_the_router() {
+    let trace = agentic(40, 3);
+    let changed = |config: &RunConfig| {
+        let result = simulate(&trace, config).unwrap();
+        let summary = Summary::of(config, &result);
+        assert_eq!(
+            summary.decisions_real_changed,
+            result.decisions_real_changed as f64 / result.decisions as f64
+        );
+        result.decisions_real_changed
+    };
+    // No feed: nothing to consult, nothing changed.
+    assert_eq!(changed(&config(Policy::LoadOnly, 4, "none", 4)), 0);
+    // Real state never used: nothing changed.
+    let never = RunConfig {
+        router: RouterSettings {
+            policy: Policy::LoadOnly,
+            real_state_use: RealStateUse::Never,
+            ..RouterSettings::default()
+        },
+        ..config(Policy::LoadOnly, 4, "periodic:50", 4)
+    };
+    assert_eq!(changed(&never), 0);
+    // Four replicas: each shadow sees a quarter of the traffic, so the
+    // engines' real load must overrule it for some picks.
+    assert!(changed(&config(Policy::LoadOnly, 4, "periodic:50", 4)) > 0);
 }

@@ -6,11 +6,14 @@
 //! Pure, like the router's `policy.rs`: [`Engine::schedule`] turns the state
 //! into one [`ScheduledStep`] (with its modelled duration) and
 //! [`Engine::finish_step`] applies its outcome; the driver owns the clock.
+//! Checked step by step against vLLM 0.33's real scheduler by
+//! sim/tests_vllm (docs/ROUTING.md, "Model vs vLLM").
 
 use std::collections::VecDeque;
 
 use crate::kv::{BlockPool, U64Map};
 use crate::profile::{EngineProfile, KV_BLOCK_TOKENS};
+use crate::trace::mix;
 
 /// A request as an engine receives it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,7 +25,12 @@ pub struct EngineRequest {
     /// Tokens to generate (at least 1; the first is sampled by the step that
     /// completes the prefill).
     pub output_len: u64,
-    /// Chained hashes of the prompt's full 16-token blocks, leading block first.
+    /// Chained hashes of the request's full 16-token blocks, leading block
+    /// first: the prompt's, and the output's where the caller knows them
+    /// (an append-only session whose next turn contains this output). Blocks
+    /// past the list hold content of the request's own (its output: vLLM
+    /// hashes and caches output blocks too, so a recompute after a
+    /// preemption can hit them); the engine hashes those from the id.
     pub block_hashes: Vec<u64>,
 }
 
@@ -45,7 +53,18 @@ struct Live {
     status: Status,
 }
 
+/// Salt of the hashes of blocks past [`EngineRequest::block_hashes`].
+const OWN_BLOCK_SALT: u64 = 0x6f77_6e5f_626c_6f63;
+
 impl Live {
+    /// The chained hash of 16-token block `index` of this request.
+    fn block_hash(&self, index: usize) -> u64 {
+        match self.request.block_hashes.get(index) {
+            Some(&hash) => hash,
+            None => mix(OWN_BLOCK_SALT ^ self.request.id, index as u64),
+        }
+    }
+
     fn num_tokens(&self) -> u64 {
         self.request.prompt_len + self.num_output
     }
@@ -73,10 +92,14 @@ pub struct ScheduledStep {
     pub decode_context_tokens: u64,
     /// Requests preempted by this step, in order.
     pub preempted: Vec<u64>,
-    /// Prompt tokens served from the prefix cache at admissions in this step.
+    /// Tokens served from the prefix cache at first admissions in this step
+    /// (as vLLM's prefix-cache stats count them: a recompute after a
+    /// preemption is counted apart, see [`ScheduledStep::admitted`]).
     pub prefix_hit_tokens: u64,
-    /// Prompt tokens looked up in the prefix cache at admissions in this step.
+    /// Tokens looked up in the prefix cache at first admissions in this step.
     pub prefix_query_tokens: u64,
+    /// Every admission from the waiting queue in this step, in order.
+    pub admitted: Vec<Admission>,
     /// The step's modelled duration.
     pub duration_ns: u64,
 }
@@ -86,6 +109,20 @@ impl ScheduledStep {
     pub fn is_empty(&self) -> bool {
         self.scheduled.is_empty()
     }
+}
+
+/// One admission from the waiting queue and its prefix-cache lookup (what
+/// vLLM's `KVCacheManager.record_prefix_cache_stats` records).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Admission {
+    /// The request.
+    pub id: u64,
+    /// Tokens served from the prefix cache (whole blocks).
+    pub hit_tokens: u64,
+    /// Tokens looked up: the request's prompt plus outputs so far.
+    pub query_tokens: u64,
+    /// Re-admitted after a preemption (vLLM counts these apart).
+    pub resumed: bool,
 }
 
 /// What a finished step produced.
@@ -104,9 +141,10 @@ pub struct EngineCounters {
     pub steps: u64,
     /// Preemptions.
     pub preemptions: u64,
-    /// Prefix-cache hit tokens at admission.
+    /// Prefix-cache hit tokens at first admissions (vLLM's
+    /// `vllm:prefix_cache_hits`, which leaves out recomputes after preemption).
     pub prefix_hit_tokens: u64,
-    /// Prefix-cache queried tokens at admission.
+    /// Prefix-cache queried tokens at first admissions (`vllm:prefix_cache_queries`).
     pub prefix_query_tokens: u64,
 }
 
@@ -205,14 +243,14 @@ impl Engine {
         true
     }
 
-    /// Offer the full prompt blocks covered by `tokens` computed tokens to
-    /// the prefix cache (vLLM caches blocks as they are allocated and filled).
+    /// Offer the full blocks covered by `tokens` computed tokens (prompt and
+    /// output) to the prefix cache: vLLM caches blocks as they are allocated
+    /// and filled, up to the request's known tokens.
     fn cache_full_blocks(&mut self, id: u64, tokens: u64) {
         let live = self.live.get_mut(&id).expect("live request");
-        let full = ((tokens / KV_BLOCK_TOKENS) as usize).min(live.request.block_hashes.len());
+        let full = (tokens / KV_BLOCK_TOKENS) as usize;
         for i in live.num_cached_blocks..full {
-            self.pool
-                .cache(live.blocks[i], live.request.block_hashes[i]);
+            self.pool.cache(live.blocks[i], live.block_hash(i));
         }
         live.num_cached_blocks = live.num_cached_blocks.max(full);
     }
@@ -231,7 +269,8 @@ impl Engine {
     /// One `schedule()` call: running requests first (each its decode token
     /// or next prefill chunk, preempting the newest running request while
     /// blocks run out), then — only if nothing was preempted — waiting
-    /// requests in FCFS order while budget, `max_num_seqs` and blocks allow.
+    /// requests in FCFS order while budget, `max_num_seqs` and blocks for
+    /// their whole prompt (plus outputs so far) allow.
     /// Scheduled tokens count as computed at once (`_update_after_schedule`).
     pub fn schedule(&mut self) -> ScheduledStep {
         let mut step = ScheduledStep::default();
@@ -273,27 +312,39 @@ impl Engine {
                 // At most num_tokens - 1 may hit: one token must be computed
                 // to sample from (vLLM's max_cache_hit_length).
                 let max_hit_blocks = ((num_tokens - 1) / KV_BLOCK_TOKENS) as usize;
-                let hashes = &live.request.block_hashes;
                 let hit = self
                     .pool
-                    .longest_hit(&hashes[..hashes.len().min(max_hit_blocks)]);
+                    .longest_hit((0..max_hit_blocks).map(|i| live.block_hash(i)));
                 let hit_tokens = hit.len() as u64 * KV_BLOCK_TOKENS;
                 let new_tokens = (num_tokens - hit_tokens).min(budget);
+                // Admission needs blocks for all of the request's tokens, not
+                // only this chunk's (`scheduler_reserve_full_isl`, on by
+                // default in 0.33: `allocate_slots(full_sequence_must_fit)`);
+                // revived cached blocks leave the free queue, so they count.
                 let evictable = self.pool.evictable(&hit);
-                let need = (hit_tokens + new_tokens).div_ceil(KV_BLOCK_TOKENS) as usize;
+                let need = num_tokens.div_ceil(KV_BLOCK_TOKENS) as usize;
                 if need - hit.len() + evictable > self.pool.num_free() {
                     break;
                 }
                 self.pool.touch(&hit);
                 let live = self.live.get_mut(&id).expect("live request");
+                let resumed = live.status == Status::Preempted;
                 live.blocks = hit;
                 live.num_cached_blocks = live.blocks.len();
                 live.num_computed = hit_tokens;
                 live.status = Status::Running;
                 let ok = self.grow(id, hit_tokens + new_tokens, 0);
                 debug_assert!(ok, "checked above");
-                step.prefix_hit_tokens += hit_tokens;
-                step.prefix_query_tokens += num_tokens;
+                if !resumed {
+                    step.prefix_hit_tokens += hit_tokens;
+                    step.prefix_query_tokens += num_tokens;
+                }
+                step.admitted.push(Admission {
+                    id,
+                    hit_tokens,
+                    query_tokens: num_tokens,
+                    resumed,
+                });
                 self.waiting.pop_front();
                 self.running.push(id);
                 self.account(&mut step, id, new_tokens);

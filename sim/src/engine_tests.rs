@@ -163,3 +163,78 @@ fn the_snapshot_follows_design_section_3() {
     assert_eq!(s.pending_prefill_tokens, 0);
     assert!(s.ongoing_decode_tokens >= 20_001);
 }
+
+#[test]
+fn admission_needs_blocks_for_the_whole_prompt_not_only_its_first_chunk() {
+    // vLLM 0.33's scheduler_reserve_full_isl: 20 blocks; A holds 7 (then
+    // more as it decodes), B's 250-token prompt needs 16 — its first
+    // 64-token chunk (4 blocks) would fit, B itself does not until A is gone.
+    let profile = EngineProfile {
+        max_num_batched_tokens: 64,
+        kv_capacity_tokens: 320,
+        ..EngineProfile::default()
+    };
+    let mut engine = Engine::new(profile);
+    engine.add_request(request(1, 100, 20, 0));
+    let mut a_done = None;
+    let mut b_first = None;
+    for step in 0..200 {
+        if step == 3 {
+            engine.add_request(request(2, 250, 1, 0));
+        }
+        let scheduled = engine.schedule();
+        if b_first.is_none() && scheduled.scheduled.iter().any(|&(id, _)| id == 2) {
+            b_first = Some(step);
+        }
+        if engine.finish_step(&scheduled).finished.contains(&1) {
+            a_done = Some(step);
+        }
+        if engine.num_requests() == 0 {
+            break;
+        }
+    }
+    let (a_done, b_first) = (a_done.unwrap(), b_first.unwrap());
+    assert!(
+        b_first > a_done,
+        "B admitted at step {b_first}, A finished at {a_done}"
+    );
+    assert_eq!(engine.counters().preemptions, 0);
+}
+
+#[test]
+fn a_recompute_after_preemption_hits_its_own_output_blocks() {
+    // vLLM hashes and caches output blocks too: a preempted request that
+    // comes back before they are evicted finds its prompt and output cached.
+    let profile = EngineProfile {
+        kv_capacity_tokens: 320,
+        ..EngineProfile::default()
+    };
+    let mut engine = Engine::new(profile);
+    // 20 blocks: 1 holds 10, 2 holds 7; as they decode, 2 asks for a 4th
+    // extra block with none free and preempts itself (8 full blocks, 2 of
+    // them output); 1 finishes within its 12 blocks; 2 comes back.
+    engine.add_request(request(1, 150, 40, 0));
+    engine.add_request(request(2, 100, 60, 0));
+    let mut resumed = Vec::new();
+    for _ in 0..1000 {
+        let step = engine.schedule();
+        resumed.extend(step.admitted.iter().filter(|a| a.resumed).copied());
+        engine.finish_step(&step);
+        if engine.num_requests() == 0 {
+            break;
+        }
+    }
+    assert_eq!(engine.num_requests(), 0);
+    let back = resumed.first().expect("a preempted request came back");
+    assert_eq!(back.id, 2);
+    assert_eq!(
+        (back.hit_tokens, back.query_tokens),
+        (128, 129),
+        "the prompt's 6 full blocks and 2 more"
+    );
+    assert_eq!(
+        engine.counters().prefix_query_tokens,
+        250,
+        "recomputes are not vLLM prefix-cache queries"
+    );
+}

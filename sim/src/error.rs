@@ -13,6 +13,16 @@ pub enum SimError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// A trace file does not exist.
+    #[error(
+        "trace file {0} not found. The public traces (Mooncake synthetic, Azure conv) live in \
+         ../shared/traces/ beside the repository, where essim looks by default when run from \
+         the repository root; ../shared/traces/README.md names their sources \
+         (kvcache-ai/Mooncake FAST25-release/traces/synthetic_trace.jsonl, \
+         Azure/AzurePublicDataset data/AzureLLMInferenceTrace_conv.csv). Pass --trace PATH, \
+         or --format agentic for the built-in generator"
+    )]
+    MissingTrace(PathBuf),
     /// A trace line could not be parsed.
     #[error(
         "{path}:{line}: {reason} (fix the line, or pass --skip-bad to skip and count bad lines)"

@@ -1,7 +1,13 @@
 //! The KV block pool of one engine, with vLLM's prefix cache: 16-token blocks,
 //! reference counts, chained block hashes, and a free queue from whose front
-//! allocation evicts the least recently freed cached block
+//! allocation takes blocks, evicting what they cached
 //! (`vllm/v1/core/block_pool.py`, notes/vllm-0.33-scheduling.md).
+//!
+//! As in vLLM 0.33's `BlockPool.free_blocks`, a freed block that caches a
+//! hash joins the queue's back (cached blocks are evicted least recently
+//! freed first) and a freed block without one its front (reused first), and
+//! several blocks may cache the same hash (two requests that computed the
+//! same prefix): a lookup finds the first one cached that is still there.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -48,7 +54,11 @@ pub(crate) struct BlockPool {
     head: u32,
     tail: u32,
     free: usize,
+    /// Hash → the first block cached under it.
     cached: U64Map<u32>,
+    /// Hash → the later blocks cached under it, oldest first (rare: vLLM
+    /// does not de-duplicate blocks, `BlockHashToBlockMap`).
+    duplicates: U64Map<Vec<u32>>,
 }
 
 impl BlockPool {
@@ -70,6 +80,7 @@ impl BlockPool {
             tail: n - 1,
             free: blocks,
             cached: U64Map::default(),
+            duplicates: U64Map::default(),
         }
     }
 
@@ -84,10 +95,10 @@ impl BlockPool {
     }
 
     /// The cached blocks of the longest run of leading `hashes` present.
-    pub(crate) fn longest_hit(&self, hashes: &[u64]) -> Vec<u32> {
+    pub(crate) fn longest_hit(&self, hashes: impl IntoIterator<Item = u64>) -> Vec<u32> {
         hashes
-            .iter()
-            .map_while(|hash| self.cached.get(hash).copied())
+            .into_iter()
+            .map_while(|hash| self.cached.get(&hash).copied())
             .collect()
     }
 
@@ -119,37 +130,76 @@ impl BlockPool {
         for _ in 0..n {
             let block = self.head;
             self.unlink(block);
-            if let Some(hash) = self.hash[block as usize].take() {
-                self.cached.remove(&hash);
-            }
+            self.evict(block);
             self.ref_count[block as usize] = 1;
             into.push(block);
         }
         true
     }
 
-    /// Drop a request's references, its last block first, so a prompt's tail
-    /// is evicted before its head (vLLM frees in reverse order).
+    /// Drop a request's references in vLLM's order, its last block first:
+    /// freed cached blocks join the back of the free queue in that order (a
+    /// prompt's tail is evicted before its head), freed uncached blocks its
+    /// front in that order (`free_blocks`: `prepend_n` then `append_n`).
     pub(crate) fn release(&mut self, blocks: &[u32]) {
-        for &block in blocks.iter().rev() {
+        // First to last, so that pushing each uncached one to the front
+        // leaves them in last-to-first order there.
+        for &block in blocks {
             let count = &mut self.ref_count[block as usize];
             debug_assert!(*count > 0, "block {block} released twice");
             *count -= 1;
-            if *count == 0 {
+            if *count == 0 && self.hash[block as usize].is_none() {
+                self.push_front(block);
+            }
+        }
+        for &block in blocks.iter().rev() {
+            if self.ref_count[block as usize] == 0 && self.hash[block as usize].is_some() {
                 self.push_back(block);
             }
         }
     }
 
-    /// Cache a full block under its chained hash, unless another block
-    /// already holds that hash (then this one stays uncached).
+    /// Cache a full block under its chained hash (another block may hold it
+    /// already: then a lookup keeps finding that one while it is cached).
     pub(crate) fn cache(&mut self, block: u32, hash: u64) {
         if self.hash[block as usize].is_some() {
             return;
         }
-        if let std::collections::hash_map::Entry::Vacant(slot) = self.cached.entry(hash) {
-            slot.insert(block);
-            self.hash[block as usize] = Some(hash);
+        self.hash[block as usize] = Some(hash);
+        match self.cached.entry(hash) {
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(block);
+            }
+            std::collections::hash_map::Entry::Occupied(_) => {
+                self.duplicates.entry(hash).or_default().push(block);
+            }
+        }
+    }
+
+    /// Forget what `block` caches (it is being reused).
+    fn evict(&mut self, block: u32) {
+        let Some(hash) = self.hash[block as usize].take() else {
+            return;
+        };
+        let later = self.duplicates.get_mut(&hash);
+        if self.cached.get(&hash) == Some(&block) {
+            match later {
+                Some(later) => {
+                    self.cached.insert(hash, later.remove(0));
+                    if later.is_empty() {
+                        self.duplicates.remove(&hash);
+                    }
+                }
+                None => {
+                    self.cached.remove(&hash);
+                }
+            }
+        } else {
+            let later = later.expect("a cached block is first or later under its hash");
+            later.retain(|&b| b != block);
+            if later.is_empty() {
+                self.duplicates.remove(&hash);
+            }
         }
     }
 
@@ -166,6 +216,18 @@ impl BlockPool {
             self.prev[n as usize] = p;
         }
         self.free -= 1;
+    }
+
+    fn push_front(&mut self, block: u32) {
+        self.next[block as usize] = self.head;
+        self.prev[block as usize] = NIL;
+        if self.head == NIL {
+            self.tail = block;
+        } else {
+            self.prev[self.head as usize] = block;
+        }
+        self.head = block;
+        self.free += 1;
     }
 
     fn push_back(&mut self, block: u32) {
@@ -194,16 +256,16 @@ mod tests {
         pool.cache(a[1], 11);
         pool.release(&a);
         assert_eq!(pool.num_free(), 4);
-        assert_eq!(pool.longest_hit(&[10, 11, 12]), a);
+        assert_eq!(pool.longest_hit([10, 11, 12]), a);
         // Blocks 2 and 3 were never used: they are at the front.
         let mut b = Vec::new();
         assert!(pool.allocate(2, &mut b));
-        assert_eq!(pool.longest_hit(&[10, 11]).len(), 2);
+        assert_eq!(pool.longest_hit([10, 11]).len(), 2);
         // Next comes the tail block (freed first): hash 11 goes, 10 stays.
         let mut c = Vec::new();
         assert!(pool.allocate(1, &mut c));
         assert_eq!(c, vec![a[1]]);
-        assert_eq!(pool.longest_hit(&[10, 11]), vec![a[0]]);
+        assert_eq!(pool.longest_hit([10, 11]), vec![a[0]]);
         assert!(!pool.allocate(2, &mut c), "one block left");
     }
 
@@ -214,7 +276,7 @@ mod tests {
         pool.allocate(1, &mut a);
         pool.cache(a[0], 7);
         pool.release(&a);
-        let hit = pool.longest_hit(&[7]);
+        let hit = pool.longest_hit([7]);
         assert_eq!(pool.evictable(&hit), 1);
         pool.touch(&hit);
         pool.touch(&hit);
@@ -223,5 +285,56 @@ mod tests {
         assert_eq!(pool.num_free(), 2, "still referenced once");
         pool.release(&hit);
         assert_eq!(pool.num_free(), 3);
+    }
+
+    #[test]
+    fn freed_uncached_blocks_are_reused_first_and_cached_ones_last() {
+        // vLLM 0.33 free_blocks: uncached to the front, cached to the back,
+        // each in the request's last-to-first order.
+        let mut pool = BlockPool::new(6);
+        let mut a = Vec::new();
+        assert!(pool.allocate(4, &mut a)); // blocks 0..4; 4 and 5 stay free
+        pool.cache(a[0], 10);
+        pool.cache(a[1], 11);
+        pool.release(&a); // queue: a3 a2 | 4 5 | a1 a0
+        let mut b = Vec::new();
+        assert!(pool.allocate(4, &mut b));
+        assert_eq!(
+            b,
+            vec![a[3], a[2], 4, 5],
+            "uncached first, the tail block first"
+        );
+        assert_eq!(
+            pool.longest_hit([10, 11]),
+            vec![a[0], a[1]],
+            "cached ones kept"
+        );
+        let mut c = Vec::new();
+        assert!(pool.allocate(1, &mut c));
+        assert_eq!(c, vec![a[1]], "then the cached tail block");
+        assert_eq!(pool.longest_hit([10, 11]), vec![a[0]]);
+    }
+
+    #[test]
+    fn a_hash_cached_twice_stays_a_hit_until_both_blocks_are_evicted() {
+        let mut pool = BlockPool::new(3);
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        assert!(pool.allocate(1, &mut a));
+        assert!(pool.allocate(1, &mut b));
+        pool.cache(a[0], 7);
+        pool.cache(b[0], 7);
+        assert_eq!(pool.longest_hit([7]), a, "the first cached is found");
+        pool.release(&a);
+        pool.release(&b); // queue: 2 | a b
+        let mut c = Vec::new();
+        assert!(pool.allocate(2, &mut c));
+        assert_eq!(c, vec![2, a[0]]);
+        assert_eq!(
+            pool.longest_hit([7]),
+            b,
+            "the duplicate serves the hash now"
+        );
+        assert!(pool.allocate(1, &mut c));
+        assert!(pool.longest_hit([7]).is_empty());
     }
 }

@@ -43,6 +43,7 @@ mod metrics;
 mod output;
 pub mod plots;
 mod profile;
+mod step_trace;
 mod sweep;
 mod trace;
 
@@ -51,11 +52,14 @@ pub use crate::driver::{
     engines_per_session, policy_label, simulate, RequestRecord, RunConfig, RunResult, Split,
     LOAD_SAMPLE_NS,
 };
-pub use crate::engine::{Engine, EngineCounters, EngineRequest, ScheduledStep, StepOutput};
+pub use crate::engine::{
+    Admission, Engine, EngineCounters, EngineRequest, ScheduledStep, StepOutput,
+};
 pub use crate::error::SimError;
 pub use crate::feed::{FeedSpec, HEARTBEAT_PERIOD_NS};
 pub use crate::metrics::{quantile, ttft_seconds, Summary};
 pub use crate::output::{csv, markdown, write_files, write_report};
 pub use crate::profile::{EngineProfile, KV_BLOCK_TOKENS};
+pub use crate::step_trace::{step_trace, ScenarioRequest, StepRecord, StepScenario};
 pub use crate::sweep::{run_one, Outcome, Sweep, SweepRun, TraceFormat, TraceSpec};
 pub use crate::trace::{Content, Trace, TraceRequest};

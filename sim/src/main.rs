@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use engine_state_router::{Policy, RealStateUse, RouterSettings};
 use engine_state_sim::{
     markdown, run_one, write_report, AgenticSpec, EngineProfile, FeedSpec, Outcome, RunConfig,
-    Split, Summary, Sweep, TraceFormat, TraceSpec,
+    Split, StepScenario, Summary, Sweep, TraceFormat, TraceSpec,
 };
 
 #[derive(Parser)]
@@ -48,6 +48,15 @@ enum Command {
     },
     /// Describe a trace: counts, span, lengths, sessions, shared prefixes.
     TraceStats(TraceArgs),
+    /// One engine model, step by step: a JSON scenario on stdin, one JSON line
+    /// per step on stdout (for the check against vLLM's real scheduler,
+    /// sim/tests_vllm).
+    #[command(hide = true)]
+    StepTrace {
+        /// Engine profile (TOML; missing keys take the calibrated defaults).
+        #[arg(long)]
+        profile: Option<PathBuf>,
+    },
 }
 
 #[derive(Args)]
@@ -55,10 +64,11 @@ struct TraceArgs {
     /// Trace format (agentic = the built-in generator).
     #[arg(long, value_enum, default_value = "mooncake")]
     format: TraceFormat,
-    /// Trace file.
+    /// Trace file (the default: the Mooncake synthetic trace beside the
+    /// repository, for essim run from the repository root).
     #[arg(
         long,
-        default_value = "/work/shared/traces/mooncake_synthetic_trace.jsonl"
+        default_value = "../shared/traces/mooncake_synthetic_trace.jsonl"
     )]
     trace: PathBuf,
     /// Arrivals N times as dense.
@@ -171,6 +181,7 @@ fn main() -> anyhow::Result<()> {
             jobs,
             no_migration,
         ),
+        Command::StepTrace { profile } => step_trace(profile.as_deref()),
         Command::TraceStats(args) => {
             let trace = args.spec().load(args.rate_scale)?;
             println!("{}", trace.stats());
@@ -179,15 +190,33 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-fn run(args: RunArgs) -> anyhow::Result<()> {
-    let profile = match &args.profile {
+fn load_profile(path: Option<&Path>) -> anyhow::Result<EngineProfile> {
+    Ok(match path {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading profile {}", path.display()))?;
             toml::from_str(&text).with_context(|| format!("parsing profile {}", path.display()))?
         }
         None => EngineProfile::default(),
-    };
+    })
+}
+
+fn step_trace(profile: Option<&Path>) -> anyhow::Result<()> {
+    use std::io::Write;
+    let profile = load_profile(profile)?;
+    let scenario: StepScenario = serde_json::from_reader(std::io::stdin().lock())
+        .context("parsing the step-trace scenario (JSON on stdin; see sim/src/step_trace.rs)")?;
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    for record in engine_state_sim::step_trace(&profile, &scenario)? {
+        serde_json::to_writer(&mut out, &record)?;
+        out.write_all(b"\n")?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+fn run(args: RunArgs) -> anyhow::Result<()> {
+    let profile = load_profile(args.profile.as_deref())?;
     let trace = args.trace.spec().load(args.trace.rate_scale)?;
     eprintln!("{}", trace.stats());
     let mut outcomes = Vec::new();

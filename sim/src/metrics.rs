@@ -61,7 +61,9 @@ pub struct Summary {
     pub throughput_tok_s: f64,
     /// Requests per second over the run.
     pub throughput_req_s: f64,
-    /// Engine prefix-cache hit tokens / queried tokens.
+    /// Engine prefix-cache hit tokens / queried tokens at first admissions
+    /// (vLLM's `prefix_cache_hits / prefix_cache_queries`: recomputes after a
+    /// preemption are not counted).
     pub prefix_hit_rate: f64,
     /// Preemptions.
     pub preemptions: u64,
@@ -75,6 +77,9 @@ pub struct Summary {
     pub engines_per_session_mean: f64,
     /// Share of decisions that consulted real state.
     pub decisions_consulting_real: f64,
+    /// Share of decisions (picks) that real state changed: the same policy
+    /// on the shadow counters alone would have chosen another engine.
+    pub decisions_real_changed: f64,
     /// Age of the chosen engine's real state at those decisions, p50 ms.
     pub real_state_age_p50_ms: f64,
     /// Same, p99 ms.
@@ -160,6 +165,8 @@ impl Summary {
             requests_per_engine_median: quantile(&per_engine_f, 0.5),
             engines_per_session_mean: if eps.is_empty() { f64::NAN } else { mean(&eps) },
             decisions_consulting_real: result.decisions_consulting_real as f64
+                / result.decisions.max(1) as f64,
+            decisions_real_changed: result.decisions_real_changed as f64
                 / result.decisions.max(1) as f64,
             real_state_age_p50_ms: quantile(&ages, 0.5),
             real_state_age_p99_ms: quantile(&ages, 0.99),

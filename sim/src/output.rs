@@ -21,15 +21,15 @@ pub fn markdown(rows: &[Summary]) -> String {
     let mut out = String::from(
         "| config | TTFT p50 s | p90 s | p99 s | mean s | TPOT p50 ms | p90 ms | E2E p50 s | p90 s \
          | tok/s | prefix hit | preempt | migr | req/engine max/med | engines/session \
-         | real used | real age p50/p99 ms |\n",
+         | real used | real changed | real age p50/p99 ms |\n",
     );
     out.push_str(
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in rows {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}% | {} | {} | {}/{} | {} | {}% | {}/{} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}% | {} | {} | {}/{} | {} | {}% | {}% | {}/{} |",
             r.config,
             num(r.ttft_p50_s, 2),
             num(r.ttft_p90_s, 2),
@@ -47,6 +47,7 @@ pub fn markdown(rows: &[Summary]) -> String {
             num(r.requests_per_engine_median, 0),
             num(r.engines_per_session_mean, 2),
             num(100.0 * r.decisions_consulting_real, 0),
+            num(100.0 * r.decisions_real_changed, 1),
             num(r.real_state_age_p50_ms, 0),
             num(r.real_state_age_p99_ms, 0),
         );

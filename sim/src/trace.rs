@@ -81,10 +81,18 @@ impl TraceRequest {
         }
     }
 
-    /// Chained hashes of the prompt's full 16-token blocks (the engine's prefix cache).
+    /// Chained hashes of the full 16-token blocks the engine's prefix cache
+    /// knows in advance ([`crate::EngineRequest::block_hashes`]): the
+    /// prompt's, and for a session stream also the output's (the next turn's
+    /// prompt contains it; elsewhere the output is the request's own and the
+    /// engine hashes it itself).
     pub fn kv_block_hashes(&self, index: usize) -> Vec<u64> {
+        let known = match self.content {
+            Content::Stream(_) => self.input_len + self.output_len,
+            Content::Blocks(_) | Content::Unique => self.input_len,
+        };
         let mut parent = 0;
-        (0..self.input_len / KV_BLOCK_TOKENS)
+        (0..known / KV_BLOCK_TOKENS)
             .map(|block| {
                 parent = mix(parent, self.kv_content(index, block));
                 parent
@@ -122,7 +130,10 @@ struct MooncakeLine {
 }
 
 fn read(path: &Path) -> Result<String, SimError> {
-    std::fs::read_to_string(path).map_err(|e| SimError::io(path, e))
+    std::fs::read_to_string(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => SimError::MissingTrace(path.to_owned()),
+        _ => SimError::io(path, e),
+    })
 }
 
 /// Keep or skip a bad line, per `skip_bad`.
@@ -443,6 +454,24 @@ mod tests {
             write("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.5,374,44\nnope\n");
         let err = Trace::azure(csv.path(), false).unwrap_err().to_string();
         assert!(err.contains(":3: "), "{err}");
+    }
+
+    #[test]
+    fn a_missing_trace_file_says_where_the_traces_are() {
+        let missing = Path::new("no/such/trace.jsonl");
+        for err in [
+            Trace::mooncake(missing, false).unwrap_err(),
+            Trace::azure(missing, false).unwrap_err(),
+        ] {
+            let text = err.to_string();
+            assert!(matches!(err, SimError::MissingTrace(_)), "{text}");
+            assert!(
+                text.contains("no/such/trace.jsonl")
+                    && text.contains("../shared/traces/README.md")
+                    && text.contains("--trace PATH"),
+                "{text}"
+            );
+        }
     }
 
     #[test]

@@ -1,0 +1,208 @@
+//! `essim step-trace`: one engine model driven step by step through a
+//! scenario, printing its state after every step, so that a test can run the
+//! same scenario through vLLM's real `Scheduler` and compare the two step by
+//! step (sim/tests_vllm/test_engine_vs_vllm.py, docs/ROUTING.md "Model vs
+//! vLLM").
+//!
+//! A step is one `schedule()` + `update_from_output()` pair, as
+//! `EngineCore.step` makes it. Requests arrive before the `schedule()` of
+//! their `arrival_step`; a step index at which the engine holds no request is
+//! skipped (EngineCore does not schedule an idle engine), so step numbers
+//! follow the scenario's clock, not the count of steps run.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::{Admission, Engine, EngineRequest};
+use crate::error::SimError;
+use crate::profile::EngineProfile;
+
+/// A scenario: requests with their arrival steps.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepScenario {
+    /// The requests (any order; ids unique).
+    pub requests: Vec<ScenarioRequest>,
+    /// Stop after this step index even if work is left (default: run until
+    /// every request has finished).
+    #[serde(default)]
+    pub max_steps: Option<u64>,
+}
+
+/// One request of a scenario.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScenarioRequest {
+    /// Its id.
+    pub id: u64,
+    /// The step before whose `schedule()` it is added.
+    pub arrival_step: u64,
+    /// Prompt tokens.
+    pub prompt_len: u64,
+    /// Output tokens (the request finishes when it has sampled them).
+    pub output_len: u64,
+    /// Chained hashes of the prompt's full 16-token blocks (see
+    /// [`EngineRequest::block_hashes`]).
+    #[serde(default)]
+    pub block_hashes: Vec<u64>,
+}
+
+/// The engine after one step.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct StepRecord {
+    /// The scenario's step index.
+    pub step: u64,
+    /// `(request id, tokens)` scheduled, in scheduling order.
+    pub scheduled: Vec<(u64, u64)>,
+    /// Requests preempted by this step, in order.
+    pub preempted: Vec<u64>,
+    /// Requests admitted from the waiting queue, with their prefix-cache lookup.
+    pub admitted: Vec<Admission>,
+    /// Requests that sampled their last token.
+    pub finished: Vec<u64>,
+    /// Running requests after the step.
+    pub num_running: u64,
+    /// Waiting (and preempted) requests after the step.
+    pub num_waiting: u64,
+    /// Free KV blocks (evictable cached ones included) after the step.
+    pub gpu_blocks_free: u64,
+    /// DESIGN §3 fields of the engine's snapshot after the step.
+    pub pending_prefill_tokens: u64,
+    /// DESIGN §3.
+    pub ongoing_decode_tokens: u64,
+    /// DESIGN §3.
+    pub num_prefilling: u64,
+    /// DESIGN §3.
+    pub max_prefill_remaining: u64,
+    /// DESIGN §3.
+    pub num_preempted: u64,
+}
+
+/// Run `scenario` through one engine with `profile`; one record per step run.
+pub fn step_trace(
+    profile: &EngineProfile,
+    scenario: &StepScenario,
+) -> Result<Vec<StepRecord>, SimError> {
+    profile.validate()?;
+    let mut engine = Engine::new(profile.clone());
+    let mut arrivals: BTreeMap<u64, Vec<&ScenarioRequest>> = BTreeMap::new();
+    let mut ids = std::collections::HashSet::new();
+    for r in &scenario.requests {
+        if !ids.insert(r.id) {
+            return Err(SimError::Config(format!(
+                "step-trace scenario: request id {} appears twice (ids must be unique)",
+                r.id
+            )));
+        }
+        if r.output_len == 0 || !engine.fits(r.prompt_len, r.output_len) {
+            return Err(SimError::Config(format!(
+                "step-trace scenario: request {} ({} + {} tokens) needs output_len ≥ 1 and \
+                 must fit the profile's KV cache ({} blocks of 16 tokens)",
+                r.id,
+                r.prompt_len,
+                r.output_len,
+                engine.total_blocks()
+            )));
+        }
+        arrivals.entry(r.arrival_step).or_default().push(r);
+    }
+    let mut records = Vec::new();
+    let mut step = 0;
+    loop {
+        if scenario.max_steps.is_some_and(|max| step > max) {
+            break;
+        }
+        for r in arrivals.remove(&step).unwrap_or_default() {
+            engine.add_request(EngineRequest {
+                id: r.id,
+                prompt_len: r.prompt_len,
+                output_len: r.output_len,
+                block_hashes: r.block_hashes.clone(),
+            });
+        }
+        if engine.num_requests() == 0 {
+            match arrivals.keys().next() {
+                Some(&next) => {
+                    step = next;
+                    continue;
+                }
+                None => break,
+            }
+        }
+        let scheduled = engine.schedule();
+        let output = engine.finish_step(&scheduled);
+        let s = engine.snapshot();
+        records.push(StepRecord {
+            step,
+            scheduled: scheduled.scheduled,
+            preempted: scheduled.preempted,
+            admitted: scheduled.admitted,
+            finished: output.finished,
+            num_running: s.num_running,
+            num_waiting: s.num_waiting,
+            gpu_blocks_free: s.gpu_blocks_free,
+            pending_prefill_tokens: s.pending_prefill_tokens,
+            ongoing_decode_tokens: s.ongoing_decode_tokens,
+            num_prefilling: s.num_prefilling,
+            max_prefill_remaining: s.max_prefill_remaining,
+            num_preempted: s.num_preempted,
+        });
+        step += 1;
+    }
+    Ok(records)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scenario(json: &str) -> StepScenario {
+        serde_json::from_str(json).unwrap()
+    }
+
+    #[test]
+    fn idle_steps_are_skipped_and_arrivals_follow_the_scenario_clock() {
+        let profile = EngineProfile {
+            max_num_batched_tokens: 64,
+            kv_capacity_tokens: 16 * 32,
+            ..EngineProfile::default()
+        };
+        let s = scenario(
+            r#"{"requests": [
+                {"id": 7, "arrival_step": 0, "prompt_len": 100, "output_len": 2},
+                {"id": 8, "arrival_step": 10, "prompt_len": 10, "output_len": 1}]}"#,
+        );
+        let records = step_trace(&profile, &s).unwrap();
+        let steps: Vec<u64> = records.iter().map(|r| r.step).collect();
+        // 100 tokens in chunks of 64 + 36 (first token), one decode; then idle until 10.
+        assert_eq!(steps, vec![0, 1, 2, 10]);
+        assert_eq!(records[0].scheduled, vec![(7, 64)]);
+        assert_eq!(records[1].scheduled, vec![(7, 36)]);
+        assert_eq!(records[2].finished, vec![7]);
+        assert_eq!(records[3].admitted.len(), 1);
+        assert_eq!(
+            records[3].num_running, 0,
+            "request 8 finished in its first step"
+        );
+    }
+
+    #[test]
+    fn a_scenario_that_cannot_run_is_refused_with_the_reason() {
+        let profile = EngineProfile {
+            kv_capacity_tokens: 16 * 4,
+            ..EngineProfile::default()
+        };
+        let too_big = scenario(
+            r#"{"requests": [{"id": 1, "arrival_step": 0, "prompt_len": 100, "output_len": 1}]}"#,
+        );
+        let err = step_trace(&profile, &too_big).unwrap_err().to_string();
+        assert!(err.contains("must fit the profile's KV cache"), "{err}");
+        let twice = scenario(
+            r#"{"requests": [{"id": 1, "arrival_step": 0, "prompt_len": 1, "output_len": 1},
+                             {"id": 1, "arrival_step": 1, "prompt_len": 1, "output_len": 1}]}"#,
+        );
+        let err = step_trace(&profile, &twice).unwrap_err().to_string();
+        assert!(err.contains("appears twice"), "{err}");
+    }
+}
