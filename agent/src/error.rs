@@ -16,6 +16,18 @@ pub enum Error {
     /// The Redis sink could not start.
     #[error(transparent)]
     Publisher(#[from] engine_state_publisher::Error),
+    /// The shared-memory directory is missing and cannot be created.
+    #[error(
+        "esagent: cannot create the engine-state directory {}: {io}; create it or point --uri \
+         at the directory the engines publish into",
+        dir.display()
+    )]
+    CreateDirectory {
+        /// The directory.
+        dir: std::path::PathBuf,
+        /// The OS error.
+        io: std::io::Error,
+    },
     /// The metrics/health listener could not be bound.
     #[error(
         "esagent: cannot listen on {addr}: {io}; choose another address with --listen \

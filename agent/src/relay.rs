@@ -100,12 +100,9 @@ impl Relay {
     /// not overwritten (see [`InlineSink::owner_checked`]).
     pub fn new(config: &AgentConfig) -> Result<Relay, Error> {
         if !config.shm_dir.exists() {
-            std::fs::create_dir_all(&config.shm_dir).map_err(|e| Error::Config {
-                what: format!(
-                    "cannot create the engine-state directory {}: {e}; create it or point --uri \
-                     at the directory the engines publish into",
-                    config.shm_dir.display()
-                ),
+            std::fs::create_dir_all(&config.shm_dir).map_err(|io| Error::CreateDirectory {
+                dir: config.shm_dir.clone(),
+                io,
             })?;
             // A typo in --uri would otherwise relay an empty directory in
             // silence, while the engines publish elsewhere.
@@ -379,6 +376,30 @@ mod tests {
             "50",
         ]);
         Relay::new(&args.into_config().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn uncreatable_directory_is_an_io_error_not_a_bad_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("file"), b"").unwrap();
+        let below_a_file = dir.path().join("file/sub");
+        let args = crate::Args::parse_from([
+            "esagent",
+            "--uri",
+            &format!("file://{}", below_a_file.display()),
+            "--redis",
+            "redis://127.0.0.1:1/0",
+        ]);
+        let err = Relay::new(&args.into_config().unwrap()).unwrap_err();
+        assert!(
+            matches!(&err, Error::CreateDirectory { dir, .. } if *dir == below_a_file),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string()
+                .contains("cannot create the engine-state directory"),
+            "{err}"
+        );
     }
 
     #[test]

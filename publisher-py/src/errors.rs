@@ -1,5 +1,6 @@
-//! Rust errors as Python exceptions: bad settings are `ValueError`, the rest
-//! `EngineStateError`.
+//! Rust errors as Python exceptions: bad settings (an invalid value the
+//! caller passed) are `ValueError`; the rest — I/O, threads, Redis, a live
+//! publisher of the same id — are `EngineStateError`.
 
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::PyErr;
@@ -14,9 +15,9 @@ pyo3::create_exception!(
 pub(crate) fn publisher_error(error: engine_state_publisher::Error) -> PyErr {
     use engine_state_publisher::Error as E;
     match &error {
-        E::Config { .. } | E::Uri(_) | E::InvalidSnapshot { .. } => {
-            PyValueError::new_err(error.to_string())
-        }
+        E::Config { .. }
+        | E::Reader(engine_state_reader::Error::BadUri { .. })
+        | E::InvalidSnapshot { .. } => PyValueError::new_err(error.to_string()),
         E::Shm(engine_state_shm_format::Error::InvalidEngineId { .. }) => {
             PyValueError::new_err(error.to_string())
         }

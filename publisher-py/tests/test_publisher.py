@@ -116,7 +116,7 @@ def test_second_live_publisher_same_id_is_refused(uri):
 def test_unwritable_location_is_a_clear_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with pytest.raises(ValueError, match="cannot create the engine-state directory"):
+    with pytest.raises(EngineStateError, match="cannot create the engine-state directory"):
         Publisher(uri=f"file://{blocker}/sub", engine_id="e")
 
 

@@ -1,5 +1,7 @@
 //! The one error type of the publisher crate.
 
+use std::path::PathBuf;
+
 /// Why a publisher could not start or publish.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -10,12 +12,34 @@ pub enum Error {
         /// What is wrong and what would be right.
         what: String,
     },
-    /// The URI is invalid or names a backend this build lacks.
+    /// The URI is invalid ([`engine_state_reader::Error::BadUri`]), or Redis
+    /// refused the connection for good: wrong password, no permission
+    /// ([`engine_state_reader::Error::Redis`]).
     #[error(transparent)]
-    Uri(#[from] engine_state_reader::Error),
-    /// Redis refused the connection for good (wrong password, no permission).
-    #[error(transparent)]
-    Redis(engine_state_reader::Error),
+    Reader(#[from] engine_state_reader::Error),
+    /// The shared-memory directory is missing and cannot be created.
+    #[error(
+        "engine-state publisher: cannot create the engine-state directory {}: {io}; create it, \
+         or choose another directory with AGENTIC_ENGINE_STATE_URI=file:///path",
+        dir.display()
+    )]
+    CreateDirectory {
+        /// The directory.
+        dir: PathBuf,
+        /// The OS error.
+        io: std::io::Error,
+    },
+    /// The operating system refused to start one of the publisher's threads.
+    #[error(
+        "engine-state publisher: cannot start the {thread} thread: {io}; the process is out of \
+         threads or memory: raise its limits (ulimit -u, memory) or run fewer processes"
+    )]
+    Spawn {
+        /// Which thread ("heartbeat", "Redis sink").
+        thread: &'static str,
+        /// The OS error.
+        io: std::io::Error,
+    },
     /// Creating or writing the shared-memory file failed.
     #[error(transparent)]
     Shm(#[from] engine_state_shm_format::Error),

@@ -123,7 +123,7 @@ impl Publisher {
                 let target = RedisTarget::parse(url)?;
                 let mut connection = match target.connect() {
                     Ok(con) => Some(con),
-                    Err(e) if RedisTarget::is_auth_error(&e) => return Err(Error::Redis(e)),
+                    Err(e) if RedisTarget::is_auth_error(&e) => return Err(Error::Reader(e)),
                     Err(_) => None,
                 };
                 let engine_id: Arc<str> = Arc::from(config.engine_id.as_str());
@@ -144,8 +144,8 @@ impl Publisher {
                     match claim(con, &target, &engine_id, owner) {
                         Ok(()) => {}
                         Err(e @ Error::AlreadyPublished { .. }) => return Err(e),
-                        Err(Error::Redis(e)) if RedisTarget::is_auth_error(&e) => {
-                            return Err(Error::Redis(e))
+                        Err(Error::Reader(e)) if RedisTarget::is_auth_error(&e) => {
+                            return Err(Error::Reader(e))
                         }
                         // Network trouble: the sink claims the key once it is through.
                         Err(_) => connection = None,
@@ -361,19 +361,16 @@ fn stamp(mut snapshot: Snapshot) -> Snapshot {
 }
 
 fn create_dir(dir: &PathBuf) -> Result<(), Error> {
-    // Something that exists but is not a directory (a regular file) is not a
-    // bad setting but a bad directory: `ShmWriter::create` refuses it with
-    // the same error as every other unusable directory (`EngineStateError`
-    // in Python, not `ValueError`).
+    // A missing directory that cannot be created, and something that exists
+    // but is not a directory (a regular file, refused by `ShmWriter::create`)
+    // are not bad settings but bad directories: I/O errors
+    // (`EngineStateError` in Python, not `ValueError`).
     if dir.exists() {
         return Ok(());
     }
-    std::fs::create_dir_all(dir).map_err(|e| Error::Config {
-        what: format!(
-            "cannot create the engine-state directory {}: {e}; create it, or choose another \
-             directory with AGENTIC_ENGINE_STATE_URI=file:///path",
-            dir.display()
-        ),
+    std::fs::create_dir_all(dir).map_err(|io| Error::CreateDirectory {
+        dir: dir.clone(),
+        io,
     })
 }
 
@@ -395,7 +392,7 @@ fn claim(
         .arg(&record.encode()[..])
         .arg(ttl_ms)
         .query(con)
-        .map_err(|e| Error::Redis(target.error("cannot claim the engine's key", &e)))?;
+        .map_err(|e| Error::Reader(target.error("cannot claim the engine's key", &e)))?;
     match reply {
         redis::Value::BulkString(header) => Err(Error::AlreadyPublished {
             engine_id: engine_id.to_owned(),
@@ -459,8 +456,9 @@ impl HeartbeatThread {
                     Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
                 }
             })
-            .map_err(|e| Error::Config {
-                what: format!("cannot start the heartbeat thread: {e}"),
+            .map_err(|io| Error::Spawn {
+                thread: "heartbeat",
+                io,
             })?;
         Ok(HeartbeatThread { stop, handle })
     }

@@ -103,6 +103,7 @@ fn uncreatable_directory_is_a_clear_error() {
     let err =
         Publisher::start(PublisherConfig::resolve(Some(&uri), Some("e"), None, None).unwrap())
             .unwrap_err();
+    assert!(matches!(err, Error::CreateDirectory { .. }), "{err:?}");
     assert!(
         err.to_string()
             .contains("cannot create the engine-state directory"),

@@ -28,17 +28,6 @@ pub enum Error {
         /// The OS error.
         io: std::io::Error,
     },
-    /// This build has no backend for the URI's scheme.
-    #[error("{uri}: {reason}")]
-    Unsupported {
-        /// The URI, password hidden.
-        uri: String,
-        /// Why, and what to use instead.
-        reason: String,
-    },
-    /// A backend failed as a whole (e.g. Redis unreachable).
-    #[error("{0}")]
-    Backend(String),
     /// Talking to Redis failed (unreachable, refused, wrong password, ...).
     #[error("Redis at {uri}: {error}; {hint}")]
     Redis {

@@ -10,7 +10,7 @@ use crate::error::Error;
 use crate::migration::{self, MigrationAdvice};
 use crate::policy::{self, AffinityCheck};
 use crate::request::{HashedPrompt, Request};
-use crate::reservation::{Held, Reservation};
+use crate::reservation::{HeldReservation, Reservation};
 use crate::router::Router;
 use crate::settings::{Policy, RealStateUse};
 use crate::shadow::Load;
@@ -35,7 +35,10 @@ pub(crate) enum MigrationSource<'a> {
     Named(&'a str),
     /// The instance of the request's own reservation, which is left out of
     /// that instance's load (and released there if the request migrates).
-    Reserved { instance_id: &'a str, held: Held },
+    Reserved {
+        instance_id: &'a str,
+        held: HeldReservation,
+    },
 }
 
 /// One decision's result, with its decision-log line when logging.
@@ -89,12 +92,12 @@ impl Router {
         state: &RouterState,
         source: usize,
         input_len: u64,
-        rr: &mut policy::RoundRobin,
+        round_robin: &mut policy::RoundRobin,
     ) -> MigrationAdvice {
         let settings = &self.shared.settings.migration;
         let mut advice = migration::trigger(settings, &state.candidates, source, input_len);
         advice.source_instance = state.instances[source].id.clone();
-        let target = migration::best_target(settings, &state.candidates, source, rr);
+        let target = migration::best_target(settings, &state.candidates, source, round_robin);
         advice.target_instance = target.map(|t| state.instances[t].id.clone());
         advice.migrate = advice.slo_exceeded && advice.above_fleet && target.is_some();
         advice
@@ -195,7 +198,7 @@ impl Router {
                     &state.candidates,
                     prompt.input_len,
                     bound,
-                    &mut state.rr,
+                    &mut state.round_robin,
                 )
                 .ok_or(Error::AllShuttingDown)?;
                 affinity = choice.affinity;
@@ -205,12 +208,13 @@ impl Router {
             Placement::Migration(source) => {
                 let source_position =
                     self.migration_candidates(state, request, source, prompt, now_ns)?;
-                let mut rr = state.rr;
-                let verdict = self.advise(state, source_position, prompt.input_len, &mut rr);
+                let mut round_robin = state.round_robin;
+                let verdict =
+                    self.advise(state, source_position, prompt.input_len, &mut round_robin);
                 if !verdict.migrate {
                     return Ok(None);
                 }
-                state.rr = rr;
+                state.round_robin = round_robin;
                 let target = state.position(
                     verdict
                         .target_instance

@@ -25,10 +25,11 @@
 //!
 //! Layout: `settings` (policies, thresholds), `request` and `blocks` (prompt
 //! hashing), `lru` and `shadow` (per-instance accounting), `effective` (real
-//! state and the merge), `policy` and `migration` (pure decision functions),
+//! state and the merge), `feed` (a reader's status → fresh or not), `clock`
+//! (the time source), `policy` and `migration` (pure decision functions),
 //! `state`, `router`, `decide` and `reservation` (the locked state, one
-//! decision under the lock, and the handles),
-//! `decision_log`.
+//! decision under the lock, and the handles), `decision` (what was decided
+//! and why), `decision_log` (its JSON Lines records), `error`.
 //!
 //! ```
 //! use std::time::Duration;

@@ -76,9 +76,9 @@ pub(crate) fn best_target(
     settings: &MigrationSettings,
     candidates: &[Candidate],
     source: usize,
-    rr: &mut RoundRobin,
+    round_robin: &mut RoundRobin,
 ) -> Option<usize> {
-    rr.argmin(candidates.len(), |i| {
+    round_robin.argmin(candidates.len(), |i| {
         let c = &candidates[i];
         if avoided(settings, c, i, source).is_some() {
             return None;

@@ -110,28 +110,29 @@ pub(crate) fn choose(
     candidates: &[Candidate],
     input_len: u64,
     bound: Option<usize>,
-    rr: &mut RoundRobin,
+    round_robin: &mut RoundRobin,
 ) -> Option<Choice> {
     let n = candidates.len();
     // Instances shutting down are no candidates for any policy.
     let open = |i: usize| (!candidates[i].shutting_down).then_some(&candidates[i]);
-    let least_loaded = |rr: &mut RoundRobin| rr.argmin(n, |i| Some(open(i)?.state.num_requests));
+    let least_loaded =
+        |round_robin: &mut RoundRobin| round_robin.argmin(n, |i| Some(open(i)?.state.num_requests));
     let plain = |index, reason| Choice {
         index,
         reason,
         affinity: None,
     };
     Some(match settings.policy {
-        Policy::LoadOnly => plain(least_loaded(rr)?, Reason::LeastLoaded),
+        Policy::LoadOnly => plain(least_loaded(round_robin)?, Reason::LeastLoaded),
         Policy::LMetric => {
-            let index = rr.argmin(n, |i| Some(lmetric(open(i)?, input_len)))?;
+            let index = round_robin.argmin(n, |i| Some(lmetric(open(i)?, input_len)))?;
             plain(index, Reason::Lmetric)
         }
         Policy::Sticky => match bound {
             Some(index) => plain(index, Reason::Affinity),
-            None => plain(least_loaded(rr)?, Reason::Placement),
+            None => plain(least_loaded(round_robin)?, Reason::Placement),
         },
-        Policy::Unified => unified_choice(settings, candidates, input_len, bound, rr)?,
+        Policy::Unified => unified_choice(settings, candidates, input_len, bound, round_robin)?,
     })
 }
 
@@ -140,7 +141,7 @@ fn unified_choice(
     candidates: &[Candidate],
     input_len: u64,
     bound: Option<usize>,
-    rr: &mut RoundRobin,
+    round_robin: &mut RoundRobin,
 ) -> Option<Choice> {
     let mut reason = Reason::Placement;
     let mut affinity = None;
@@ -176,7 +177,7 @@ fn unified_choice(
             Reason::FallbackColdCache
         };
     }
-    let index = rr.argmin(candidates.len(), |i| {
+    let index = round_robin.argmin(candidates.len(), |i| {
         let c = &candidates[i];
         if c.shutting_down {
             return None;

@@ -25,9 +25,10 @@ fn choose(
     c: &[Candidate],
     input_len: u64,
     bound: Option<usize>,
-    rr: &mut RoundRobin,
+    round_robin: &mut RoundRobin,
 ) -> Choice {
-    super::choose(s, c, input_len, bound, rr).expect("an instance that is not shutting down")
+    super::choose(s, c, input_len, bound, round_robin)
+        .expect("an instance that is not shutting down")
 }
 
 fn settings(policy: Policy) -> RouterSettings {
@@ -52,17 +53,17 @@ fn load_only_takes_the_fewest_requests() {
 fn ties_cycle_round_robin_in_instance_order() {
     let s = settings(Policy::LoadOnly);
     let idle = [cand(0, 0, 0, 0); 3];
-    let mut rr = RoundRobin::default();
+    let mut round_robin = RoundRobin::default();
     let picks: Vec<_> = (0..4)
-        .map(|_| choose(&s, &idle, INPUT, None, &mut rr).index)
+        .map(|_| choose(&s, &idle, INPUT, None, &mut round_robin).index)
         .collect();
     assert_eq!(picks, [0, 1, 2, 0]);
 
     // Tied {0, 1} and the cursor at 3: nothing tied at or after it, so wrap to 0.
-    let mut rr = RoundRobin { cursor: 3 };
+    let mut round_robin = RoundRobin { cursor: 3 };
     let c = [cand(1, 0, 0, 0), cand(1, 0, 0, 0), cand(5, 0, 0, 0)];
-    assert_eq!(choose(&s, &c, INPUT, None, &mut rr).index, 0);
-    assert_eq!(choose(&s, &c, INPUT, None, &mut rr).index, 1);
+    assert_eq!(choose(&s, &c, INPUT, None, &mut round_robin).index, 0);
+    assert_eq!(choose(&s, &c, INPUT, None, &mut round_robin).index, 1);
 }
 
 #[test]
@@ -194,9 +195,9 @@ fn unified_ranks_by_score_then_new_prefill_then_requests() {
 fn unified_full_ties_cycle_round_robin() {
     let s = settings(Policy::Unified);
     let c = [cand(1, 100, 0, 0); 3];
-    let mut rr = RoundRobin::default();
+    let mut round_robin = RoundRobin::default();
     let picks: Vec<_> = (0..3)
-        .map(|_| choose(&s, &c, INPUT, None, &mut rr).index)
+        .map(|_| choose(&s, &c, INPUT, None, &mut round_robin).index)
         .collect();
     assert_eq!(picks, [0, 1, 2]);
 }

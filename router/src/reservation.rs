@@ -33,7 +33,7 @@ pub struct Reservation {
 
 /// A reservation as a decision sees it: where it is and what it holds.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Held {
+pub(crate) struct HeldReservation {
     pub uid: u64,
     pub position_hint: usize,
     pub load: Load,
@@ -89,8 +89,8 @@ impl Reservation {
 
     /// What it holds on its instance, for a decision that must leave it out
     /// (migration advice about this request); `None` once released.
-    pub(crate) fn held(&self) -> Option<Held> {
-        (self.phase != Phase::Released).then_some(Held {
+    pub(crate) fn held(&self) -> Option<HeldReservation> {
+        (self.phase != Phase::Released).then_some(HeldReservation {
             uid: self.uid,
             position_hint: self.position_hint,
             load: self.load,

@@ -354,8 +354,8 @@ impl Router {
             self.shared.clock.now_ns(),
         )?;
         // A copy of the cursor: advice must not move the round-robin.
-        let mut rr = state.rr;
-        Ok(self.advise(&state, source, prompt.input_len, &mut rr))
+        let mut round_robin = state.round_robin;
+        Ok(self.advise(&state, source, prompt.input_len, &mut round_robin))
     }
 
     /// For a request that holds no reservation yet: if the trigger fires for

@@ -4,6 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use engine_state_reader::DEFAULT_STALE_AFTER;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
@@ -119,7 +120,11 @@ pub struct RouterSettings {
     /// read, DESIGN §8), is at most this many seconds old: the reader's
     /// `stale_after` rule (DESIGN §6) applied again at decision time, so a
     /// router whose feed stopped, or that was handed an old reading, does not
-    /// trust it. Default 2.0, the reader's `stale_after`.
+    /// trust it. Default 2.0: the reader's default `stale_after`
+    /// ([`DEFAULT_STALE_AFTER`]). A setting of its own, not read from the
+    /// reading, because a [`RealState`](crate::RealState) carries no
+    /// threshold and may come from any reader or process
+    /// (docs/ARCHITECTURE.md, "Multi-node and routing").
     pub real_state_expiry_s: f64,
     /// Migration target scoring and trigger thresholds.
     pub migration: MigrationSettings,
@@ -135,7 +140,7 @@ impl Default for RouterSettings {
             affinity_min_hit_ratio: 0.5,
             prefix_cache_blocks: 1024,
             max_sessions: 65_536,
-            real_state_expiry_s: 2.0,
+            real_state_expiry_s: DEFAULT_STALE_AFTER.as_secs_f64(),
             migration: MigrationSettings::default(),
         }
     }

@@ -9,7 +9,7 @@ use crate::effective::{EffectiveState, RealLoad, RealState};
 use crate::error::Error;
 use crate::lru::Lru;
 use crate::policy::{Candidate, RoundRobin};
-use crate::reservation::Held;
+use crate::reservation::HeldReservation;
 use crate::settings::RouterSettings;
 use crate::shadow::{InstanceShadow, Load, ShadowCounters};
 
@@ -103,7 +103,7 @@ pub(crate) struct RouterState {
     /// Session id hash → instance uid, and the instance's position when
     /// bound (a hint: positions only shift when an instance is removed).
     sessions: Lru<(u64, usize)>,
-    pub rr: RoundRobin,
+    pub round_robin: RoundRobin,
     next_uid: u64,
     /// Effective state of every instance for the decision in progress; kept
     /// to reuse its allocation.
@@ -130,7 +130,7 @@ impl RouterState {
             instances: Vec::new(),
             positions: HashMap::new(),
             sessions: Lru::new(settings.max_sessions),
-            rr: RoundRobin::default(),
+            round_robin: RoundRobin::default(),
             next_uid: 0,
             candidates: Vec::new(),
             logging: false,
@@ -223,7 +223,7 @@ impl RouterState {
     pub(crate) fn leave_out(
         &mut self,
         position: usize,
-        held: Held,
+        held: HeldReservation,
         consult_real: bool,
         now_ns: u64,
         expiry: Duration,
@@ -236,7 +236,7 @@ impl RouterState {
     }
 
     /// Release a migrated request's reservation on its old instance.
-    pub(crate) fn release_migrated(&mut self, position: usize, held: Held) {
+    pub(crate) fn release_migrated(&mut self, position: usize, held: HeldReservation) {
         self.instances[position]
             .shadow
             .release(held.load, held.decoding);
