@@ -172,13 +172,14 @@ impl Router {
         let shadow_only = match placement {
             Placement::Policy if consult_real && state.compare_shadow => {
                 state.fill_candidates(false, blocks, now_ns, expiry);
-                let mut rr = state.rr;
+                // A copy of the cursor: the counterfactual must not move it.
+                let mut round_robin = state.round_robin;
                 policy::choose(
                     settings,
                     &state.candidates,
                     prompt.input_len,
                     bound,
-                    &mut rr,
+                    &mut round_robin,
                 )
                 .map(|choice| choice.index)
             }
