@@ -13,9 +13,6 @@ pub enum Error {
     /// The shared-memory directory or the Redis URI is unusable.
     #[error(transparent)]
     Reader(#[from] engine_state_reader::Error),
-    /// The Redis sink could not start.
-    #[error(transparent)]
-    Publisher(#[from] engine_state_publisher::Error),
     /// The metrics/health listener could not be bound.
     #[error(
         "esagent: cannot listen on {addr}: {io}; choose another address with --listen \

@@ -15,7 +15,7 @@ pub enum Error {
     Uri(#[from] engine_state_reader::Error),
     /// Redis refused the connection for good (wrong password, no permission).
     #[error(transparent)]
-    Redis(engine_state_reader::Error),
+    Redis(engine_state_redis::Error),
     /// Creating or writing the shared-memory file failed.
     #[error(transparent)]
     Shm(#[from] engine_state_shm_format::Error),
