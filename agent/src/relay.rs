@@ -277,12 +277,12 @@ impl RecordSender {
     /// header cached per generation may be the previous writer's (the next
     /// record carries the new one).
     fn refresh_header(&mut self, shm: &ShmDir, engine: &EngineState) {
-        if let (Some(last), Some(header)) = (
+        if let (Some(last), Some(raw)) = (
             self.last_sent.get_mut(&engine.engine_id),
-            shm.header(&engine.engine_id),
+            shm.raw(&engine.engine_id),
         ) {
-            last.writer_pid = header.writer_pid;
-            last.publish_period_us = header.publish_period_us;
+            last.writer_pid = raw.header.writer_pid;
+            last.publish_period_us = raw.header.publish_period_us;
         }
     }
 
@@ -309,7 +309,12 @@ impl RecordSender {
         if matches!(engine.status, Status::Dead | Status::Torn) {
             return false;
         }
-        let heartbeat_mono_ns = now.saturating_sub(engine.heartbeat_age.as_nanos() as u64);
+        let Some(raw) = shm.raw(&engine.engine_id) else {
+            return false; // not an engine of this directory's reader
+        };
+        // The writer's own stamp, as the reader read it; one taken after
+        // `now` (another CPU) counts as `now`, as its age does.
+        let heartbeat_mono_ns = raw.heartbeat_mono_ns.min(now);
         let current = match last {
             Some(last)
                 if last.generation == engine.generation
@@ -326,13 +331,12 @@ impl RecordSender {
             }
             last => {
                 // A new engine or a new run of it: its header, once.
-                let header = shm.header(&engine.engine_id);
                 let current = SentRecord {
                     generation: engine.generation,
                     heartbeat_mono_ns,
                     snapshot: engine.snapshot,
-                    writer_pid: header.map_or(0, |h| h.writer_pid),
-                    publish_period_us: header.map_or(0, |h| h.publish_period_us),
+                    writer_pid: raw.header.writer_pid,
+                    publish_period_us: raw.header.publish_period_us,
                 };
                 match last {
                     Some(last) => *last = current,

@@ -11,8 +11,8 @@ use engine_state_redis::{
     SET_IF_OWNER_SCRIPT, STATE_ACTIVE,
 };
 use engine_state_shm_format::{
-    fork_generation, monotonic_ns, unix_ns, ShmWriter, Snapshot, WriterOptions, FLAG_IDLE,
-    FLAG_SHUTTING_DOWN,
+    fork_generation, heartbeat, monotonic_ns, unix_ns, ShmWriter, Snapshot, WriterOptions,
+    FLAG_IDLE, FLAG_SHUTTING_DOWN,
 };
 
 use crate::config::PublisherConfig;
@@ -421,7 +421,9 @@ fn heartbeat_redis(
     let record = {
         let mut record = lock(record);
         let now = monotonic_ns();
-        if now.saturating_sub(record.heartbeat_mono_ns) < period.as_nanos() as u64 {
+        if now.saturating_sub(record.heartbeat_mono_ns)
+            < heartbeat::skip_if_younger(period).as_nanos() as u64
+        {
             return;
         }
         record.heartbeat_seq += 1;

@@ -44,7 +44,7 @@ pub use crate::freshness::{
 };
 #[cfg(feature = "redis")]
 pub use crate::redis_source::RedisSource;
-pub use crate::shm_dir::ShmDir;
+pub use crate::shm_dir::{RawEngine, ShmDir};
 pub use crate::source::{open, ReaderOptions, Source};
 pub use crate::state::{millis, EngineState, Reading, JSON_KEYS};
 pub use crate::uri::{StateUri, DEFAULT_URI, URI_ENV};
