@@ -18,7 +18,7 @@ BIN := $(TARGET_DIR)/$(PROFILE)
 export ENGINE_STATE_PYTHON := $(PY)
 
 .PHONY: help build bins py venv test test-rust test-loom test-py test-go test-vllm vllm-venv \
-        lint fmt miri bench bench-vllm demo demo-smoke sim clean fuzz
+        lint lint-shm-only fmt miri bench bench-vllm demo demo-smoke sim clean fuzz
 
 help:
 	@echo "make demo        four demo engines, live in esdump --watch for DURATION=$(DURATION) s"
@@ -89,9 +89,17 @@ test-vllm: vllm-venv bins
 	ENGINE_STATE_BIN=$(abspath $(BIN)) $(VLLM_VENV)/bin/python -m pytest -q publisher-py/tests_vllm
 	ENGINE_STATE_BIN=$(abspath $(BIN)) $(VLLM_VENV)/bin/python -m pytest -q sim/tests_vllm
 
-lint:
+lint: lint-shm-only
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# A shared-memory-only router builds the reader with default-features = false:
+# no Redis client and no TLS in its dependency tree, and it still builds.
+lint-shm-only:
+	@if $(CARGO) tree -p engine-state-reader --no-default-features -e normal --prefix none \
+		| grep -E '^(redis|rustls|engine-state-redis) '; then \
+		echo "engine-state-reader without default features depends on the above"; exit 1; fi
+	$(CARGO) clippy -p engine-state-reader --no-default-features --all-targets -- -D warnings
 
 fmt:
 	$(CARGO) fmt --all

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser};
-use engine_state_reader::{RedisTarget, StateUri};
+use engine_state_reader::StateUri;
+use engine_state_redis::RedisTarget;
 
 use crate::error::Error;
 
@@ -136,7 +137,7 @@ impl Args {
             }
         };
         let redis = match StateUri::parse(&self.redis)? {
-            StateUri::Redis { url } => RedisTarget::parse(&url)?,
+            StateUri::Redis { target } => target,
             StateUri::Shm { .. } => {
                 return Err(Error::Config {
                     what: "--redis needs a redis:// or rediss:// URI".to_owned(),

@@ -13,9 +13,6 @@ pub enum Error {
     /// The shared-memory directory or the Redis URI is unusable.
     #[error(transparent)]
     Reader(#[from] engine_state_reader::Error),
-    /// The Redis sink could not start.
-    #[error(transparent)]
-    Publisher(#[from] engine_state_publisher::Error),
     /// The shared-memory directory is missing and cannot be created.
     #[error(
         "esagent: cannot create the engine-state directory {}: {io}; create it or point --uri \

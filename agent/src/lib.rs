@@ -8,9 +8,9 @@
 //!   heartbeat words through the reader crate's `ShmDir` and relays new
 //!   snapshots and heartbeats at once, and every 500 ms reads the whole
 //!   directory (restarts, removals, errors, gauges), writing through the
-//!   publisher crate's `InlineSink` from that same thread (one pipeline per
-//!   pass, its replies collected on the next pass; reconnects with capped
-//!   backoff).
+//!   engine-state-redis crate's `InlineSink` from that same thread (one
+//!   pipeline per pass, its replies collected on the next pass; reconnects
+//!   with its `Backoff`).
 //!   Stops when its [`CancellationToken`] is cancelled, within
 //!   [`SHUTDOWN_LIMIT`]. The HTTP side is capped (a quarter of the open-file
 //!   limit in connections, idle clients dropped after 2 s, failed accepts

@@ -14,12 +14,11 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use engine_state_publisher::{InlineSink, SinkOp, SinkStats};
 use engine_state_reader::{
-    EngineState, Freshness, ReaderOptions, Reading, RedisRecord, ShmDir, Snapshot, Status,
-    STATE_ACTIVE,
+    EngineState, Freshness, ReaderOptions, Reading, ShmDir, Snapshot, Status,
 };
-use engine_state_shm_format::monotonic_ns;
+use engine_state_redis::{InlineSink, RedisRecord, SinkOp, SinkStats, STATE_ACTIVE};
+use engine_state_shm_format::{heartbeat, monotonic_ns};
 
 use crate::config::AgentConfig;
 use crate::error::Error;
@@ -56,32 +55,34 @@ pub struct Relay {
     reading: Reading,
     /// What the last [`Relay::poll`] found changed (kept for its allocation).
     changed: Reading,
-    outbox: Outbox,
+    sender: RecordSender,
     known_errors: HashSet<String>,
     /// Why the last full pass could not list the directory (None: it could).
     directory_error: Option<String>,
 }
 
-/// The sink and what was queued to it last, per engine.
+/// Turns engine states into Redis records for the sink: what was queued to
+/// it last per engine, and the batch of the current pass.
 #[derive(Debug)]
-struct Outbox {
+struct RecordSender {
     sink: InlineSink,
-    relayed: HashMap<Arc<str>, Relayed, foldhash::fast::RandomState>,
+    last_sent: HashMap<Arc<str>, SentRecord, foldhash::fast::RandomState>,
     next_seq: u64,
     snapshot_age: metrics::Histogram,
     /// Records of the current pass, handed to the sink at once at its end.
     batch: Vec<(Arc<str>, SinkOp)>,
     /// A heartbeat newer than the relayed record by less than this (nine
     /// tenths of a period) is not worth a write of its own (see
-    /// [`Outbox::queue`]).
+    /// [`RecordSender::queue`]).
     heartbeat_step_ns: u64,
     /// Engines of the current pass that were relayed before (when a tick
-    /// counts all of `relayed`, none left the directory).
-    known: usize,
+    /// counts all of `last_sent`, none left the directory).
+    sent_before: usize,
 }
 
+/// What was queued to the sink last for one engine.
 #[derive(Clone, Copy, Debug, PartialEq)]
-struct Relayed {
+struct SentRecord {
     generation: u64,
     heartbeat_mono_ns: u64,
     snapshot: Snapshot,
@@ -127,7 +128,7 @@ impl Relay {
         let shm = ShmDir::open(&config.shm_dir, options)?;
         let connection = match config.redis.connect() {
             Ok(con) => Some(con),
-            Err(e) if engine_state_reader::RedisTarget::is_auth_error(&e) => return Err(e.into()),
+            Err(e) if e.is_auth_error() => return Err(engine_state_reader::Error::from(e).into()),
             Err(_) => None,
         };
         let lag = metrics::histogram!(telemetry::RELAY_LAG);
@@ -143,17 +144,17 @@ impl Relay {
             shm,
             reading: Reading::default(),
             changed: Reading::default(),
-            outbox: Outbox {
+            sender: RecordSender {
                 sink,
-                relayed: HashMap::default(),
+                last_sent: HashMap::default(),
                 // Strictly above anything an earlier run of the agent on this host sent.
                 next_seq: monotonic_ns(),
                 snapshot_age: metrics::histogram!(telemetry::SNAPSHOT_AGE),
                 batch: Vec::new(),
                 // Nine tenths: an idle engine's every heartbeat (timers
                 // jitter), not one between two publishes of a busy engine.
-                heartbeat_step_ns: config.period.as_nanos() as u64 / 10 * 9,
-                known: 0,
+                heartbeat_step_ns: heartbeat::relay_step(config.period).as_nanos() as u64,
+                sent_before: 0,
             },
             known_errors: HashSet::new(),
             directory_error: None,
@@ -166,7 +167,7 @@ impl Relay {
     /// changed. Returns how many records were queued.
     pub fn poll(&mut self) -> usize {
         let now = monotonic_ns();
-        let step = Some(Duration::from_nanos(self.outbox.heartbeat_step_ns));
+        let step = Some(Duration::from_nanos(self.sender.heartbeat_step_ns));
         if self
             .shm
             .read_changed_at(&mut self.changed, now, step)
@@ -176,9 +177,9 @@ impl Relay {
         }
         let mut queued = 0;
         for engine in &self.changed.engines {
-            queued += usize::from(self.outbox.queue(&self.shm, engine, now));
+            queued += usize::from(self.sender.queue(&self.shm, engine, now));
         }
-        self.outbox.send();
+        self.sender.send();
         queued
     }
 
@@ -210,16 +211,16 @@ impl Relay {
             metrics::counter!(telemetry::READ_ERRORS).increment(new_errors as u64);
         }
         self.known_errors = self.reading.errors.iter().map(|e| e.name.clone()).collect();
-        self.outbox.known = 0;
+        self.sender.sent_before = 0;
         for engine in &self.reading.engines {
-            report.queued += usize::from(self.outbox.queue(&self.shm, engine, now));
-            self.outbox.refresh_header(&self.shm, engine);
+            report.queued += usize::from(self.sender.queue(&self.shm, engine, now));
+            self.sender.refresh_header(&self.shm, engine);
         }
-        if self.outbox.known != self.outbox.relayed.len() {
+        if self.sender.sent_before != self.sender.last_sent.len() {
             // Not every engine relayed before is still there.
             let reading = &self.reading;
-            let batch = &mut self.outbox.batch;
-            self.outbox.relayed.retain(|id, _| {
+            let batch = &mut self.sender.batch;
+            self.sender.last_sent.retain(|id, _| {
                 let present = reading.get(id).is_some();
                 if !present {
                     // The writer closed (its file is gone): so does its key.
@@ -229,7 +230,7 @@ impl Relay {
                 present
             });
         }
-        self.outbox.send();
+        self.sender.send();
         report
     }
 
@@ -258,27 +259,27 @@ impl Relay {
 
     /// The sink's counters.
     pub fn sink_stats(&self) -> &SinkStats {
-        self.outbox.sink.stats()
+        self.sender.sink.stats()
     }
 
     /// Writes what is pending (at most `timeout`).
     pub fn shutdown(&mut self, timeout: Duration) {
-        self.outbox.sink.flush(timeout);
+        self.sender.sink.flush(timeout);
     }
 }
 
-impl Outbox {
+impl RecordSender {
     /// Takes the writer pid and period from `engine`'s file again: a file
     /// replaced after a clean close starts at the same generation, so the
     /// header cached per generation may be the previous writer's (the next
     /// record carries the new one).
     fn refresh_header(&mut self, shm: &ShmDir, engine: &EngineState) {
-        if let (Some(last), Some(header)) = (
-            self.relayed.get_mut(&engine.engine_id),
-            shm.header(&engine.engine_id),
+        if let (Some(last), Some(raw)) = (
+            self.last_sent.get_mut(&engine.engine_id),
+            shm.raw(&engine.engine_id),
         ) {
-            last.writer_pid = header.writer_pid;
-            last.publish_period_us = header.publish_period_us;
+            last.writer_pid = raw.header.writer_pid;
+            last.publish_period_us = raw.header.publish_period_us;
         }
     }
 
@@ -298,14 +299,19 @@ impl Outbox {
     /// whose publishes already carry its heartbeat (and whose heartbeat
     /// thread ticks at its own phase), costs one record a period, not two.
     fn queue(&mut self, shm: &ShmDir, engine: &EngineState, now: u64) -> bool {
-        let last = self.relayed.get_mut(&engine.engine_id);
-        self.known += usize::from(last.is_some());
+        let last = self.last_sent.get_mut(&engine.engine_id);
+        self.sent_before += usize::from(last.is_some());
         // A dead or torn engine is not refreshed: its key expires, and
         // Redis readers see it dead, as a reader of the file would.
         if matches!(engine.status, Status::Dead | Status::Torn) {
             return false;
         }
-        let heartbeat_mono_ns = now.saturating_sub(engine.heartbeat_age.as_nanos() as u64);
+        let Some(raw) = shm.raw(&engine.engine_id) else {
+            return false; // not an engine of this directory's reader
+        };
+        // The writer's own stamp, as the reader read it; one taken after
+        // `now` (another CPU) counts as `now`, as its age does.
+        let heartbeat_mono_ns = raw.heartbeat_mono_ns.min(now);
         let current = match last {
             Some(last)
                 if last.generation == engine.generation
@@ -322,18 +328,17 @@ impl Outbox {
             }
             last => {
                 // A new engine or a new run of it: its header, once.
-                let header = shm.header(&engine.engine_id);
-                let current = Relayed {
+                let current = SentRecord {
                     generation: engine.generation,
                     heartbeat_mono_ns,
                     snapshot: engine.snapshot,
-                    writer_pid: header.map_or(0, |h| h.writer_pid),
-                    publish_period_us: header.map_or(0, |h| h.publish_period_us),
+                    writer_pid: raw.header.writer_pid,
+                    publish_period_us: raw.header.publish_period_us,
                 };
                 match last {
                     Some(last) => *last = current,
                     None => {
-                        self.relayed.insert(engine.engine_id.clone(), current);
+                        self.last_sent.insert(engine.engine_id.clone(), current);
                     }
                 }
                 current

@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use engine_state_redis::Backoff;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -162,7 +163,10 @@ fn relay_loop(
                     let error = stats.last_error().unwrap_or_else(|| {
                         format!("Redis at {} is not reachable yet", config.redis)
                     });
-                    eprintln!("esagent: {error}; retrying with backoff (50 ms to 5 s)");
+                    eprintln!(
+                        "esagent: {error}; retrying with backoff ({})",
+                        Backoff::describe()
+                    );
                 }
             }
             gauges.record(relay.reading(), connected, now);

@@ -12,11 +12,12 @@ pub enum Error {
         /// What is wrong and what would be right.
         what: String,
     },
-    /// The URI is invalid ([`engine_state_reader::Error::BadUri`]), or Redis
-    /// refused the connection for good: wrong password, no permission
-    /// ([`engine_state_reader::Error::Redis`]).
+    /// The URI is invalid or names a backend this build lacks.
     #[error(transparent)]
     Reader(#[from] engine_state_reader::Error),
+    /// Redis refused the connection for good (wrong password, no permission).
+    #[error(transparent)]
+    Redis(engine_state_redis::Error),
     /// The shared-memory directory is missing and cannot be created.
     #[error(
         "engine-state publisher: cannot create the engine-state directory {}: {io}; create it, \

@@ -5,12 +5,9 @@
 //!   `AGENTIC_ENGINE_STATE_PERIOD_MS` (DESIGN §9).
 //! - [`Publisher`]: the file's single writer plus a heartbeat thread. The
 //!   Python `engine_state.Publisher` and the vLLM hook are thin layers over it.
-//!   With a `redis://` URI it hands records to a [`RedisSink`] instead.
-//! - [`RedisSink`]: the thread that owns a Redis connection and writes the
-//!   latest record of each engine, pipelined, with reconnection backoff.
-//! - [`InlineSink`]: the same writes driven by the caller's own thread, which
-//!   collects each pipeline's replies on its next call (the node agent's relay
-//!   loop, which wakes every millisecond anyway).
+//!   With a `redis://` URI it hands records to an
+//!   `engine_state_redis::RedisSink` instead (the Redis writers, the key
+//!   schema and the backoff are the `engine-state-redis` crate's).
 //!
 //! ```
 //! use engine_state_publisher::{Publisher, PublisherConfig};
@@ -29,20 +26,17 @@
 
 mod config;
 mod error;
-mod inline_sink;
-mod pipeline;
 mod publisher;
 mod recreate;
-mod redis_sink;
 
 pub use crate::config::{
     default_engine_id, PublisherConfig, DEFAULT_PERIOD, ENGINE_ID_ENV, FILE_MODE_ENV, PERIOD_ENV,
 };
 pub use crate::error::Error;
-pub use crate::inline_sink::InlineSink;
 pub use crate::publisher::Publisher;
 pub use crate::recreate::PublisherStats;
-pub use crate::redis_sink::{RedisSink, SinkHandle, SinkOp, SinkStats, WrittenObserver};
+/// The counters of [`Publisher::redis_stats`].
+pub use engine_state_redis::SinkStats;
 
 #[cfg(test)]
 mod tests;

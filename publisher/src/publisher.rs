@@ -5,19 +5,19 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use engine_state_reader::{
-    engine_key, RedisRecord, RedisTarget, StateUri, SET_IF_OWNER_SCRIPT, STATE_ACTIVE,
+use engine_state_reader::StateUri;
+use engine_state_redis::{
+    engine_key, holder_pid, RedisRecord, RedisSink, RedisTarget, SinkHandle, SinkOp,
+    SET_IF_OWNER_SCRIPT, STATE_ACTIVE,
 };
 use engine_state_shm_format::{
-    fork_generation, monotonic_ns, unix_ns, ShmWriter, Snapshot, WriterOptions, FLAG_IDLE,
-    FLAG_SHUTTING_DOWN,
+    fork_generation, heartbeat, monotonic_ns, unix_ns, ShmWriter, Snapshot, WriterOptions,
+    FLAG_IDLE, FLAG_SHUTTING_DOWN,
 };
 
 use crate::config::PublisherConfig;
 use crate::error::Error;
-use crate::pipeline::holder_pid;
 use crate::recreate::{Handoff, Keeper, PublisherStats};
-use crate::redis_sink::{RedisSink, SinkHandle, SinkOp};
 
 /// The flag bits of layout version 1 (DESIGN §3); the others are reserved.
 const KNOWN_FLAGS: u64 = FLAG_IDLE | FLAG_SHUTTING_DOWN;
@@ -90,7 +90,7 @@ impl Publisher {
     /// [`Error::AlreadyPublished`], on either backend. Shared memory: the
     /// file's writer is alive (a dead writer's file is taken over). Redis:
     /// the engine's key holds another writer's unexpired record (one round
-    /// trip, [`engine_state_reader::SET_IF_OWNER_SCRIPT`]); a restarted
+    /// trip, [`engine_state_redis::SET_IF_OWNER_SCRIPT`]); a restarted
     /// engine takes the id over once its predecessor's key expired
     /// (`ttl_ms`, 2 s by default, after its last write).
     ///
@@ -119,11 +119,11 @@ impl Publisher {
                 )?;
                 (Backend::Shm(ShmBackend { writer, handoff }), heartbeat)
             }
-            StateUri::Redis { url } => {
-                let target = RedisTarget::parse(url)?;
+            StateUri::Redis { target } => {
+                let target = target.clone();
                 let mut connection = match target.connect() {
                     Ok(con) => Some(con),
-                    Err(e) if RedisTarget::is_auth_error(&e) => return Err(Error::Reader(e)),
+                    Err(e) if e.is_auth_error() => return Err(Error::Redis(e)),
                     Err(_) => None,
                 };
                 let engine_id: Arc<str> = Arc::from(config.engine_id.as_str());
@@ -144,9 +144,7 @@ impl Publisher {
                     match claim(con, &target, &engine_id, owner) {
                         Ok(()) => {}
                         Err(e @ Error::AlreadyPublished { .. }) => return Err(e),
-                        Err(Error::Reader(e)) if RedisTarget::is_auth_error(&e) => {
-                            return Err(Error::Reader(e))
-                        }
+                        Err(Error::Redis(e)) if e.is_auth_error() => return Err(Error::Redis(e)),
                         // Network trouble: the sink claims the key once it is through.
                         Err(_) => connection = None,
                     }
@@ -157,7 +155,10 @@ impl Publisher {
                     None,
                     &format!("es-redis-{}", config.engine_id),
                     Some(owner),
-                )?;
+                )
+                .map_err(|e| Error::Config {
+                    what: format!("cannot start the Redis sink thread: {e}"),
+                })?;
                 sink.send(&engine_id, SinkOp::Set(*lock(&record)));
                 let (handle, beat_record, beat_id) =
                     (sink.handle(), record.clone(), engine_id.clone());
@@ -307,7 +308,7 @@ impl Publisher {
     }
 
     /// Counters of the Redis sink (None for shared memory or once closed).
-    pub fn redis_stats(&self) -> Option<&crate::redis_sink::SinkStats> {
+    pub fn redis_stats(&self) -> Option<&engine_state_redis::SinkStats> {
         match &self.backend {
             Some(Backend::Redis(redis)) => Some(redis.sink.stats()),
             _ => None,
@@ -392,7 +393,7 @@ fn claim(
         .arg(&record.encode()[..])
         .arg(ttl_ms)
         .query(con)
-        .map_err(|e| Error::Reader(target.error("cannot claim the engine's key", &e)))?;
+        .map_err(|e| Error::Redis(target.error("cannot claim the engine's key", &e)))?;
     match reply {
         redis::Value::BulkString(header) => Err(Error::AlreadyPublished {
             engine_id: engine_id.to_owned(),
@@ -417,7 +418,9 @@ fn heartbeat_redis(
     let record = {
         let mut record = lock(record);
         let now = monotonic_ns();
-        if now.saturating_sub(record.heartbeat_mono_ns) < period.as_nanos() as u64 {
+        if now.saturating_sub(record.heartbeat_mono_ns)
+            < heartbeat::skip_if_younger(period).as_nanos() as u64
+        {
             return;
         }
         record.heartbeat_seq += 1;

@@ -26,7 +26,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use engine_state_shm_format::{
-    fork_generation, monotonic_ns, unix_ns, EngineId, Heartbeat, ShmWriter, Snapshot, WriterOptions,
+    fork_generation, heartbeat, monotonic_ns, unix_ns, EngineId, Heartbeat, ShmWriter, Snapshot,
+    WriterOptions,
 };
 
 /// The heartbeat thread checks that the file is in place every this many
@@ -166,7 +167,10 @@ impl Keeper {
             // truncated or zeroed under it.
             self.last_snapshot = self.beat.snapshot().or(self.last_snapshot);
         }
-        if !self.beat.beat_unless_younger(self.options.publish_period) {
+        if !self
+            .beat
+            .beat_unless_younger(heartbeat::skip_if_younger(self.options.publish_period))
+        {
             return false;
         }
         self.ticks = self.ticks.wrapping_add(1);

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-/// Default `stale_after`: heartbeat older than this is stale.
-pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(2);
+/// Default `stale_after`: heartbeat older than this is stale (the heartbeat
+/// policy's number).
+pub use engine_state_shm_format::heartbeat::DEFAULT_STALE_AFTER;
 /// Default `max_capture_age`: a busy engine's capture older than this is stale.
 pub const DEFAULT_MAX_CAPTURE_AGE: Duration = Duration::from_secs(30);
 

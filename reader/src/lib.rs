@@ -3,10 +3,10 @@
 //!
 //! - [`Source`]: one API over every backend; [`open`] picks the backend a
 //!   [`StateUri`] names. [`ShmDir`] reads a shared-memory directory,
-//!   [`RedisSource`] a Redis server ([`RedisTarget`]: server, database, key
-//!   prefix; [`RedisRecord`]: the key schema every Redis writer and reader uses;
-//!   [`decode_fetched`], [`heartbeat_age_at_fetch`], [`record_state`]: one
-//!   fetched record judged, for programs that fetch with their own client).
+//!   `RedisSource` a Redis server (with the default `redis` feature; the key
+//!   schema, the target and the protocol are the `engine-state-redis`
+//!   crate's, re-exported as [`redis`]); `record_state`: one fetched record
+//!   judged, for programs that fetch with their own client.
 //! - [`EngineState`]: per engine, the [`Snapshot`], `heartbeat_age`,
 //!   `capture_age`, `gpu_kv_used_frac()` and a [`Status`]
 //!   (`fresh | stale | dead | torn`).
@@ -32,10 +32,10 @@
 
 mod error;
 mod freshness;
+#[cfg(feature = "redis")]
 mod redis_fetch;
-mod redis_schema;
+#[cfg(feature = "redis")]
 mod redis_source;
-mod redis_target;
 mod shm_dir;
 mod source;
 mod state;
@@ -45,19 +45,20 @@ pub use crate::error::{EngineError, Error, FormatError};
 pub use crate::freshness::{
     Freshness, Observation, Status, DEFAULT_MAX_CAPTURE_AGE, DEFAULT_STALE_AFTER,
 };
-pub use crate::redis_fetch::{decode_fetched, heartbeat_age_at_fetch, record_state};
-pub use crate::redis_schema::{
-    engine_key, registry_key, RedisRecord, DELETE_IF_OWNER_SCRIPT, RECORD_HEADER_SIZE,
-    RECORD_MAGIC, RECORD_SIZE, SET_IF_OWNER_SCRIPT, STATE_ACTIVE, STATE_RETIRED,
-};
-pub use crate::redis_source::{RedisSource, PRUNE_AFTER, RECONNECT_CAP, RECONNECT_FIRST};
-pub use crate::redis_target::{
-    RedisTarget, DEFAULT_PREFIX, DEFAULT_TTL, NETWORK_TIMEOUT, READ_TIMEOUT,
-};
-pub use crate::shm_dir::ShmDir;
+#[cfg(feature = "redis")]
+pub use crate::redis_fetch::record_state;
+#[cfg(feature = "redis")]
+pub use crate::redis_source::RedisSource;
+pub use crate::shm_dir::{RawEngine, ShmDir};
 pub use crate::source::{open, ReaderOptions, Source};
 pub use crate::state::{millis, EngineState, Reading, JSON_KEYS};
-pub use crate::uri::{is_secret_parameter, redact, StateUri, DEFAULT_URI, URI_ENV};
+pub use crate::uri::{StateUri, DEFAULT_URI, URI_ENV};
+/// The Redis crate (schema, target, fetch helpers), for programs that read
+/// Redis records with their own client.
+#[cfg(feature = "redis")]
+pub use engine_state_redis as redis;
+#[cfg(feature = "redis")]
+pub use engine_state_redis::{RedisTarget, READ_TIMEOUT};
 pub use engine_state_shm_format::{Snapshot, FLAG_IDLE, FLAG_SHUTTING_DOWN};
 
 #[cfg(test)]

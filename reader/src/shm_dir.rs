@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use engine_state_shm_format::{monotonic_ns, pid_namespace, Header, ShmFile, Snapshot};
+use engine_state_shm_format::{heartbeat, monotonic_ns, pid_namespace, Header, ShmFile, Snapshot};
 use nix::errno::Errno;
 use nix::sys::signal::kill;
 use nix::unistd::Pid;
@@ -41,6 +41,18 @@ pub struct ShmDir {
     bad: Vec<Bad>,
     /// Monotonic ns of the last listing (0: never).
     last_scan_ns: u64,
+}
+
+/// One engine's file as [`ShmDir`]'s last read of it saw it ([`ShmDir::raw`]).
+#[derive(Clone, Copy, Debug)]
+pub struct RawEngine<'a> {
+    /// The file's header as it was at open (writer pid, period, generation).
+    pub header: &'a Header,
+    /// The writer's heartbeat stamp (its `CLOCK_MONOTONIC`) as last read:
+    /// the stamp behind the reported `heartbeat_age`.
+    pub heartbeat_mono_ns: u64,
+    /// The file's generation.
+    pub generation: u64,
 }
 
 #[derive(Debug)]
@@ -222,10 +234,12 @@ impl ShmDir {
         out.clear();
         self.rescan_if_due(now_mono_ns)?;
         let step_ns = heartbeat_step.map_or(u64::MAX, |d| d.as_nanos() as u64);
-        // Late: four steps (a few periods at a caller's step) without a
-        // heartbeat. From the step, not from each entry's own period: one
-        // load fewer per engine and poll.
-        let late_ns = step_ns.saturating_mul(4);
+        // Late (the heartbeat policy's `replaced_after`, a few periods at a
+        // caller's step) without a heartbeat. From the step, not from each
+        // entry's own period: one load fewer per engine and poll.
+        let late_ns = heartbeat_step.map_or(u64::MAX, |d| {
+            u64::try_from(heartbeat::replaced_after(d).as_nanos()).unwrap_or(u64::MAX)
+        });
         for entry in &mut self.engines {
             let seq = entry.file.seq();
             // Odd: a write is in progress; the next call sees it finished.
@@ -248,11 +262,23 @@ impl ShmDir {
 
     /// The header of an engine's file as it was at open (writer pid, period).
     pub fn header(&self, engine_id: &str) -> Option<&Header> {
+        self.raw(engine_id).map(|raw| raw.header)
+    }
+
+    /// What the last read of an engine's file saw, raw: its header, the
+    /// writer's heartbeat stamp and the file's generation (for a relay that
+    /// forwards the writer's own stamps rather than ages).
+    pub fn raw(&self, engine_id: &str) -> Option<RawEngine<'_>> {
         let i = self
             .engines
             .binary_search_by(|e| (*e.id).cmp(engine_id))
             .ok()?;
-        Some(self.engines[i].file.header())
+        let entry = &self.engines[i];
+        Some(RawEngine {
+            header: entry.file.header(),
+            heartbeat_mono_ns: entry.seen_heartbeat_ns,
+            generation: entry.file.generation(),
+        })
     }
 }
 
@@ -268,12 +294,14 @@ impl Source for ShmDir {
 
 impl Entry {
     fn new(file: ShmFile) -> Entry {
-        // Two missed heartbeats (at least 10 ms) before suspecting the writer.
-        let period_ns = u64::from(file.header().publish_period_us) * 1000;
+        // Missed heartbeats (the heartbeat policy's `late_after`, at least
+        // the pid check interval) before suspecting the writer.
+        let period = Duration::from_micros(u64::from(file.header().publish_period_us));
+        let late_after = heartbeat::late_after(period, Duration::from_nanos(PID_CHECK_INTERVAL_NS));
         Entry {
             id: Arc::from(file.engine_id().as_str()),
             writer_alive: writer_alive(file.header()),
-            late_after_ns: (2 * period_ns).max(PID_CHECK_INTERVAL_NS),
+            late_after_ns: late_after.as_nanos() as u64,
             next_pid_check_ns: 0,
             file,
             next_reopen: Instant::now(),

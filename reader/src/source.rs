@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::freshness::Freshness;
+#[cfg(feature = "redis")]
 use crate::redis_source::RedisSource;
-use crate::redis_target::RedisTarget;
 use crate::shm_dir::ShmDir;
 use crate::state::Reading;
 use crate::uri::StateUri;
@@ -51,9 +51,7 @@ impl Default for ReaderOptions {
 pub fn open(uri: &StateUri, options: ReaderOptions) -> Result<Box<dyn Source>, Error> {
     match uri {
         StateUri::Shm { dir } => Ok(Box::new(ShmDir::open(dir, options)?)),
-        StateUri::Redis { url } => Ok(Box::new(RedisSource::open(
-            RedisTarget::parse(url)?,
-            options,
-        )?)),
+        #[cfg(feature = "redis")]
+        StateUri::Redis { target } => Ok(Box::new(RedisSource::open(target.clone(), options)?)),
     }
 }

@@ -3,6 +3,9 @@
 use std::fmt;
 use std::path::PathBuf;
 
+#[cfg(feature = "redis")]
+use engine_state_redis::{redact, RedisTarget};
+
 use crate::error::Error;
 
 /// The default location: a directory in `/dev/shm`.
@@ -19,10 +22,12 @@ pub enum StateUri {
         dir: PathBuf,
     },
     /// `redis://[user:pass@]host:port/db[?prefix=P&ttl_ms=N]` or `rediss://…`
-    /// (TLS); see [`crate::RedisTarget`].
+    /// (TLS), with the default `redis` feature.
+    #[cfg(feature = "redis")]
     Redis {
-        /// The URI as given; [`StateUri`]'s `Display` hides the password.
-        url: String,
+        /// The server, database, prefix and expiry, parsed and checked;
+        /// its `Display` hides the password.
+        target: RedisTarget,
     },
 }
 
@@ -61,10 +66,15 @@ impl StateUri {
                 ));
             }
             // Port, database, prefix and TTL are checked now, not at first use.
-            crate::redis_target::RedisTarget::parse(uri)?;
+            #[cfg(feature = "redis")]
             return Ok(StateUri::Redis {
-                url: uri.to_owned(),
+                target: RedisTarget::parse(uri)?,
             });
+            #[cfg(not(feature = "redis"))]
+            return Err(bad(
+                "this build has no Redis support: rebuild engine-state-reader with its `redis` \
+                 feature (on by default), or use file:///dir (shared memory)",
+            ));
         }
         if uri.is_empty() {
             return Err(bad("it is empty"));
@@ -91,55 +101,12 @@ impl StateUri {
     }
 }
 
-/// Hides every credential of a URI: the password of `scheme://user:password@host`
-/// (the user part of `redis://secret@host`), and the value of every query
-/// parameter whose name looks like one ([`is_secret_parameter`]:
-/// `?password=`, `?pass=`, `?token=`, ...). Used for every `Display`,
-/// `Debug` and error text of a URI.
-pub fn redact(uri: &str) -> String {
-    let hidden = redact_userinfo(uri);
-    let Some((base, rest)) = hidden.split_once('?') else {
-        return hidden;
-    };
-    let (query, fragment) = match rest.split_once('#') {
-        Some((query, fragment)) => (query, Some(fragment)),
-        None => (rest, None),
-    };
-    let query: Vec<String> = query
-        .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some((name, _value)) if is_secret_parameter(name) => format!("{name}=***"),
-            _ => pair.to_owned(),
-        })
-        .collect();
-    let mut out = format!("{base}?{}", query.join("&"));
-    if let Some(fragment) = fragment {
-        out.push('#');
-        out.push_str(fragment);
-    }
-    out
-}
-
-/// True for a query parameter name that may carry a credential (`password`,
-/// `pass`, `passwd`, `pwd`, `token`, `secret`, `auth`, `key`, any case, also
-/// as part of a longer name such as `api_key`): its value is never shown.
-pub fn is_secret_parameter(name: &str) -> bool {
-    let name = name.to_ascii_lowercase();
-    ["pass", "pwd", "token", "secret", "auth", "key", "cred"]
-        .iter()
-        .any(|word| name.contains(word))
-}
-
-fn redact_userinfo(uri: &str) -> String {
-    let Some((scheme, rest)) = uri.split_once("://") else {
-        return uri.to_owned();
-    };
-    let Some((userinfo, host)) = rest.rsplit_once('@') else {
-        return uri.to_owned();
-    };
-    match userinfo.split_once(':') {
-        Some((user, _password)) => format!("{scheme}://{user}:***@{host}"),
-        None if scheme.starts_with("redis") => format!("{scheme}://***@{host}"),
+/// Without Redis support no URI carries a credential this crate could
+/// read; a URI it refuses is shown by its scheme alone, in case it does.
+#[cfg(not(feature = "redis"))]
+fn redact(uri: &str) -> String {
+    match uri.split_once("://") {
+        Some((scheme, _)) => format!("{scheme}://…"),
         None => uri.to_owned(),
     }
 }
@@ -148,7 +115,8 @@ impl fmt::Display for StateUri {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StateUri::Shm { dir } => write!(f, "file://{}", dir.display()),
-            StateUri::Redis { url } => f.write_str(&redact(url)),
+            #[cfg(feature = "redis")]
+            StateUri::Redis { target } => write!(f, "{target}"),
         }
     }
 }
@@ -183,6 +151,7 @@ mod tests {
         );
     }
 
+    #[cfg(feature = "redis")]
     #[test]
     fn parses_redis_uris_and_hides_passwords() {
         let uri = StateUri::parse("redis://user:s3cret@10.0.0.1:6379/2").unwrap();

@@ -7,10 +7,10 @@ use std::collections::BTreeSet;
 use std::mem::{offset_of, size_of};
 use std::path::Path;
 
-use engine_state_reader::{
-    RedisRecord, DEFAULT_MAX_CAPTURE_AGE, DEFAULT_PREFIX, DEFAULT_STALE_AFTER, DEFAULT_TTL,
-    DEFAULT_URI, RECORD_HEADER_SIZE, RECORD_SIZE, STATE_ACTIVE, STATE_RETIRED,
+use engine_state_reader::redis::{
+    RedisRecord, DEFAULT_PREFIX, DEFAULT_TTL, RECORD_HEADER_SIZE, RECORD_SIZE,
 };
+use engine_state_reader::{DEFAULT_MAX_CAPTURE_AGE, DEFAULT_STALE_AFTER, DEFAULT_URI};
 use engine_state_shm_format::layout::*;
 use engine_state_shm_format::seqlock::{READ_SPINS, READ_YIELDS};
 use engine_state_shm_format::{

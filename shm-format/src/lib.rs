@@ -14,6 +14,8 @@
 //!   process with `SIGBUS` (module `sigbus`).
 //! - [`seqlock`]: the protocol itself over atomic words (checked with loom and
 //!   Miri).
+//! - [`heartbeat`]: the heartbeat policy (how often a writer stamps, when a
+//!   reader or relay considers a stamp late), the one place its numbers live.
 //! - [`layout`]: every offset, pinned by compile-time asserts and a
 //!   golden-bytes test.
 //!
@@ -42,6 +44,7 @@ mod clock;
 mod engine_id;
 mod error;
 mod fork;
+pub mod heartbeat;
 pub mod layout;
 // Under `--cfg loom` only the protocol is built: loom's atomics cannot live in
 // a mapping, and the model checks `seqlock` alone.

@@ -6,10 +6,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use engine_state_publisher::{Publisher, PublisherConfig};
-use engine_state_reader::{
-    engine_key, open, registry_key, ReaderOptions, RedisRecord, Source, StateUri, Status,
-    DEFAULT_PREFIX,
-};
+use engine_state_reader::{open, ReaderOptions, Source, StateUri, Status};
+use engine_state_redis::{engine_key, registry_key, RedisRecord, DEFAULT_PREFIX};
 use engine_state_shm_format::Snapshot;
 use engine_state_tests::*;
 

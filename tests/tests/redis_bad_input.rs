@@ -6,9 +6,8 @@ use std::process::Command;
 
 use engine_state_publisher::{Publisher, PublisherConfig};
 use engine_state_reader::DEFAULT_STALE_AFTER;
-use engine_state_reader::{
-    engine_key, open, registry_key, ReaderOptions, RedisRecord, Source, StateUri, DEFAULT_PREFIX,
-};
+use engine_state_reader::{open, ReaderOptions, Source, StateUri};
+use engine_state_redis::{engine_key, registry_key, RedisRecord, DEFAULT_PREFIX};
 use engine_state_shm_format::Snapshot;
 use engine_state_tests::*;
 
@@ -319,7 +318,7 @@ fn a_record_without_a_matching_expiry_is_an_error_never_fresh() {
     let uri = redis.uri("");
     let record = |ttl_ms: u32| {
         RedisRecord {
-            state: engine_state_reader::STATE_ACTIVE,
+            state: engine_state_redis::STATE_ACTIVE,
             generation: 5,
             heartbeat_seq: 1,
             ttl_ms,
@@ -428,7 +427,7 @@ fn no_output_for_a_bad_uri_ever_contains_a_credential() {
             Ok(parsed) => said("StateUri", format!("{parsed} {parsed:?}")),
             Err(e) => said("StateUri::parse", format!("{e} {e:?}")),
         }
-        match engine_state_reader::RedisTarget::parse(uri) {
+        match engine_state_redis::RedisTarget::parse(uri) {
             Ok(target) => said("RedisTarget", format!("{target} {target:?}")),
             Err(e) => said("RedisTarget::parse", format!("{e} {e:?}")),
         }

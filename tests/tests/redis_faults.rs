@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 
 use std::sync::atomic::Ordering;
 
-use engine_state_publisher::{InlineSink, Publisher, PublisherConfig, SinkOp};
-use engine_state_reader::{
-    open, ReaderOptions, RedisRecord, RedisTarget, Source, StateUri, Status,
-};
+use engine_state_publisher::{Publisher, PublisherConfig};
+use engine_state_reader::{open, ReaderOptions, Source, StateUri, Status};
+use engine_state_redis::{InlineSink, SinkOp};
+use engine_state_redis::{RedisRecord, RedisTarget};
 use engine_state_shm_format::Snapshot;
 use engine_state_tests::*;
 
@@ -235,7 +235,7 @@ fn connected_inline_sink(redis: &RedisServer, query: &str) -> (String, InlineSin
 /// A `SET` of `engine` at `step` for [`InlineSink::submit`].
 fn set_op(engine: &std::sync::Arc<str>, step: u64) -> (std::sync::Arc<str>, SinkOp) {
     let record = RedisRecord {
-        state: engine_state_reader::STATE_ACTIVE,
+        state: engine_state_redis::STATE_ACTIVE,
         generation: 1,
         heartbeat_seq: step,
         heartbeat_mono_ns: engine_state_shm_format::monotonic_ns(),
@@ -426,7 +426,7 @@ fn a_publisher_never_overwrites_another_live_writers_record_and_takes_over_after
     // than ttl_ms) writes the key: this publisher must not overwrite it.
     let other = RedisRecord {
         writer_pid: 4242,
-        state: engine_state_reader::STATE_ACTIVE,
+        state: engine_state_redis::STATE_ACTIVE,
         generation: 99,
         heartbeat_seq: 1,
         ttl_ms: 60_000,
@@ -436,7 +436,7 @@ fn a_publisher_never_overwrites_another_live_writers_record_and_takes_over_after
         },
         ..RedisRecord::default()
     };
-    let key = engine_state_reader::engine_key(engine_state_reader::DEFAULT_PREFIX, "held");
+    let key = engine_state_redis::engine_key(engine_state_redis::DEFAULT_PREFIX, "held");
     // Held far longer than the loop below can take, however slow the host;
     // it is expired by hand afterwards.
     let _: () = redis::cmd("SET")
@@ -494,7 +494,7 @@ fn a_publisher_never_overwrites_another_live_writers_record_and_takes_over_after
 fn a_registry_key_of_the_wrong_type_is_counted_and_the_records_are_still_written() {
     let redis = RedisServer::start();
     let _: () = redis::cmd("SET")
-        .arg(engine_state_reader::registry_key("bad:"))
+        .arg(engine_state_redis::registry_key("bad:"))
         .arg("not a set")
         .query(&mut redis.connection())
         .unwrap();
@@ -510,7 +510,7 @@ fn a_registry_key_of_the_wrong_type_is_counted_and_the_records_are_still_written
     assert_eq!(stats.errors.load(Ordering::Relaxed), 0, "{stats:?}");
     assert!(stats.connected.load(Ordering::Relaxed));
     let pttl: i64 = redis::cmd("PTTL")
-        .arg(engine_state_reader::engine_key("bad:", "unlisted"))
+        .arg(engine_state_redis::engine_key("bad:", "unlisted"))
         .query(&mut redis.connection())
         .unwrap();
     assert!(

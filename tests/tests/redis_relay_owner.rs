@@ -10,8 +10,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use engine_state_publisher::{InlineSink, Publisher, PublisherConfig, SinkOp};
-use engine_state_reader::{RedisRecord, RedisTarget, Source, STATE_ACTIVE};
+use engine_state_publisher::{Publisher, PublisherConfig};
+use engine_state_reader::Source;
+use engine_state_redis::{InlineSink, SinkOp};
+use engine_state_redis::{RedisRecord, RedisTarget, STATE_ACTIVE};
 use engine_state_shm_format::{monotonic_ns, Snapshot};
 use engine_state_tests::*;
 

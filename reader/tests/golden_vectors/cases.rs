@@ -6,7 +6,7 @@ use std::fs::File;
 use std::io::Read;
 use std::time::Duration;
 
-use engine_state_reader::{RedisRecord, STATE_ACTIVE, STATE_RETIRED};
+use engine_state_reader::redis::{RedisRecord, STATE_ACTIVE, STATE_RETIRED};
 use engine_state_shm_format::layout::{HEARTBEAT_OFFSET, SEQ_OFFSET, STATE_WORD};
 use engine_state_shm_format::{
     EngineId, ShmWriter, Snapshot, WriterOptions, FLAG_IDLE, FLAG_SHUTTING_DOWN,

@@ -17,9 +17,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use engine_state_reader::redis::{
+    decode_fetched, engine_key, heartbeat_age_at_fetch, Error as RedisError, DEFAULT_PREFIX,
+};
 use engine_state_reader::{
-    decode_fetched, engine_key, heartbeat_age_at_fetch, record_state, Error, FormatError,
-    Freshness, ReaderOptions, Reading, ShmDir, DEFAULT_PREFIX,
+    record_state, Error, FormatError, Freshness, ReaderOptions, Reading, ShmDir,
 };
 use engine_state_shm_format::pid_namespace;
 use serde_json::{json, Value};
@@ -204,7 +206,7 @@ fn read_redis(
     bytes: &[u8],
     freshness: &Freshness,
 ) -> Result<engine_state_reader::EngineState, Error> {
-    let record = decode_fetched(&case.key, bytes, case.pttl_ms)?;
+    let record = decode_fetched(&case.key, bytes, case.pttl_ms).map_err(Error::Redis)?;
     let heartbeat_age = heartbeat_age_at_fetch(&record, case.pttl_ms);
     Ok(record_state(
         Arc::from(case.engine_id.as_str()),
@@ -227,9 +229,9 @@ fn class(error: &Error) -> (&'static str, Option<u32>) {
         Error::Format(FormatError::WrongSize { .. }) => ("wrong_size", None),
         Error::Format(FormatError::CorruptHeader { .. }) => ("corrupt_header", None),
         Error::Format(FormatError::RefusedEntry { .. }) => ("refused_entry", None),
-        Error::ForeignValue { .. } => ("foreign_value", None),
-        Error::UnknownVersion { found, .. } => ("unknown_version", Some(*found)),
-        Error::NoExpiry { .. } => ("no_expiry", None),
+        Error::Redis(RedisError::ForeignValue { .. }) => ("foreign_value", None),
+        Error::Redis(RedisError::UnknownVersion { found, .. }) => ("unknown_version", Some(*found)),
+        Error::Redis(RedisError::NoExpiry { .. }) => ("no_expiry", None),
         other => panic!("no vector error class for {other}"),
     }
 }

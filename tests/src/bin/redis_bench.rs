@@ -17,9 +17,8 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use engine_state_reader::{
-    engine_key, open, registry_key, ReaderOptions, Reading, RedisRecord, StateUri, STATE_ACTIVE,
-};
+use engine_state_reader::{open, ReaderOptions, Reading, StateUri};
+use engine_state_redis::{engine_key, registry_key, RedisRecord, STATE_ACTIVE};
 use engine_state_shm_format::{monotonic_ns, EngineId, ShmWriter, Snapshot, WriterOptions};
 use engine_state_tests::{free_port, Proc, RedisServer};
 

@@ -18,7 +18,7 @@
 //! [`InlineSink::owner_checked`] makes it respect other writers of an
 //! engine id (a direct publisher of the same id): it claims each key with
 //! the owner check and leaves another live writer's key alone
-//! (`crate::pipeline`).
+//! (`crate::encoder`).
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -26,13 +26,15 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use engine_state_reader::{RedisTarget, RECONNECT_CAP, RECONNECT_FIRST};
+use crate::backoff::Backoff;
+use crate::encoder::{Ownership, PipelineEncoder};
+use crate::error::Error;
+use crate::ops::{SinkOp, WrittenObserver};
+use crate::replies::check_replies;
+use crate::stats::{acknowledged, SinkStats};
+use crate::target::RedisTarget;
 
-use crate::pipeline::{check_replies, Ownership, PipelineEncoder};
-use crate::redis_sink::acknowledged;
-use crate::{SinkOp, SinkStats, WrittenObserver};
-
-type Connecting = JoinHandle<Result<redis::Connection, engine_state_reader::Error>>;
+type Connecting = JoinHandle<Result<redis::Connection, Error>>;
 
 /// Writes pipelines from the caller's thread and collects their replies on
 /// the next call (see the module docs).
@@ -44,7 +46,7 @@ pub struct InlineSink {
     connecting: Option<Connecting>,
     /// No attempt before this.
     next_attempt: Instant,
-    backoff: Duration,
+    backoff: Backoff,
     /// Ops not yet written (no connection), newest per engine.
     pending: HashMap<Arc<str>, SinkOp>,
     /// The pipeline sent and not yet acknowledged: its ops and its command
@@ -87,7 +89,7 @@ impl InlineSink {
             con: connection,
             connecting: None,
             next_attempt: Instant::now(),
-            backoff: RECONNECT_FIRST,
+            backoff: Backoff::default(),
             pending: HashMap::new(),
             in_flight: Vec::new(),
             in_flight_commands: 0,
@@ -103,7 +105,7 @@ impl InlineSink {
     /// stderr once per engine — until that key expires, and a delete leaves
     /// it alone. Costs a script run per engine when its key is claimed
     /// (first write, after a gap of half a `ttl_ms`, after a reconnect); the
-    /// writes in between are plain `SET`s (see `crate::pipeline`).
+    /// writes in between are plain `SET`s (see `crate::encoder`).
     pub fn owner_checked(mut self) -> InlineSink {
         self.encoder = PipelineEncoder::new(&self.target, Ownership::Claimed);
         self
@@ -202,7 +204,7 @@ impl InlineSink {
                     .settle_claims(&self.replies, &self.target, &self.stats);
                 acknowledged(&self.stats, self.on_written.as_ref(), &self.encoder.sent);
                 self.encoder.sent.clear();
-                self.backoff = RECONNECT_FIRST;
+                self.backoff.succeeded();
                 self.stats.succeeded();
             }
             Err(error) => self.failed(error),
@@ -211,7 +213,7 @@ impl InlineSink {
 
     /// After a failed write or reply: drop the connection (its replies can
     /// no longer be matched to commands), keep the ops, back off.
-    fn failed(&mut self, error: engine_state_reader::Error) {
+    fn failed(&mut self, error: Error) {
         self.con = None;
         self.encoder.connection_lost();
         let in_flight = std::mem::take(&mut self.in_flight);
@@ -224,8 +226,7 @@ impl InlineSink {
     /// No connection attempt before the backoff has passed; the next one
     /// waits twice as long (up to the cap).
     fn back_off(&mut self) {
-        self.next_attempt = Instant::now() + self.backoff;
-        self.backoff = (self.backoff * 2).min(RECONNECT_CAP);
+        self.next_attempt = Instant::now() + self.backoff.failed();
     }
 
     /// Keeps `ops` for later; each replaces what is pending for its engine.
@@ -250,7 +251,7 @@ impl InlineSink {
     fn drive_connection(&mut self) {
         if let Some(attempt) = self.connecting.take_if(|a| a.is_finished()) {
             let result = attempt.join().unwrap_or_else(|_| {
-                Err(engine_state_reader::Error::Redis {
+                Err(Error::Redis {
                     uri: self.target.to_string(),
                     error: "the connection attempt panicked".to_owned(),
                     hint: "report this as a bug",

@@ -1,7 +1,9 @@
 //! The Redis key schema: the one place that knows key names and the bytes of
 //! a value. The publisher's sink, the Redis source and the node agent all
 //! call it (DESIGN §7, docs/REDIS.md; the bytes are specified in
-//! docs/FORMAT.md, whose table a test checks against [`RedisRecord::encode`]).
+//! docs/FORMAT.md, whose table a test checks against [`RedisRecord::encode`]). The header is [`RecordHeader`]; the
+//! constants it shares with a shared-memory file (magic, layout version,
+//! payload size, states) are shm-format's.
 //!
 //! ```text
 //! <prefix>engines            SET of engine ids (discovery without KEYS)
@@ -29,20 +31,66 @@
 //! the capture's age at the heartbeat), and the time since the write is
 //! `ttl_ms - PTTL`, both measured by the Redis server's clock.
 
-use engine_state_shm_format::{Snapshot, LAYOUT_VERSION, SNAPSHOT_WORDS};
+use bytemuck::{Pod, Zeroable};
+use engine_state_shm_format::layout::{MAGIC, PAYLOAD_SIZE, STATE_ACTIVE, STATE_RETIRED};
+use engine_state_shm_format::{Snapshot, LAYOUT_VERSION};
 
 use crate::error::Error;
 
 /// The record's first eight bytes (the same magic as a shared-memory file).
-pub const RECORD_MAGIC: [u8; 8] = *b"ENGSTATE";
-/// Bytes before the snapshot.
-pub const RECORD_HEADER_SIZE: usize = 64;
+pub const RECORD_MAGIC: [u8; 8] = MAGIC.to_le_bytes();
+/// Bytes before the snapshot: a [`RecordHeader`].
+pub const RECORD_HEADER_SIZE: usize = core::mem::size_of::<RecordHeader>();
 /// Bytes of a whole record.
-pub const RECORD_SIZE: usize = RECORD_HEADER_SIZE + SNAPSHOT_WORDS * 8;
-/// `state` of a live writer.
-pub const STATE_ACTIVE: u64 = 1;
-/// `state` of a writer that closed (readers report it dead).
-pub const STATE_RETIRED: u64 = 2;
+pub const RECORD_SIZE: usize = RECORD_HEADER_SIZE + PAYLOAD_SIZE;
+
+/// The first 64 bytes of a record, as plain data (little-endian, like every
+/// word of layout version 1: shm-format refuses to build on big-endian
+/// hosts, so the native bytes are the record's bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct RecordHeader {
+    /// [`RECORD_MAGIC`] (shm-format's `MAGIC`).
+    pub magic: u64,
+    /// [`LAYOUT_VERSION`]: the snapshot's layout version.
+    pub layout_version: u32,
+    /// [`RECORD_HEADER_SIZE`].
+    pub header_size: u16,
+    /// The snapshot's size (shm-format's `PAYLOAD_SIZE`).
+    pub payload_size: u16,
+    /// The writer's pid on its host (display only).
+    pub writer_pid: u32,
+    /// The writer's publish period in µs.
+    pub publish_period_us: u32,
+    /// shm-format's `STATE_ACTIVE` or `STATE_RETIRED`.
+    pub state: u64,
+    /// Changes when the writer restarts.
+    pub generation: u64,
+    /// +1 on every publish and heartbeat.
+    pub heartbeat_seq: u64,
+    /// `CLOCK_MONOTONIC` of the writer's host at the heartbeat.
+    pub heartbeat_mono_ns: u64,
+    /// The `PX` the key was written with.
+    pub ttl_ms: u32,
+    /// Heartbeat stamp → SET sent, writer's host clock.
+    pub write_delay_us: u32,
+}
+
+const _: () = assert!(RECORD_HEADER_SIZE == 64);
+const _: () = assert!(core::mem::offset_of!(RecordHeader, layout_version) == 8);
+const _: () = assert!(core::mem::offset_of!(RecordHeader, header_size) == 12);
+const _: () = assert!(core::mem::offset_of!(RecordHeader, payload_size) == 14);
+// The scripts below compare bytes 17–20 (`writer_pid`), 25–32 (`state`) and
+// 33–40 (`generation`), 1-based in Lua.
+const _: () = assert!(core::mem::offset_of!(RecordHeader, writer_pid) == 16);
+const _: () = assert!(core::mem::offset_of!(RecordHeader, publish_period_us) == 20);
+const _: () = assert!(core::mem::offset_of!(RecordHeader, state) == 24);
+const _: () = assert!(core::mem::offset_of!(RecordHeader, generation) == 32);
+const _: () = assert!(core::mem::offset_of!(RecordHeader, heartbeat_seq) == 40);
+const _: () = assert!(core::mem::offset_of!(RecordHeader, heartbeat_mono_ns) == 48);
+const _: () = assert!(core::mem::offset_of!(RecordHeader, ttl_ms) == 56);
+const _: () = assert!(core::mem::offset_of!(RecordHeader, write_delay_us) == 60);
+const _: () = assert!(RECORD_SIZE == 192);
 
 /// Lua script: writes the record `ARGV[1]` under `KEYS[1]` with `PX ARGV[2]`
 /// unless the key holds an ACTIVE record of another writer (another
@@ -104,7 +152,7 @@ pub struct RedisRecord {
     pub writer_pid: u32,
     /// The writer's publish period in µs.
     pub publish_period_us: u32,
-    /// [`STATE_ACTIVE`] or [`STATE_RETIRED`].
+    /// shm-format's `STATE_ACTIVE` or `STATE_RETIRED`.
     pub state: u64,
     /// Differs between two runs of the same engine id.
     pub generation: u64,
@@ -121,21 +169,28 @@ pub struct RedisRecord {
 }
 
 impl RedisRecord {
+    /// The record's header.
+    pub fn header(&self) -> RecordHeader {
+        RecordHeader {
+            magic: MAGIC,
+            layout_version: LAYOUT_VERSION,
+            header_size: RECORD_HEADER_SIZE as u16,
+            payload_size: PAYLOAD_SIZE as u16,
+            writer_pid: self.writer_pid,
+            publish_period_us: self.publish_period_us,
+            state: self.state,
+            generation: self.generation,
+            heartbeat_seq: self.heartbeat_seq,
+            heartbeat_mono_ns: self.heartbeat_mono_ns,
+            ttl_ms: self.ttl_ms,
+            write_delay_us: self.write_delay_us,
+        }
+    }
+
     /// The record's bytes.
     pub fn encode(&self) -> [u8; RECORD_SIZE] {
         let mut out = [0u8; RECORD_SIZE];
-        out[0..8].copy_from_slice(&RECORD_MAGIC);
-        out[8..12].copy_from_slice(&LAYOUT_VERSION.to_le_bytes());
-        out[12..14].copy_from_slice(&(RECORD_HEADER_SIZE as u16).to_le_bytes());
-        out[14..16].copy_from_slice(&((SNAPSHOT_WORDS * 8) as u16).to_le_bytes());
-        out[16..20].copy_from_slice(&self.writer_pid.to_le_bytes());
-        out[20..24].copy_from_slice(&self.publish_period_us.to_le_bytes());
-        out[24..32].copy_from_slice(&self.state.to_le_bytes());
-        out[32..40].copy_from_slice(&self.generation.to_le_bytes());
-        out[40..48].copy_from_slice(&self.heartbeat_seq.to_le_bytes());
-        out[48..56].copy_from_slice(&self.heartbeat_mono_ns.to_le_bytes());
-        out[56..60].copy_from_slice(&self.ttl_ms.to_le_bytes());
-        out[60..64].copy_from_slice(&self.write_delay_us.to_le_bytes());
+        out[..RECORD_HEADER_SIZE].copy_from_slice(bytemuck::bytes_of(&self.header()));
         out[RECORD_HEADER_SIZE..].copy_from_slice(&self.snapshot.to_le_bytes());
         out
     }
@@ -153,10 +208,9 @@ impl RedisRecord {
                 bytes.len()
             )));
         }
+        // The first 16 bytes say what the rest is; checked before the rest is read.
         let u16_at = |i: usize| u16::from_le_bytes([bytes[i], bytes[i + 1]]);
-        let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
-        let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
-        let version = u32_at(8);
+        let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
         if version != LAYOUT_VERSION {
             return Err(Error::UnknownVersion {
                 key: key.to_owned(),
@@ -166,33 +220,35 @@ impl RedisRecord {
         }
         if bytes.len() != RECORD_SIZE
             || usize::from(u16_at(12)) != RECORD_HEADER_SIZE
-            || usize::from(u16_at(14)) != SNAPSHOT_WORDS * 8
+            || usize::from(u16_at(14)) != PAYLOAD_SIZE
         {
             return Err(foreign(format!(
                 "{} bytes with header size {} and payload size {}, expected {RECORD_SIZE}, \
-                 {RECORD_HEADER_SIZE} and {}",
+                 {RECORD_HEADER_SIZE} and {PAYLOAD_SIZE}",
                 bytes.len(),
                 u16_at(12),
                 u16_at(14),
-                SNAPSHOT_WORDS * 8
             )));
         }
-        let state = u64_at(24);
-        if state != STATE_ACTIVE && state != STATE_RETIRED {
-            return Err(foreign(format!("state {state} is neither 1 nor 2")));
+        let header: RecordHeader = bytemuck::pod_read_unaligned(&bytes[..RECORD_HEADER_SIZE]);
+        if header.state != STATE_ACTIVE && header.state != STATE_RETIRED {
+            return Err(foreign(format!(
+                "state {} is neither 1 nor 2",
+                header.state
+            )));
         }
-        let payload: &[u8; SNAPSHOT_WORDS * 8] = bytes[RECORD_HEADER_SIZE..]
+        let payload: &[u8; PAYLOAD_SIZE] = bytes[RECORD_HEADER_SIZE..]
             .try_into()
             .expect("length checked above");
         Ok(RedisRecord {
-            writer_pid: u32_at(16),
-            publish_period_us: u32_at(20),
-            state,
-            generation: u64_at(32),
-            heartbeat_seq: u64_at(40),
-            heartbeat_mono_ns: u64_at(48),
-            ttl_ms: u32_at(56),
-            write_delay_us: u32_at(60),
+            writer_pid: header.writer_pid,
+            publish_period_us: header.publish_period_us,
+            state: header.state,
+            generation: header.generation,
+            heartbeat_seq: header.heartbeat_seq,
+            heartbeat_mono_ns: header.heartbeat_mono_ns,
+            ttl_ms: header.ttl_ms,
+            write_delay_us: header.write_delay_us,
             snapshot: Snapshot::from_le_bytes(payload),
         })
     }
@@ -206,6 +262,40 @@ impl RedisRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Pins the record header's bytes: any change is a layout change.
+    #[test]
+    fn golden_header_bytes() {
+        let header = RedisRecord {
+            writer_pid: 0x0102_0304,
+            publish_period_us: 50_000,
+            state: STATE_RETIRED,
+            generation: 0x1112,
+            heartbeat_seq: 0x2122,
+            heartbeat_mono_ns: 0x3132_3334,
+            ttl_ms: 2000,
+            write_delay_us: 0x4142,
+            snapshot: Snapshot::default(),
+        }
+        .header();
+        let bytes: [u8; RECORD_HEADER_SIZE] = bytemuck::cast(header);
+        #[rustfmt::skip]
+        let golden: [u8; RECORD_HEADER_SIZE] = [
+            b'E', b'N', b'G', b'S', b'T', b'A', b'T', b'E',   // magic
+            1, 0, 0, 0,  64, 0,  128, 0,                      // version, header, payload size
+            0x04, 0x03, 0x02, 0x01,  0x50, 0xc3, 0, 0,        // pid, period 50 000 us
+            2, 0, 0, 0, 0, 0, 0, 0,                           // state RETIRED
+            0x12, 0x11, 0, 0, 0, 0, 0, 0,                     // generation
+            0x22, 0x21, 0, 0, 0, 0, 0, 0,                     // heartbeat_seq
+            0x34, 0x33, 0x32, 0x31, 0, 0, 0, 0,               // heartbeat_mono_ns
+            0xd0, 0x07, 0, 0,  0x42, 0x41, 0, 0,              // ttl_ms 2000, write_delay_us
+        ];
+        assert_eq!(bytes, golden);
+        assert_eq!(
+            &RedisRecord::default().encode()[..RECORD_HEADER_SIZE],
+            bytemuck::bytes_of(&RedisRecord::default().header())
+        );
+    }
 
     fn sample() -> RedisRecord {
         RedisRecord {

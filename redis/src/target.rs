@@ -4,14 +4,16 @@
 use std::fmt;
 use std::time::Duration;
 
+use engine_state_shm_format::heartbeat::DEFAULT_STALE_AFTER;
+
 use crate::error::Error;
-use crate::uri::redact;
+use crate::redact::{is_secret_parameter, redact};
 
 /// Key prefix when the URI has no `?prefix=`.
 pub const DEFAULT_PREFIX: &str = "engine_state:";
 /// Expiry of an engine's key when the URI has no `?ttl_ms=`: the default
 /// `stale_after`, so a key outlives its last heartbeat by exactly that.
-pub const DEFAULT_TTL: Duration = crate::freshness::DEFAULT_STALE_AFTER;
+pub const DEFAULT_TTL: Duration = DEFAULT_STALE_AFTER;
 /// How long a writer's connection attempt, command or reply may take when
 /// the URI has no `?timeout_ms=` (publisher sink, node agent).
 pub const NETWORK_TIMEOUT: Duration = Duration::from_secs(1);
@@ -32,7 +34,7 @@ const TIMEOUT_MS_RANGE: std::ops::RangeInclusive<u64> = 10..=60_000;
 /// (default [`READ_TIMEOUT`] for readers, [`NETWORK_TIMEOUT`] for writers).
 /// `rediss://` connects with TLS (add `#insecure` to skip certificate
 /// checks, for tests only). `Display` and every error hide the password.
-#[derive(Clone)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct RedisTarget {
     /// The URI as given, password hidden.
     display: String,
@@ -115,7 +117,7 @@ impl RedisTarget {
                 }
                 other => {
                     // The name only: the value may be a credential (?password=...).
-                    let hint = if crate::uri::is_secret_parameter(other) {
+                    let hint = if is_secret_parameter(other) {
                         "; give the password in the URI's user part, \
                          redis://user:PASSWORD@host:port/db"
                     } else {
@@ -263,12 +265,6 @@ impl RedisTarget {
             error: format!("{what}: {text}"),
             hint,
         }
-    }
-
-    /// True when `error` means the credentials or permissions are wrong (retrying will not help).
-    pub fn is_auth_error(error: &Error) -> bool {
-        matches!(error, Error::Redis { hint, .. } if hint.starts_with("check the user")
-            || hint.starts_with("give this Redis user"))
     }
 }
 

@@ -3,10 +3,10 @@
 //!
 //! Who may write an engine's key is decided by one Lua script,
 //! [`SET_IF_OWNER_SCRIPT`] (and [`DELETE_IF_OWNER_SCRIPT`] for a clean
-//! close), in `reader/src/redis_schema.rs`. This module decides when a sink
+//! close), in `schema.rs`. This module decides when a sink
 //! runs it ([`Ownership`]):
 //!
-//! - a [`crate::Publisher`] runs it for every write
+//! - a publisher's [`crate::RedisSink`] runs it for every write
 //!   ([`Ownership::EveryWrite`]);
 //! - the node agent's relay ([`crate::InlineSink::owner_checked`]) runs it to
 //!   claim a key, then writes plain `SET`s while it knows it holds the key
@@ -30,14 +30,16 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use engine_state_reader::{
-    engine_key, registry_key, RedisRecord, RedisTarget, DELETE_IF_OWNER_SCRIPT, RECORD_SIZE,
-    SET_IF_OWNER_SCRIPT,
-};
 use engine_state_shm_format::monotonic_ns;
 use redis::Value;
 
-use crate::redis_sink::{SinkOp, SinkStats};
+use crate::ops::SinkOp;
+use crate::replies::holder_pid;
+use crate::schema::{
+    engine_key, registry_key, RedisRecord, DELETE_IF_OWNER_SCRIPT, RECORD_SIZE, SET_IF_OWNER_SCRIPT,
+};
+use crate::stats::SinkStats;
+use crate::target::RedisTarget;
 
 /// How often an engine's id is re-added to the registry while it is written
 /// (heals a registry entry a reader pruned during a long outage).
@@ -136,38 +138,6 @@ fn set_head(key: &str) -> Vec<u8> {
     .into_bytes()
 }
 
-/// The first server error among a pipeline's replies, as an error.
-///
-/// `WRONGTYPE` is not one: of the commands a sink sends only `SADD`/`SREM`
-/// of the registry can get it (`SET` replaces any type, the scripts read
-/// with `pcall`), and a registry of the wrong type is not a connection
-/// problem that reconnecting would fix. It is counted and logged once
-/// ([`SinkStats::registry_errors`]); the records are written all the same.
-pub(crate) fn check_replies(
-    target: &RedisTarget,
-    replies: &[Value],
-    stats: &SinkStats,
-) -> Result<(), engine_state_reader::Error> {
-    for reply in replies {
-        if let Value::ServerError(e) = reply {
-            if e.code() == "WRONGTYPE" {
-                stats.registry_refused(target, &format!("{e:?}"));
-                continue;
-            }
-            let error: redis::RedisError = e.clone().into();
-            return Err(target.error("cannot write engines", &error));
-        }
-    }
-    Ok(())
-}
-
-/// The `writer_pid` in a record header (0 if too short to hold one).
-pub(crate) fn holder_pid(header: &[u8]) -> u32 {
-    header
-        .get(16..20)
-        .map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
-}
-
 impl PipelineEncoder {
     pub(crate) fn new(target: &RedisTarget, ownership: Ownership) -> PipelineEncoder {
         let ttl_ms = target.ttl().as_millis() as u32;
@@ -199,7 +169,7 @@ impl PipelineEncoder {
     }
 
     /// After the replies of the pipeline last begun (and found free of
-    /// errors by [`check_replies`]): counts (and logs, once per change) the
+    /// errors by [`crate::replies::check_replies`]): counts (and logs, once per change) the
     /// records refused because another writer holds their key, leaves only
     /// the written ones in `sent`, and notes which keys are held.
     pub(crate) fn settle_claims(

@@ -1,0 +1,56 @@
+//! engine-state in Redis (DESIGN §7, docs/REDIS.md): everything that knows a
+//! Redis command, key or record byte.
+//!
+//! - [`RedisTarget`]: the server, database, key prefix and timeouts a
+//!   `redis://` URI names, and how to connect to it ([`redact`] hides its
+//!   credentials in everything shown).
+//! - [`RedisRecord`] / [`RecordHeader`]: the key schema ([`engine_key`],
+//!   [`registry_key`]) and the bytes of a value; the owner-check scripts.
+//! - [`Backoff`]: the one reconnection backoff of every client here.
+//! - [`RedisSink`]: a thread that owns a connection and writes the latest
+//!   [`SinkOp`] of each engine, pipelined (callers hand ops over through a
+//!   [`SinkHandle`]); [`InlineSink`]: the same writes driven by the caller's
+//!   thread. Both count in [`SinkStats`].
+//! - [`RedisSource`]: reads every engine of a prefix in one round trip per
+//!   read; the reader crate turns what it saw into engine states.
+
+mod backoff;
+mod encoder;
+mod error;
+mod fetch;
+mod inline_sink;
+mod mailbox;
+mod ops;
+mod redact;
+mod replies;
+mod schema;
+mod sink;
+mod source;
+mod stats;
+mod target;
+
+pub use crate::backoff::{Backoff, RECONNECT_CAP, RECONNECT_FIRST};
+pub use crate::error::Error;
+pub use crate::fetch::{decode_fetched, heartbeat_age_at_fetch};
+pub use crate::inline_sink::InlineSink;
+pub use crate::mailbox::SinkHandle;
+pub use crate::ops::{SinkOp, WrittenObserver};
+pub use crate::redact::{is_secret_parameter, redact};
+pub use crate::replies::holder_pid;
+pub use crate::schema::{
+    engine_key, registry_key, RecordHeader, RedisRecord, DELETE_IF_OWNER_SCRIPT,
+    RECORD_HEADER_SIZE, RECORD_MAGIC, RECORD_SIZE, SET_IF_OWNER_SCRIPT,
+};
+pub use crate::sink::RedisSink;
+pub use crate::source::{EngineView, RedisSource, PRUNE_AFTER};
+pub use crate::stats::SinkStats;
+pub use crate::target::{RedisTarget, DEFAULT_PREFIX, DEFAULT_TTL, NETWORK_TIMEOUT, READ_TIMEOUT};
+/// A record's `state` values are the shared-memory file's.
+pub use engine_state_shm_format::layout::{STATE_ACTIVE, STATE_RETIRED};
+
+use std::sync::{Mutex, MutexGuard};
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Plain data behind the lock: a panic elsewhere leaves it usable.
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
