@@ -7,7 +7,8 @@ use std::time::Duration;
 use serde::Serialize;
 
 /// Default `stale_after`: heartbeat older than this is stale.
-pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(2);
+pub const DEFAULT_STALE_AFTER: Duration =
+    Duration::from_millis(engine_state_settings::DEFAULT_STALE_AFTER_MS);
 /// Default `max_capture_age`: a busy engine's capture older than this is stale.
 pub const DEFAULT_MAX_CAPTURE_AGE: Duration = Duration::from_secs(30);
 
