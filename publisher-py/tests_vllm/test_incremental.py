@@ -28,12 +28,12 @@ import random
 from collections import deque
 
 import pytest
+from vllm_harness import BLOCK_SIZE, EOS_TOKEN_ID, MAX_MODEL_LEN, build_scheduler, fake_output
 
 import engine_state.vllm as hook_pkg
 from engine_state import Publisher
 from engine_state.vllm import _adapter as adapter
 from engine_state.vllm import _hook
-from vllm_harness import BLOCK_SIZE, EOS_TOKEN_ID, MAX_MODEL_LEN, build_scheduler, fake_output
 
 SCENARIOS = {
     # name: (async scheduling, policy, in-flight depth, seed)
