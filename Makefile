@@ -17,15 +17,15 @@ BIN := $(TARGET_DIR)/$(PROFILE)
 
 export ENGINE_STATE_PYTHON := $(PY)
 
-.PHONY: help build bins py venv test test-rust test-loom test-py test-go test-vllm vllm-venv \
-        lint lint-shm-only fmt miri bench bench-vllm demo demo-smoke sim clean fuzz
+.PHONY: help build bins py venv lint-venv test test-rust test-loom test-py test-go test-vllm vllm-venv \
+        lint lint-rust lint-py lint-shm-only fmt miri bench bench-vllm demo demo-smoke sim clean fuzz
 
 help:
 	@echo "make demo        four demo engines, live in esdump --watch for DURATION=$(DURATION) s"
 	@echo "make test        every test (Rust, loom, Miri, Python, Go, vLLM contract, demo smoke)"
 	@echo "make bench       benchmarks against their baselines (see BENCHMARKS.md)"
 	@echo "make sim         the essim routing sweeps behind docs/ROUTING.md (minutes)"
-	@echo "make lint        cargo fmt --check and clippy -D warnings"
+	@echo "make lint        cargo fmt --check, clippy -D warnings, ruff, stubtest of engine_state._native"
 	@echo "make miri        the seqlock module under Miri (needs nightly with miri)"
 	@echo "make fuzz        the file parser and the Redis record decoder, 100k cases each"
 
@@ -41,6 +41,13 @@ $(VENV)/.ok:
 	touch $@
 
 venv: $(VENV)/.ok
+
+# Python lint tools, pinned (a venv made before they were added gets them here).
+$(VENV)/.lint-ok: $(VENV)/.ok
+	$(PY) -m pip install -q "ruff==0.17.5" "mypy==2.4.1"
+	touch $@
+
+lint-venv: $(VENV)/.lint-ok
 
 # The Python package (engine_state, with its compiled _native module) in .venv.
 py: venv
@@ -89,9 +96,17 @@ test-vllm: vllm-venv bins
 	ENGINE_STATE_BIN=$(abspath $(BIN)) $(VLLM_VENV)/bin/python -m pytest -q publisher-py/tests_vllm
 	ENGINE_STATE_BIN=$(abspath $(BIN)) $(VLLM_VENV)/bin/python -m pytest -q sim/tests_vllm
 
-lint: lint-shm-only
+lint: lint-rust lint-py lint-shm-only
+
+lint-rust:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# ruff (ruff.toml) over every Python file; stubtest checks _native.pyi against
+# the compiled module, so it needs the package built (py).
+lint-py: lint-venv py
+	$(VENV)/bin/ruff check .
+	$(PY) -m mypy.stubtest engine_state._native
 
 # A shared-memory-only router builds the reader with default-features = false:
 # no Redis client and no TLS in its dependency tree, and it still builds.

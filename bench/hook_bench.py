@@ -59,6 +59,7 @@ import types
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from _timing import percentile, timed  # noqa: E402
+
 STEP_MS = 20.0
 PERIOD_MS = 50
 
@@ -71,6 +72,7 @@ PERIOD_MS = 50
 def double_setup(n: int):
     sys.path.insert(0, os.path.join(HERE, "..", "publisher-py", "tests"))
     import vllm_doubles as d
+
     from engine_state.vllm import _hook
 
     def make(i: int, prompt: int):
@@ -316,7 +318,7 @@ def run(n: int, setup, steps: int, ab_block: int = 50) -> dict:
     hook.last_capture_ns = time.monotonic_ns() + 10**12  # no capture due
     hook.busy = True
     boundary = [a - b for a, b in zip(time_calls(lambda: wrapped(scheduler), 20_000),
-                                      time_calls(lambda: noop(scheduler), 20_000))]
+                                      time_calls(lambda: noop(scheduler), 20_000), strict=True)]
     hook.last_capture_ns = 0
 
     incremental = hook._incremental
@@ -377,13 +379,13 @@ def breakdown(scheduler, hook, steps: int) -> dict:
     """Where an in-loop capture's time goes: each part timed alone right after
     the emulated update_from_output() of its own step (so each meets the
     caches a capture meets), parts in rotation. Each part has its own
-    IncrementalCapture, kept warm by its own previous calls. {part: µs}."""
-    from engine_state._native import IncrementalCapture
+    _IncrementalCapture, kept warm by its own previous calls. {part: µs}."""
+    from engine_state._native import _IncrementalCapture
     from engine_state.vllm import _adapter as adapter
 
     names = adapter.request_capture_names(True)
-    running_part = IncrementalCapture(preempted_status=hook._preempted, **names)
-    waiting_part = IncrementalCapture(preempted_status=hook._preempted, **names)
+    running_part = _IncrementalCapture(preempted_status=hook._preempted, **names)
+    waiting_part = _IncrementalCapture(preempted_status=hook._preempted, **names)
     running = adapter.running(scheduler)
     read, cached = adapter.read_waiting_queues(scheduler), adapter.cached_waiting_queue(scheduler)
     full = hook._capture

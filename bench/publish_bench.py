@@ -20,8 +20,8 @@ import tempfile
 import time
 
 from _timing import FIELDS, machine, summary, timed
-from engine_state import Publisher
 
+from engine_state import Publisher
 
 
 class JsonFilePublisher:
@@ -47,13 +47,18 @@ def main() -> None:
     overhead = int(statistics.median(timed(args.calls, lambda: None)))
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as d:
         with Publisher(uri=f"file://{d}", engine_id="bench", period_ms=50) as pub:
-            publish = lambda: pub.publish(**FIELDS)
+            def publish() -> None:
+                pub.publish(**FIELDS)
+
             timed(10_000, publish)  # warm up
             native = summary(timed(args.calls, publish), overhead)
         baseline_pub = JsonFilePublisher(d, "bench-json")
-        publish = lambda: baseline_pub.publish(**FIELDS)
-        timed(1_000, publish)
-        baseline = summary(timed(max(args.calls // 20, 1000), publish), overhead)
+
+        def publish_json() -> None:
+            baseline_pub.publish(**FIELDS)
+
+        timed(1_000, publish_json)
+        baseline = summary(timed(max(args.calls // 20, 1000), publish_json), overhead)
     result = {
         "machine": machine(),
         "timer_overhead_ns": overhead,

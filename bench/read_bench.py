@@ -15,11 +15,10 @@ import argparse
 import json
 import os
 import tempfile
-import time
 
 from _timing import FIELDS, machine, summary, timed
-from engine_state import Publisher, Reader
 
+from engine_state import Publisher, Reader
 
 
 def main() -> None:

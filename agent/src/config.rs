@@ -8,6 +8,7 @@ use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser};
 use engine_state_reader::StateUri;
 use engine_state_redis::RedisTarget;
+use engine_state_settings::cli::{StaleAfterArg, UriArg};
 
 use crate::error::Error;
 
@@ -30,11 +31,16 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
 /// Stops cleanly on SIGTERM or SIGINT, within 1 s.
 #[derive(Debug, Parser)]
 #[command(name = "esagent", version)]
+#[command(mut_arg("uri", |a| a.help(
+    "The shared-memory directory the engines of this host publish into \
+     (file:///dir). [default: file:///dev/shm/agentic_engine_state]"
+)))]
+#[command(mut_arg("stale_after_ms", |a| a.help(
+    "A heartbeat older than this (ms) makes an engine stale in the metrics."
+)))]
 pub struct Args {
-    /// The shared-memory directory the engines of this host publish into
-    /// (file:///dir). [default: file:///dev/shm/agentic_engine_state]
-    #[arg(long, env = "AGENTIC_ENGINE_STATE_URI", hide_env_values = true)]
-    pub uri: Option<String>,
+    #[command(flatten)]
+    pub uri: UriArg,
     /// Where to relay: redis://[user:password@]host:port/db[?prefix=P&ttl_ms=N]
     /// or rediss://… for TLS. The key prefix separates fleets sharing one
     /// server (default engine_state:); ttl_ms is how long a key outlives its
@@ -71,9 +77,8 @@ pub struct Args {
         default_value_t = 0
     )]
     pub cleanup_grace_s: u64,
-    /// A heartbeat older than this (ms) makes an engine stale in the metrics.
-    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
-    pub stale_after_ms: u64,
+    #[command(flatten)]
+    pub stale_after: StaleAfterArg,
 }
 
 /// Default of `--poll-us`: keeps publish → visible via the agent under 2 ms
@@ -126,7 +131,7 @@ impl Args {
 
     /// Checks the flags and turns them into a configuration.
     pub fn into_config(self) -> Result<AgentConfig, Error> {
-        let shm_dir = match StateUri::from_flag_or_env(self.uri.as_deref())? {
+        let shm_dir = match StateUri::from_flag_or_env(self.uri.uri.as_deref())? {
             StateUri::Shm { dir } => dir,
             StateUri::Redis { .. } => {
                 return Err(Error::Config {
@@ -152,7 +157,7 @@ impl Args {
             listen: self.listen,
             cleanup_grace: (self.cleanup_grace_s > 0)
                 .then(|| Duration::from_secs(self.cleanup_grace_s)),
-            stale_after: Duration::from_millis(self.stale_after_ms),
+            stale_after: Duration::from_millis(self.stale_after.stale_after_ms),
         })
     }
 }

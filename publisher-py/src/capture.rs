@@ -1,8 +1,13 @@
-//! `engine_state._native.RequestCapture`: the per-request half of the vLLM
+//! `engine_state._native._RequestCapture`: the per-request half of the vLLM
 //! hook's capture (DESIGN §3), in Rust because it runs on vLLM's scheduler
 //! thread and touches every live request. It reads every request at every
-//! capture; `IncrementalCapture` (`incremental.rs`) reads only the requests
+//! capture; `_IncrementalCapture` (`incremental.rs`) reads only the requests
 //! that may have changed, and uses this one's reader and sums.
+//!
+//! A capture returns its sums as one typed `_RequestTotals` object, which
+//! publishes itself (`_RequestTotals.publish`): the request-dependent fields
+//! go from the capture into the `Snapshot` by name, in Rust, never by
+//! position through Python. Both classes are internal to the hook.
 //!
 //! It knows no vLLM attribute name of its own: the hook's adapter module
 //! (`engine_state/vllm/_adapter.py`) passes them in, so every name the hook
@@ -11,11 +16,15 @@
 //! adapter points `tokens_attr` at the token list itself, so `num_tokens` is
 //! `len()` of it instead of a property call).
 
+use engine_state_shm_format::Snapshot;
+use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString};
 
+use crate::publisher::Publisher;
+
 /// Aggregates the snapshot fields that depend on individual requests.
-#[pyclass(module = "engine_state._native", name = "RequestCapture", frozen)]
+#[pyclass(module = "engine_state._native", name = "_RequestCapture", frozen)]
 pub(crate) struct RequestCapture {
     reader: RequestReader,
 }
@@ -30,7 +39,15 @@ pub(crate) struct RequestReader {
     preempted_status: Py<PyAny>,
 }
 
-/// The sums of one capture, accumulated request by request.
+/// The sums of one capture, accumulated request by request: the fields of a
+/// `Snapshot` that depend on individual requests. Python sees them as
+/// `_RequestTotals`, read-only and by name.
+#[pyclass(
+    module = "engine_state._native",
+    name = "_RequestTotals",
+    frozen,
+    get_all
+)]
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Totals {
     pub(crate) num_running: u64,
@@ -42,9 +59,17 @@ pub(crate) struct Totals {
     pub(crate) num_preempted: u64,
 }
 
-/// `(num_running, num_waiting, pending_prefill_tokens, ongoing_decode_tokens,
-/// num_prefilling, max_prefill_remaining, num_preempted)`, as Python sees it.
-pub(crate) type TotalsTuple = (u64, u64, u64, u64, u64, u64, u64);
+/// `Totals`' fields in the order of its tuple view (`Totals::values`), for
+/// tests and tools that compare a capture with a tuple.
+const TOTALS_FIELDS: [&str; 7] = [
+    "num_running",
+    "num_waiting",
+    "pending_prefill_tokens",
+    "ongoing_decode_tokens",
+    "num_prefilling",
+    "max_prefill_remaining",
+    "num_preempted",
+];
 
 /// What one waiting request adds to a capture.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,15 +109,13 @@ impl RequestCapture {
         }
     }
 
-    /// Returns `(num_running, num_waiting, pending_prefill_tokens,
-    /// ongoing_decode_tokens, num_prefilling, max_prefill_remaining,
-    /// num_preempted)` for the `running` requests and the requests of every
-    /// queue in `waiting_queues` (each request in exactly one of them).
+    /// The sums over the `running` requests and the requests of every queue
+    /// in `waiting_queues` (each request in exactly one of them).
     fn capture(
         &self,
         running: &Bound<'_, PyAny>,
         waiting_queues: Vec<Bound<'_, PyAny>>,
-    ) -> PyResult<TotalsTuple> {
+    ) -> PyResult<Totals> {
         let mut totals = Totals::default();
         self.reader.add_running(running, &mut totals)?;
         for queue in &waiting_queues {
@@ -101,7 +124,7 @@ impl RequestCapture {
                 Ok(())
             })?;
         }
-        Ok(totals.as_tuple())
+        Ok(totals)
     }
 
     /// The remaining prefill of one request (DESIGN §3), for tests and tools.
@@ -263,8 +286,9 @@ impl Totals {
         self.num_preempted += u64::from(contribution.preempted);
     }
 
-    pub(crate) fn as_tuple(&self) -> TotalsTuple {
-        (
+    /// The values in the order of `TOTALS_FIELDS`.
+    fn values(&self) -> [u64; 7] {
+        [
             self.num_running,
             self.num_waiting,
             self.pending_prefill_tokens,
@@ -272,7 +296,95 @@ impl Totals {
             self.num_prefilling,
             self.max_prefill_remaining,
             self.num_preempted,
-        )
+        ]
+    }
+
+    /// The snapshot these sums are part of, every field by name.
+    pub(crate) fn snapshot(
+        &self,
+        step: u64,
+        gpu_blocks_total: u64,
+        gpu_blocks_free: u64,
+        flags: u64,
+    ) -> Snapshot {
+        Snapshot {
+            step,
+            num_running: self.num_running,
+            num_waiting: self.num_waiting,
+            gpu_blocks_total,
+            gpu_blocks_free,
+            pending_prefill_tokens: self.pending_prefill_tokens,
+            ongoing_decode_tokens: self.ongoing_decode_tokens,
+            num_prefilling: self.num_prefilling,
+            max_prefill_remaining: self.max_prefill_remaining,
+            num_preempted: self.num_preempted,
+            flags,
+            ..Snapshot::default()
+        }
+    }
+}
+
+#[pymethods]
+impl Totals {
+    /// Publishes the snapshot of these sums and the scheduler-wide fields
+    /// through `publisher` (as `Publisher.publish` does: `captured_*` stamped
+    /// there, the idle flag from `num_running` and `num_waiting`).
+    #[pyo3(signature = (publisher, *, step, gpu_blocks_total, gpu_blocks_free, flags))]
+    fn publish(
+        &self,
+        publisher: &Bound<'_, Publisher>,
+        step: u64,
+        gpu_blocks_total: u64,
+        gpu_blocks_free: u64,
+        flags: u64,
+    ) -> PyResult<()> {
+        let snapshot = self.snapshot(step, gpu_blocks_total, gpu_blocks_free, flags);
+        publisher.borrow_mut().publish_snapshot(snapshot)
+    }
+
+    /// True when the engine has requests (running or waiting).
+    #[getter]
+    fn busy(&self) -> bool {
+        self.num_running + self.num_waiting > 0
+    }
+
+    /// Equal to another `_RequestTotals` with the same sums, or to the tuple
+    /// of its values in the order of `TOTALS_FIELDS` (tests and tools).
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        if let Ok(other) = other.downcast::<Totals>() {
+            return *other.get() == *self;
+        }
+        other
+            .extract::<(u64, u64, u64, u64, u64, u64, u64)>()
+            .is_ok_and(|t| <[u64; 7]>::from(t) == self.values())
+    }
+
+    fn __len__(&self) -> usize {
+        TOTALS_FIELDS.len()
+    }
+
+    /// The value at `index` in the order of `TOTALS_FIELDS` (negative
+    /// indices count from the end), as in a tuple.
+    fn __getitem__(&self, index: isize) -> PyResult<u64> {
+        let values = self.values();
+        let at = if index < 0 {
+            index + values.len() as isize
+        } else {
+            index
+        };
+        usize::try_from(at)
+            .ok()
+            .and_then(|at| values.get(at).copied())
+            .ok_or_else(|| PyIndexError::new_err("_RequestTotals index out of range"))
+    }
+
+    fn __repr__(&self) -> String {
+        let fields: Vec<String> = TOTALS_FIELDS
+            .iter()
+            .zip(self.values())
+            .map(|(name, value)| format!("{name}={value}"))
+            .collect();
+        format!("_RequestTotals({})", fields.join(", "))
     }
 }
 

@@ -1,6 +1,7 @@
 //! Rust errors as Python exceptions: bad settings (an invalid value the
-//! caller passed) are `ValueError`; the rest — I/O, threads, Redis, a live
-//! publisher of the same id — are `EngineStateError`.
+//! caller passed) are `ValueError`; an engine id another live process
+//! publishes is `EngineIdInUse`; the rest — I/O, threads, Redis — are
+//! `EngineStateError`.
 
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::PyErr;
@@ -12,6 +13,13 @@ pyo3::create_exception!(
     "An engine-state operation failed; the message says what to do."
 );
 
+pyo3::create_exception!(
+    engine_state,
+    EngineIdInUse,
+    EngineStateError,
+    "Another live process already publishes this engine id (same directory or Redis prefix)."
+);
+
 pub(crate) fn publisher_error(error: engine_state_publisher::Error) -> PyErr {
     use engine_state_publisher::Error as E;
     match &error {
@@ -21,6 +29,11 @@ pub(crate) fn publisher_error(error: engine_state_publisher::Error) -> PyErr {
         E::Shm(engine_state_shm_format::Error::InvalidEngineId { .. }) => {
             PyValueError::new_err(error.to_string())
         }
+        E::AlreadyPublished { .. }
+        | E::Shm(
+            engine_state_shm_format::Error::AlreadyPublished { .. }
+            | engine_state_shm_format::Error::LiveFileWrongSize { .. },
+        ) => EngineIdInUse::new_err(error.to_string()),
         _ => EngineStateError::new_err(error.to_string()),
     }
 }

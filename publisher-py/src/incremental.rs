@@ -1,9 +1,9 @@
-//! `engine_state._native.IncrementalCapture`: the hook's capture when most
+//! `engine_state._native._IncrementalCapture`: the hook's capture when most
 //! waiting requests cannot have changed since the last one (issue 13).
 //!
 //! A capture reads every running request and every request of the queues it
 //! is told to read in full (vLLM's `kv_holding_waiting`), like
-//! `RequestCapture`. Of the one *cached* queue (vLLM's `waiting`) it reads
+//! `_RequestCapture`. Of the one *cached* queue (vLLM's `waiting`) it reads
 //! only the requests it has not seen there at the previous capture, and the
 //! requests the hook marked *volatile* (`mark_volatile`: preempted since they
 //! were last running). For the others it compares identities only and keeps
@@ -35,9 +35,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
-use crate::capture::{
-    for_each, RequestFields, RequestReader, Totals, TotalsTuple, WaitingContribution,
-};
+use crate::capture::{for_each, RequestFields, RequestReader, Totals, WaitingContribution};
 
 /// A map keyed by object address. The default SipHash costs about as much
 /// as the rest of a cached request's lookup; an address needs no protection
@@ -71,9 +69,9 @@ impl Hasher for AddressHasher {
     }
 }
 
-/// Aggregates the same fields as `RequestCapture`, reading only the waiting
+/// Aggregates the same fields as `_RequestCapture`, reading only the waiting
 /// requests that may have changed.
-#[pyclass(module = "engine_state._native", name = "IncrementalCapture")]
+#[pyclass(module = "engine_state._native", name = "_IncrementalCapture")]
 pub(crate) struct IncrementalCapture {
     reader: RequestReader,
     cache: WaitingCache,
@@ -124,7 +122,7 @@ struct WaitingCache {
 
 #[pymethods]
 impl IncrementalCapture {
-    /// Takes the same arguments as `RequestCapture`.
+    /// Takes the same arguments as `_RequestCapture`.
     #[new]
     #[pyo3(signature = (*, prompt_attr, computed_attr, tokens_attr, tokens_is_sequence, status_attr, preempted_status))]
     fn new(
@@ -154,7 +152,7 @@ impl IncrementalCapture {
         }
     }
 
-    /// The same tuple as `RequestCapture.capture(running, read_queues +
+    /// The same sums as `_RequestCapture.capture(running, read_queues +
     /// [cached_queue])`, reading of `cached_queue` only the requests that are
     /// new to it or volatile.
     fn capture(
@@ -162,25 +160,22 @@ impl IncrementalCapture {
         running: &Bound<'_, PyAny>,
         read_queues: Vec<Bound<'_, PyAny>>,
         cached_queue: &Bound<'_, PyAny>,
-    ) -> PyResult<TotalsTuple> {
+    ) -> PyResult<Totals> {
         let (incremental, _) = self.run(running, &read_queues, cached_queue, false)?;
-        Ok(incremental.as_tuple())
+        Ok(incremental)
     }
 
-    /// Reads every request: returns `(incremental, full)`, the tuple
-    /// `capture` would have returned and the one a full capture returns.
-    /// They differ only if a cached contribution went stale.
+    /// Reads every request: returns `(incremental, full)`, the sums
+    /// `capture` would have returned and those of a full capture. They
+    /// differ only if a cached contribution went stale.
     fn recount(
         &mut self,
         running: &Bound<'_, PyAny>,
         read_queues: Vec<Bound<'_, PyAny>>,
         cached_queue: &Bound<'_, PyAny>,
-    ) -> PyResult<(TotalsTuple, TotalsTuple)> {
+    ) -> PyResult<(Totals, Totals)> {
         let (incremental, full) = self.run(running, &read_queues, cached_queue, true)?;
-        Ok((
-            incremental.as_tuple(),
-            full.unwrap_or(incremental).as_tuple(),
-        ))
+        Ok((incremental, full.unwrap_or(incremental)))
     }
 
     /// Reads `request` at every capture for as long as it is in a waiting

@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 
 mod capture;
 mod errors;
+mod identity;
 mod incremental;
 mod publisher;
 mod reader;
@@ -20,11 +21,15 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<router::Reservation>()?;
     m.add_function(wrap_pyfunction!(router::block_hashes, m)?)?;
     m.add_class::<capture::RequestCapture>()?;
+    m.add_class::<capture::Totals>()?;
     m.add_class::<incremental::IncrementalCapture>()?;
+    m.add_function(wrap_pyfunction!(identity::engine_id_for, m)?)?;
+    m.add_function(wrap_pyfunction!(identity::fallback_engine_id, m)?)?;
     m.add(
         "EngineStateError",
         m.py().get_type::<errors::EngineStateError>(),
     )?;
+    m.add("EngineIdInUse", m.py().get_type::<errors::EngineIdInUse>())?;
     m.add(
         "FIELD_NAMES",
         engine_state_shm_format::Snapshot::FIELD_NAMES.to_vec(),
@@ -37,5 +42,13 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     m.add("LAYOUT_VERSION", engine_state_shm_format::LAYOUT_VERSION)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // `__all__` (what `import *` takes) names the public API only: the vLLM
+    // hook's internals (underscored) stay out.
+    let all: Vec<String> = m.getattr("__all__")?.extract()?;
+    let public: Vec<String> = all
+        .into_iter()
+        .filter(|name| !name.starts_with('_') || name == "__version__")
+        .collect();
+    m.setattr("__all__", public)?;
     Ok(())
 }

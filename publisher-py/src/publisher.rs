@@ -67,6 +67,12 @@ impl Publisher {
         }
     }
 
+    /// Publishes `snapshot` (`publish()`, and the vLLM hook's captures
+    /// through `_RequestTotals.publish`).
+    pub(crate) fn publish_snapshot(&mut self, snapshot: Snapshot) -> PyResult<()> {
+        self.open()?.publish(snapshot).map_err(publisher_error)
+    }
+
     /// Closes with the GIL released, holding no borrow of `slf` meanwhile.
     fn close_released(mut slf: PyRefMut<'_, Self>) {
         let Some(mut inner) = slf.inner.take() else {
@@ -152,7 +158,7 @@ impl Publisher {
             flags,
             ..Snapshot::default()
         };
-        self.open()?.publish(snapshot).map_err(publisher_error)
+        self.publish_snapshot(snapshot)
     }
 
     /// Counters, every key for both backends (0 where it does not apply;

@@ -113,6 +113,34 @@ def test_second_live_publisher_same_id_is_refused(uri):
             Publisher(uri=uri, engine_id="dup")
 
 
+def test_an_id_in_use_is_a_typed_error_on_both_backends_alike(uri):
+    # EngineIdInUse (a kind of EngineStateError, so older handlers still
+    # catch it); the vLLM hook tells a clash by this type, not by the text.
+    assert issubclass(engine_state.EngineIdInUse, EngineStateError)
+    with Publisher(uri=uri, engine_id="dup-typed"):
+        with pytest.raises(engine_state.EngineIdInUse, match="already published"):
+            Publisher(uri=uri, engine_id="dup-typed")
+    with Publisher(uri=uri, engine_id="dup-typed") as again:  # free once closed
+        assert again.engine_id == "dup-typed"
+    with pytest.raises(ValueError) as bad:
+        Publisher(uri=uri, engine_id="../x")
+    assert not isinstance(bad.value, EngineStateError)
+
+
+def test_the_default_id_follows_the_one_rule(uri, monkeypatch):
+    # The rule of the vLLM hook (engine_id_for), without the data-parallel part.
+    import engine_state.vllm as hook_pkg
+
+    monkeypatch.delenv("AGENTIC_WORKER_ID", raising=False)
+    with Publisher(uri=uri) as pub:
+        in_vllm = hook_pkg.engine_id_for(0, 1)
+        assert in_vllm.endswith(f"-dp0-{os.getpid()}")
+        assert pub.engine_id == in_vllm.replace("-dp0-", "-")
+    monkeypatch.setenv("AGENTIC_WORKER_ID", " w-7 ")
+    with Publisher(uri=uri) as pub:
+        assert pub.engine_id == hook_pkg.engine_id_for(0, 1) == "w-7"
+
+
 def test_unwritable_location_is_a_clear_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")

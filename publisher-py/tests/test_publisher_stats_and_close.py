@@ -11,9 +11,9 @@ import threading
 import time
 
 import pytest
+from test_redis import _start_redis, redis_port  # noqa: F401 - a fixture
 
 from engine_state import EngineStateError, Publisher, Reader
-from test_redis import _start_redis, redis_port  # noqa: F401 - a fixture
 
 SECRET = "PW-s3cret-77"
 
@@ -151,7 +151,7 @@ def test_publish_from_another_thread_while_close_runs_gets_the_closed_error():
     assert publisher.closed
 
 
-def test_a_registry_key_of_the_wrong_type_is_counted_and_said_once(redis_port):
+def test_a_registry_key_of_the_wrong_type_is_counted_and_said_once(redis_port):  # noqa: F811
     # The registry (a set) is a string: registrations fail, records are written.
     import socket
 

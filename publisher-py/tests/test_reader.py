@@ -38,7 +38,7 @@ def test_reader_matches_esdump_json(uri, bin_dir):
         dumped = json.loads(subprocess.check_output([str(bin_dir / "esdump"), "--json", "--uri", uri]))
         read = [s.to_dict() for s in Reader(uri=uri).read()]
     assert [d["engine_id"] for d in dumped] == [d["engine_id"] for d in read] == ["a", "b"]
-    for x, y in zip(dumped, read):
+    for x, y in zip(dumped, read, strict=True):
         assert list(x) == list(y)
         for key in x:
             if key.endswith("_age_ms"):

@@ -12,10 +12,6 @@ import textwrap
 import threading
 
 import pytest
-
-import engine_state
-import engine_state.vllm as hook_pkg
-from engine_state.vllm import _hook, _patch
 from vllm_doubles import (
     ParallelConfig,
     Request,
@@ -24,6 +20,10 @@ from vllm_doubles import (
     make_module,
     reference_fields,
 )
+
+import engine_state
+import engine_state.vllm as hook_pkg
+from engine_state.vllm import _hook, _patch
 
 FIELDS = (
     "num_running",
@@ -343,7 +343,7 @@ def test_rate_limit_captures_at_most_once_per_period(shm_uri, module):
         clock.advance_ms(5)
         if hook.captures != before:
             capture_times.append(clock.now)
-    gaps = [b - a for a, b in zip(capture_times, capture_times[1:])]
+    gaps = [b - a for a, b in zip(capture_times, capture_times[1:], strict=False)]
     assert min(gaps) >= hook.period_ns
     assert 18 <= len(capture_times) <= 21  # 1 s of steps / 50 ms
     assert published(shm_uri, hook.engine_id).step <= hook.step
@@ -484,6 +484,37 @@ def test_an_engine_id_clash_is_resolved_with_a_warning(shm_uri, module, monkeypa
     assert any("already published" in r.getMessage() for r in caplog.records)
     ids = sorted(s.engine_id for s in engine_state.Reader(uri=shm_uri).read())
     assert ids == ["same", f"same-{os.getpid()}"]
+
+
+def test_a_clash_of_default_ids_gets_a_random_part(shm_uri, module, monkeypatch):
+    # Two engines of one process share the default id (it holds the pid).
+    monkeypatch.delenv("AGENTIC_WORKER_ID", raising=False)
+    first, second = module.Scheduler(), module.Scheduler()
+    base = hook_of(first).engine_id
+    assert base == hook_pkg.engine_id_for(0, 1)
+    other = hook_of(second).engine_id
+    assert other.startswith(f"{base}-{os.getpid()}-") and len(other) == len(base) + len(
+        f"-{os.getpid()}-"
+    ) + 4, other
+    for engine in (first, second):
+        engine.shutdown()
+
+
+def test_the_capture_reaches_the_snapshot_by_name(shm_uri, module):
+    scheduler = every_boundary(module.Scheduler())
+    for i, prompt in enumerate((40, 24, 8)):
+        scheduler.add_request(Request(f"r{i}", prompt))
+    scheduler.schedule()
+    hook = hook_of(scheduler)
+    totals, state = hook.totals, published(shm_uri, hook.engine_id)
+    named = [f for f in FIELDS if not f.startswith("gpu_blocks")]
+    assert [getattr(totals, f) for f in named] == [getattr(state, f) for f in named]
+    assert totals.busy and state.num_running + state.num_waiting > 0
+    assert all(f"{f}=" in repr(totals) for f in named), repr(totals)
+    # The hook's capture types are internal: not in any public list.
+    internal = {"_RequestCapture", "_IncrementalCapture", "_RequestTotals"}
+    assert not internal & set(engine_state.__all__)
+    assert not internal & set(engine_state._native.__all__)
 
 
 def test_num_tokens_fallback_when_the_token_list_disagrees(shm_uri, module, caplog):

@@ -21,10 +21,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from vllm_harness import build_scheduler, design_fields, drive, make_requests, sleep_past
 
 import engine_state
 import engine_state.vllm as hook_pkg
-from vllm_harness import build_scheduler, design_fields, drive, make_requests, sleep_past
 
 STATE_URI = os.environ["AGENTIC_ENGINE_STATE_URI"]
 PERIOD_MS = int(os.environ["AGENTIC_ENGINE_STATE_PERIOD_MS"])
@@ -96,9 +96,10 @@ def baseline():
 @pytest.fixture(scope="module")
 def plugin(baseline):
     """The plugin, loaded the way EngineCore.__init__ loads it."""
+    from importlib.metadata import entry_points
+
     import vllm.plugins
     import vllm.v1.core.sched.scheduler as sched_module
-    from importlib.metadata import entry_points
 
     names = [e.name for e in entry_points(group=vllm.plugins.DEFAULT_PLUGINS_GROUP)]
     assert "engine_state" in names

@@ -28,11 +28,6 @@ import random
 from collections import deque
 
 import pytest
-
-import engine_state.vllm as hook_pkg
-from engine_state import Publisher
-from engine_state.vllm import _adapter as adapter
-from engine_state.vllm import _hook
 from vllm_harness import (
     BLOCK_SIZE,
     EOS_TOKEN_ID,
@@ -41,6 +36,11 @@ from vllm_harness import (
     design_fields,
     fake_output,
 )
+
+import engine_state.vllm as hook_pkg
+from engine_state import Publisher
+from engine_state.vllm import _adapter as adapter
+from engine_state.vllm import _hook
 
 SCENARIOS = {
     # name: (async scheduling, policy, in-flight depth, seed)

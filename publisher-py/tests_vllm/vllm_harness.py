@@ -16,7 +16,7 @@ import os
 import tempfile
 import time
 from collections import deque
-from typing import Callable, Optional
+from collections.abc import Callable
 
 BLOCK_SIZE = 16
 NUM_BLOCKS = 16  # block 0 is the null block: 15 usable = 240 tokens
@@ -62,7 +62,7 @@ def model_dir() -> str:
 def build_scheduler(
     async_scheduling: bool,
     prefix_caching: bool = False,
-    scheduler_cls: Optional[str] = None,
+    scheduler_cls: str | None = None,
     num_blocks: int = NUM_BLOCKS,
     max_num_seqs: int = 8,
     max_batched: int = MAX_BATCHED,
@@ -261,8 +261,8 @@ def drive(
     requests,
     depth: int,
     steps: int = 200,
-    on_boundary: Optional[Callable[[str, int], None]] = None,
-    before_boundary: Optional[Callable[[], None]] = None,
+    on_boundary: Callable[[str, int], None] | None = None,
+    before_boundary: Callable[[], None] | None = None,
 ):
     """EngineCore.step (depth 1) / step_with_batch_queue (depth 2). Calls
     ``on_boundary(kind, schedule_calls)`` after each schedule() and

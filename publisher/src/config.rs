@@ -3,18 +3,15 @@
 use std::time::Duration;
 
 use engine_state_reader::StateUri;
+use engine_state_settings::{env, hostname, DEFAULT_FILE_MODE, DEFAULT_PERIOD_MS};
 use engine_state_shm_format::EngineId;
 
 use crate::error::Error;
 
-/// Environment variable holding the engine id.
-pub const ENGINE_ID_ENV: &str = "AGENTIC_WORKER_ID";
-/// Environment variable holding the publish period in milliseconds.
-pub const PERIOD_ENV: &str = "AGENTIC_ENGINE_STATE_PERIOD_MS";
-/// Environment variable holding the file mode (octal, e.g. `644`).
-pub const FILE_MODE_ENV: &str = "AGENTIC_ENGINE_STATE_FILE_MODE";
+pub use engine_state_settings::{default_engine_id, ENGINE_ID_ENV, FILE_MODE_ENV, PERIOD_ENV};
+
 /// Default publish period.
-pub const DEFAULT_PERIOD: Duration = Duration::from_millis(50);
+pub const DEFAULT_PERIOD: Duration = Duration::from_millis(DEFAULT_PERIOD_MS);
 
 /// Everything a [`crate::Publisher`] needs.
 #[derive(Clone, Debug)]
@@ -31,7 +28,8 @@ pub struct PublisherConfig {
 
 impl PublisherConfig {
     /// Builds the configuration from explicit values, falling back to the
-    /// environment, then to the defaults (engine id: `<hostname>-<pid>`).
+    /// environment, then to the defaults (engine id: `<hostname>-<pid>`, see
+    /// [`engine_state_settings::engine_id`]).
     pub fn resolve(
         uri: Option<&str>,
         engine_id: Option<&str>,
@@ -39,9 +37,14 @@ impl PublisherConfig {
         file_mode: Option<u32>,
     ) -> Result<PublisherConfig, Error> {
         let uri = StateUri::from_flag_or_env(uri)?;
-        let engine_id = match engine_id.map(str::to_owned).or_else(|| env(ENGINE_ID_ENV)) {
-            Some(id) => EngineId::new(&id)?,
-            None => EngineId::new(&default_engine_id())?,
+        let engine_id = match engine_id {
+            Some(id) => EngineId::new(id)?,
+            None => EngineId::new(&engine_state_settings::engine_id(
+                env(ENGINE_ID_ENV).as_deref(),
+                None,
+                &hostname(),
+                std::process::id(),
+            ))?,
         };
         let period_ms = match period_ms {
             Some(ms) => ms,
@@ -65,7 +68,7 @@ impl PublisherConfig {
                         "{FILE_MODE_ENV}={text:?} is not an octal mode such as 600 or 644"
                     ),
                 })?,
-                None => 0o600,
+                None => DEFAULT_FILE_MODE,
             },
         };
         if file_mode & !0o777 != 0 || file_mode & 0o600 != 0o600 {
@@ -83,30 +86,6 @@ impl PublisherConfig {
             file_mode,
         })
     }
-}
-
-fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
-}
-
-/// `<hostname>-<pid>`: unique on the host, valid as an engine id.
-pub fn default_engine_id() -> String {
-    let host = nix::unistd::gethostname()
-        .ok()
-        .and_then(|h| h.into_string().ok())
-        .unwrap_or_else(|| "host".to_owned());
-    let host: String = host
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .take(40)
-        .collect();
-    format!("{}-{}", host.trim_start_matches('.'), std::process::id())
 }
 
 #[cfg(test)]

@@ -8,10 +8,7 @@ use engine_state_redis::{redact, RedisTarget};
 
 use crate::error::Error;
 
-/// The default location: a directory in `/dev/shm`.
-pub const DEFAULT_URI: &str = "file:///dev/shm/agentic_engine_state";
-/// Environment variable naming the URI (DESIGN §9).
-pub const URI_ENV: &str = "AGENTIC_ENGINE_STATE_URI";
+pub use engine_state_settings::{DEFAULT_URI, URI_ENV};
 
 /// A parsed engine-state URI.
 #[derive(Clone, PartialEq, Eq)]

@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use engine_state_reader::{open, Freshness, ReaderOptions, Reading, StateUri};
+use engine_state_settings::cli::{StaleAfterArg, UriArg};
 
 use crate::table;
 
@@ -19,10 +20,8 @@ use crate::table;
 #[derive(Debug, Parser)]
 #[command(name = "esdump", version)]
 pub struct Args {
-    /// Where the engines publish: file:///dir or redis://host:port/db.
-    /// [default: file:///dev/shm/agentic_engine_state]
-    #[arg(long, env = "AGENTIC_ENGINE_STATE_URI", hide_env_values = true)]
-    pub uri: Option<String>,
+    #[command(flatten)]
+    pub uri: UriArg,
     /// Print one JSON array (one object per engine) instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -32,9 +31,8 @@ pub struct Args {
     /// Refresh interval of --watch, in milliseconds.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(10..))]
     pub interval: u64,
-    /// A heartbeat older than this (ms) makes an engine stale.
-    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
-    pub stale_after: u64,
+    #[command(flatten)]
+    pub stale_after: StaleAfterArg,
     /// With --watch: stop after this many refreshes (default: until interrupted).
     #[arg(long, hide = true)]
     pub count: Option<u64>,
@@ -42,10 +40,10 @@ pub struct Args {
 
 /// Runs esdump, writing to `out` (table or JSON) and `err` (per-engine errors with --json).
 pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Result<()> {
-    let uri = StateUri::from_flag_or_env(args.uri.as_deref())?;
+    let uri = StateUri::from_flag_or_env(args.uri.uri.as_deref())?;
     let options = ReaderOptions {
         freshness: Freshness {
-            stale_after: Duration::from_millis(args.stale_after),
+            stale_after: Duration::from_millis(args.stale_after.stale_after_ms),
             ..Freshness::default()
         },
         ..ReaderOptions::default()

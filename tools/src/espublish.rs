@@ -8,6 +8,7 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use engine_state_publisher::{Publisher, PublisherConfig};
 use engine_state_reader::StateUri;
+use engine_state_settings::cli::UriArg;
 use engine_state_shm_format::{
     monotonic_ns, EngineId, ShmWriter, Snapshot, WriterOptions, SNAPSHOT_WORDS,
 };
@@ -23,11 +24,13 @@ use engine_state_shm_format::{
 /// instead of a dead file.
 #[derive(Debug, Parser)]
 #[command(name = "espublish", version)]
+#[command(mut_arg("uri", |a| a.help(
+    "Where to publish: file:///dir or redis://[user:password@]host:port/db. \
+     [default: file:///dev/shm/agentic_engine_state]"
+)))]
 pub struct Args {
-    /// Where to publish: file:///dir or redis://[user:password@]host:port/db.
-    /// [default: file:///dev/shm/agentic_engine_state]
-    #[arg(long, env = "AGENTIC_ENGINE_STATE_URI", hide_env_values = true)]
-    pub uri: Option<String>,
+    #[command(flatten)]
+    pub uri: UriArg,
     /// The engine id. [default: AGENTIC_WORKER_ID, else <hostname>-<pid>]
     #[arg(long)]
     pub engine_id: Option<String>,
@@ -54,7 +57,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         None => None,
     };
     let config = PublisherConfig::resolve(
-        args.uri.as_deref(),
+        args.uri.uri.as_deref(),
         args.engine_id.as_deref(),
         args.period_ms,
         None,

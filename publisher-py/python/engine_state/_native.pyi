@@ -1,7 +1,27 @@
-"""Type stubs of the compiled module (checked against it by tests/test_stubs.py)."""
+"""Type stubs of the compiled module (checked against it by tests/test_stubs.py and by
+mypy's stubtest in `make lint`)."""
 
+from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, Optional, Sequence, Type, TypedDict
+from typing import Any, TypedDict, final
+
+__all__ = [
+    "Decision",
+    "EngineIdInUse",
+    "EngineState",
+    "EngineStateError",
+    "FIELD_NAMES",
+    "FLAG_IDLE",
+    "FLAG_SHUTTING_DOWN",
+    "JSON_KEYS",
+    "LAYOUT_VERSION",
+    "Publisher",
+    "Reader",
+    "Reservation",
+    "Router",
+    "__version__",
+    "block_hashes",
+]
 
 FIELD_NAMES: list[str]
 FLAG_IDLE: int
@@ -11,6 +31,7 @@ LAYOUT_VERSION: int
 __version__: str
 
 class EngineStateError(Exception): ...
+class EngineIdInUse(EngineStateError): ...
 
 # What Publisher.stats() returns: every key on both backends, 0 where it does
 # not apply (stub-only name; tests/test_stubs.py checks the keys).
@@ -27,14 +48,15 @@ _PublisherStats = TypedDict(
     },
 )
 
+@final
 class Publisher:
-    def __init__(
-        self,
-        uri: Optional[str] = None,
-        engine_id: Optional[str] = None,
-        period_ms: Optional[int] = None,
-        file_mode: Optional[int] = None,
-    ) -> None: ...
+    def __new__(
+        cls,
+        uri: str | None = None,
+        engine_id: str | None = None,
+        period_ms: int | None = None,
+        file_mode: int | None = None,
+    ) -> Publisher: ...
     def publish(
         self,
         *,
@@ -57,19 +79,20 @@ class Publisher:
     @property
     def uri(self) -> str: ...
     @property
-    def path(self) -> Optional[str]: ...
+    def path(self) -> str | None: ...
     @property
     def period_ms(self) -> int: ...
     @property
     def closed(self) -> bool: ...
-    def __enter__(self) -> "Publisher": ...
+    def __enter__(self) -> Publisher: ...
     def __exit__(
         self,
-        exc_type: Optional[Type[BaseException]] = None,
-        exc_value: Optional[BaseException] = None,
-        traceback: Optional[TracebackType] = None,
+        exc_type: type[BaseException] | None = None,
+        exc_value: BaseException | None = None,
+        traceback: TracebackType | None = None,
     ) -> bool: ...
 
+@final
 class EngineState:
     engine_id: str
     status: str
@@ -88,19 +111,20 @@ class EngineState:
     flags: int
     heartbeat_age_ms: float
     capture_age_ms: float
-    gpu_kv_used_frac: Optional[float]
+    gpu_kv_used_frac: float | None
     generation: int
     @property
     def fresh(self) -> bool: ...
     def to_dict(self) -> dict[str, object]: ...
 
+@final
 class Reader:
-    def __init__(
-        self,
-        uri: Optional[str] = None,
-        stale_after_ms: Optional[int] = None,
-        max_capture_age_ms: Optional[int] = None,
-    ) -> None: ...
+    def __new__(
+        cls,
+        uri: str | None = None,
+        stale_after_ms: int | None = None,
+        max_capture_age_ms: int | None = None,
+    ) -> Reader: ...
     def read(self) -> list[EngineState]: ...
     @property
     def errors(self) -> list[str]: ...
@@ -109,9 +133,10 @@ class Reader:
 
 def block_hashes(tokens: Sequence[int]) -> list[int]: ...
 
+@final
 class Decision:
     request_id: str
-    session_id: Optional[str]
+    session_id: str | None
     instance_id: str
     reason: str
     input_len: int
@@ -119,6 +144,7 @@ class Decision:
     new_prefill_tokens: int
     consulted_real_state: bool
 
+@final
 class Reservation:
     def prefill_done(self) -> None: ...
     def complete(self) -> None: ...
@@ -127,31 +153,32 @@ class Reservation:
     def instance_id(self) -> str: ...
     @property
     def released(self) -> bool: ...
-    def __enter__(self) -> "Reservation": ...
+    def __enter__(self) -> Reservation: ...
     def __exit__(
         self,
-        exc_type: Optional[Type[BaseException]] = None,
-        _exc_value: Optional[BaseException] = None,
-        _traceback: Optional[TracebackType] = None,
+        exc_type: type[BaseException] | None = None,
+        _exc_value: BaseException | None = None,
+        _traceback: TracebackType | None = None,
     ) -> bool: ...
 
+@final
 class Router:
-    def __init__(
-        self,
+    def __new__(
+        cls,
         instances: Sequence[str],
         *,
-        policy: Optional[str] = None,
-        settings: Optional[dict[str, Any]] = None,
-        decision_log: Optional[str] = None,
-    ) -> None: ...
+        policy: str | None = None,
+        settings: dict[str, Any] | None = None,
+        decision_log: str | None = None,
+    ) -> Router: ...
     def pick(
         self,
         request_id: str,
         *,
-        tokens: Optional[Sequence[int]] = None,
-        block_hashes: Optional[Sequence[int]] = None,
-        input_len: Optional[int] = None,
-        session_id: Optional[str] = None,
+        tokens: Sequence[int] | None = None,
+        block_hashes: Sequence[int] | None = None,
+        input_len: int | None = None,
+        session_id: str | None = None,
     ) -> tuple[Decision, Reservation]: ...
     def update_real_state(self, states: Sequence[EngineState]) -> int: ...
     def migration_advice(
@@ -159,31 +186,31 @@ class Router:
         source: str,
         request_id: str,
         *,
-        tokens: Optional[Sequence[int]] = None,
-        block_hashes: Optional[Sequence[int]] = None,
-        input_len: Optional[int] = None,
-        session_id: Optional[str] = None,
+        tokens: Sequence[int] | None = None,
+        block_hashes: Sequence[int] | None = None,
+        input_len: int | None = None,
+        session_id: str | None = None,
     ) -> dict[str, Any]: ...
     def migration_advice_for(
         self,
         reservation: Reservation,
         request_id: str,
         *,
-        tokens: Optional[Sequence[int]] = None,
-        block_hashes: Optional[Sequence[int]] = None,
-        input_len: Optional[int] = None,
-        session_id: Optional[str] = None,
+        tokens: Sequence[int] | None = None,
+        block_hashes: Sequence[int] | None = None,
+        input_len: int | None = None,
+        session_id: str | None = None,
     ) -> dict[str, Any]: ...
     def migrate(
         self,
         reservation: Reservation,
         request_id: str,
         *,
-        tokens: Optional[Sequence[int]] = None,
-        block_hashes: Optional[Sequence[int]] = None,
-        input_len: Optional[int] = None,
-        session_id: Optional[str] = None,
-    ) -> Optional[Decision]: ...
+        tokens: Sequence[int] | None = None,
+        block_hashes: Sequence[int] | None = None,
+        input_len: int | None = None,
+        session_id: str | None = None,
+    ) -> Decision | None: ...
     def add_instance(self, instance_id: str) -> None: ...
     def remove_instance(self, instance_id: str) -> None: ...
     def end_session(self, session_id: str) -> bool: ...
@@ -191,9 +218,45 @@ class Router:
     def stats(self) -> dict[str, int]: ...
     def settings(self) -> dict[str, Any]: ...
 
-class RequestCapture:
-    def __init__(
+# The vLLM hook's engine id and capture (engine_state.vllm), internal: not part of the API.
+
+def _engine_id_for(
+    dp_index: int,
+    dp_size: int,
+    environ: Mapping[str, str] | None = None,
+    hostname: str | None = None,
+    pid: int | None = None,
+) -> str: ...
+def _fallback_engine_id(engine_id: str, pid: int | None = None) -> str: ...
+
+@final
+class _RequestTotals:
+    num_running: int
+    num_waiting: int
+    pending_prefill_tokens: int
+    ongoing_decode_tokens: int
+    num_prefilling: int
+    max_prefill_remaining: int
+    num_preempted: int
+    def publish(
         self,
+        publisher: Publisher,
+        *,
+        step: int,
+        gpu_blocks_total: int,
+        gpu_blocks_free: int,
+        flags: int,
+    ) -> None: ...
+    @property
+    def busy(self) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: int, /) -> int: ...
+
+@final
+class _RequestCapture:
+    def __new__(
+        cls,
         *,
         prompt_attr: str,
         computed_attr: str,
@@ -201,15 +264,14 @@ class RequestCapture:
         tokens_is_sequence: bool,
         status_attr: str,
         preempted_status: object,
-    ) -> None: ...
-    def capture(
-        self, running: object, waiting_queues: list[object]
-    ) -> tuple[int, int, int, int, int, int, int]: ...
+    ) -> _RequestCapture: ...
+    def capture(self, running: object, waiting_queues: list[object]) -> _RequestTotals: ...
     def remaining_prefill(self, request: object) -> int: ...
 
-class IncrementalCapture:
-    def __init__(
-        self,
+@final
+class _IncrementalCapture:
+    def __new__(
+        cls,
         *,
         prompt_attr: str,
         computed_attr: str,
@@ -217,13 +279,13 @@ class IncrementalCapture:
         tokens_is_sequence: bool,
         status_attr: str,
         preempted_status: object,
-    ) -> None: ...
+    ) -> _IncrementalCapture: ...
     def capture(
         self, running: object, read_queues: list[object], cached_queue: object
-    ) -> tuple[int, int, int, int, int, int, int]: ...
+    ) -> _RequestTotals: ...
     def recount(
         self, running: object, read_queues: list[object], cached_queue: object
-    ) -> tuple[tuple[int, int, int, int, int, int, int], tuple[int, int, int, int, int, int, int]]: ...
+    ) -> tuple[_RequestTotals, _RequestTotals]: ...
     def mark_volatile(self, request: object) -> None: ...
     def forget_running(self, requests: list[object]) -> None: ...
     def clear(self) -> None: ...

@@ -48,7 +48,8 @@ still runs (a missing name turns it off with a logged reason) but warns once.
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 logger = logging.getLogger("engine_state.vllm")
 
@@ -107,7 +108,7 @@ PREEMPTED = "PREEMPTED"
 _EMPTY: tuple = ()
 
 
-def vllm_version() -> Optional[str]:
+def vllm_version() -> str | None:
     """The installed vLLM's version, or None when it cannot be read."""
     import sys
 
@@ -246,7 +247,7 @@ def data_parallel(scheduler: Any) -> tuple[int, int]:
 
 
 def request_capture_names(tokens_from_list: bool) -> dict:
-    """Keyword arguments for ``engine_state._native.RequestCapture`` (minus the
+    """Keyword arguments for ``engine_state._native._RequestCapture`` (minus the
     status value): the request attribute names, in one place."""
     return dict(
         prompt_attr=NUM_PROMPT_TOKENS,

@@ -8,13 +8,14 @@ engine-core process. The wrapped methods call ``after_schedule``,
 and three ``len()`` calls unless a capture is due: at most once per period,
 and at once when the engine turns idle or busy (``after_schedule`` also notes
 the requests its ``SchedulerOutput`` reports preempted or admitted). A capture reads the
-requests through ``engine_state._native.IncrementalCapture`` (Rust, names from
+requests through ``engine_state._native._IncrementalCapture`` (Rust, names from
 the adapter): every running request, and of the waiting ones only those that
 may have changed since the last capture (docs/VLLM.md, "What the capture
-caches"); then it publishes one snapshot. Once per ``RECOUNT_PERIOD_NS`` it
-reads every request instead and compares; on a difference it logs once and
-this engine uses full captures (``RequestCapture``) from then on, as it does
-when a connector is configured.
+caches"); then it publishes one snapshot (``_RequestTotals.publish``: the
+capture's sums reach the snapshot by name, in Rust). Once per
+``RECOUNT_PERIOD_NS`` it reads every request instead and compares; on a
+difference it logs once and this engine uses full captures
+(``_RequestCapture``) from then on, as it does when a connector is configured.
 
 Any exception here turns the hook off for that engine (``fail``): it logs the
 reason once, retires the engine's file and detaches, and vLLM carries on.
@@ -24,18 +25,21 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from engine_state._native import (
     FLAG_SHUTTING_DOWN,
-    EngineStateError,
-    IncrementalCapture,
+    EngineIdInUse,
     Publisher,
-    RequestCapture,
+    _fallback_engine_id,
+    _IncrementalCapture,
+    _RequestCapture,
+    _RequestTotals,
 )
+from engine_state._native import _engine_id_for as engine_id_for
 from engine_state.vllm import _adapter as adapter
 
 logger = logging.getLogger("engine_state.vllm")
@@ -44,63 +48,27 @@ logger = logging.getLogger("engine_state.vllm")
 HOOK_ATTR = "_engine_state_hook"
 #: Kill switch: "1", "true", "yes" or "on" turns the hook off entirely.
 DISABLE_ENV = "AGENTIC_ENGINE_STATE_DISABLE"
-#: The engine id, when set (DESIGN §9).
-ENGINE_ID_ENV = "AGENTIC_WORKER_ID"
 
 #: How often the incremental capture is cross-checked by a full recount.
 RECOUNT_PERIOD_NS = 1_000_000_000
 
-_CLASH = "already published by a live process"
-_MAX_ID = 63
 
-
-def disabled(environ: Optional[dict] = None) -> bool:
+def disabled(environ: dict | None = None) -> bool:
     """True when the kill switch is set."""
     value = (environ if environ is not None else os.environ).get(DISABLE_ENV, "")
     return value.strip().lower() in ("1", "true", "yes", "on")
 
 
-def _clean(text: str) -> str:
-    """Keeps the characters an engine id allows (``[A-Za-z0-9._-]``)."""
-    return "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in text)
-
-
-def engine_id_for(
-    dp_index: int,
-    dp_size: int,
-    environ: Optional[dict] = None,
-    hostname: Optional[str] = None,
-    pid: Optional[int] = None,
-) -> str:
-    """The engine id (DESIGN §9).
-
-    ``AGENTIC_WORKER_ID`` when set, with ``-dp<index>`` appended when the
-    server runs several data-parallel engines (they share the environment).
-    Otherwise ``<host>-dp<index>-<pid>``: the pid keeps several ``vllm serve``
-    processes on one host apart (all have data-parallel index 0).
-    """
-    environ = environ if environ is not None else os.environ
-    worker_id = environ.get(ENGINE_ID_ENV, "").strip()
-    if worker_id:
-        return worker_id if dp_size <= 1 else f"{worker_id}-dp{dp_index}"
-    host = _clean(hostname if hostname is not None else socket.gethostname()).strip(".")[:40]
-    return f"{host or 'host'}-dp{dp_index}-{pid if pid is not None else os.getpid()}"
-
-
 def start_publisher(
-    engine_id: str, publisher_cls: Callable[..., Any] = Publisher, pid: Optional[int] = None
+    engine_id: str, publisher_cls: Callable[..., Any] = Publisher, pid: int | None = None
 ) -> Any:
     """Starts a publisher for ``engine_id``; if a live process already
-    publishes that id, warns and uses ``<engine_id>-<pid>`` instead."""
+    publishes that id, warns and uses ``<engine_id>-<pid>`` instead (with a
+    random part more when ``engine_id`` already ends with the pid)."""
     try:
         return publisher_cls(engine_id=engine_id)
-    except EngineStateError as error:
-        if _CLASH not in str(error):
-            raise
-        suffix = f"-{pid if pid is not None else os.getpid()}"
-        if engine_id.endswith(suffix):  # the default id already holds the pid
-            suffix += f"-{os.urandom(2).hex()}"
-        fallback = engine_id[: _MAX_ID - len(suffix)] + suffix
+    except EngineIdInUse as error:
+        fallback = _fallback_engine_id(engine_id, pid)
         logger.warning(
             "engine-state: engine id %r is already published by another live engine (in this "
             "directory or Redis prefix); publishing as %r instead. Give each engine its own "
@@ -147,22 +115,22 @@ class EngineStateHook:
         self.engine_id: str = publisher.engine_id
         self.period_ns: int = int(publisher.period_ms) * 1_000_000
         self.step = 0  # schedule() calls seen
-        self.busy: Optional[bool] = None  # unknown until the first capture
+        self.busy: bool | None = None  # unknown until the first capture
         self.last_capture_ns = 0
         self.depth = 0  # > 0 inside schedule() / update_from_output()
         self.captures = 0
-        #: The request-dependent fields of the last capture (RequestCapture's tuple).
-        self.totals: Optional[tuple] = None
+        #: The request-dependent fields of the last capture.
+        self.totals: _RequestTotals | None = None
         self.recounts = 0  # full recounts that cross-checked the incremental capture
         self.recount_mismatches = 0
-        self.last_recount_ns: Optional[int] = None
+        self.last_recount_ns: int | None = None
         self._preempted = preempted_status
-        self._capture = RequestCapture(
+        self._capture = _RequestCapture(
             preempted_status=preempted_status, **adapter.request_capture_names(True)
         )
         # None: full captures (a connector is configured, or a recount differed).
-        self._incremental: Optional[IncrementalCapture] = (
-            IncrementalCapture(
+        self._incremental: _IncrementalCapture | None = (
+            _IncrementalCapture(
                 preempted_status=preempted_status, **adapter.request_capture_names(True)
             )
             if incremental
@@ -170,7 +138,7 @@ class EngineStateHook:
         )
         self._tokens_checked = False
         self._clock = clock
-        self._thread: Optional[int] = None  # the scheduler thread, from the first schedule()
+        self._thread: int | None = None  # the scheduler thread, from the first schedule()
 
     # -- called by the wrapped scheduler methods (always on its thread) --------
 
@@ -214,41 +182,26 @@ class EngineStateHook:
             return
         self.capture(scheduler, now)
 
-    def capture(self, scheduler: Any, now: Optional[int] = None, flags: int = 0) -> None:
+    def capture(self, scheduler: Any, now: int | None = None, flags: int = 0) -> None:
         """Captures every field of DESIGN §3 and publishes them."""
         running = adapter.running(scheduler)
         if not self._tokens_checked:
             self._check_tokens(running, adapter.waiting_queues(scheduler))
         now = self._clock() if now is None else now
         self.totals = totals = self._capture_requests(scheduler, running, now)
-        (
-            num_running,
-            num_waiting,
-            pending_prefill,
-            ongoing_decode,
-            num_prefilling,
-            max_prefill_remaining,
-            num_preempted,
-        ) = totals
         blocks_total, blocks_free = adapter.block_counts(scheduler)
-        self.publisher.publish(
+        totals.publish(
+            self.publisher,
             step=self.step,
-            num_running=num_running,
-            num_waiting=num_waiting,
             gpu_blocks_total=blocks_total,
             gpu_blocks_free=blocks_free,
-            pending_prefill_tokens=pending_prefill,
-            ongoing_decode_tokens=ongoing_decode,
-            num_prefilling=num_prefilling,
-            max_prefill_remaining=max_prefill_remaining,
-            num_preempted=num_preempted,
             flags=flags,
         )
-        self.busy = num_running + num_waiting > 0
+        self.busy = totals.busy
         self.last_capture_ns = now
         self.captures += 1
 
-    def _capture_requests(self, scheduler: Any, running: Any, now: int) -> tuple:
+    def _capture_requests(self, scheduler: Any, running: Any, now: int) -> _RequestTotals:
         """The request-dependent fields: incrementally, cross-checked by a
         full recount once per ``RECOUNT_PERIOD_NS``; or in full."""
         incremental = self._incremental
@@ -270,10 +223,9 @@ class EngineStateHook:
             incremental.clear()
             logger.warning(
                 "engine-state: the incremental capture of engine %r differed from a full recount "
-                "(%s instead of %s: num_running, num_waiting, pending_prefill_tokens, "
-                "ongoing_decode_tokens, num_prefilling, max_prefill_remaining, num_preempted); "
-                "this engine reads every request at every capture from now on. This capture "
-                "publishes the recount's values; those of the last second may have been off. "
+                "(%r instead of %r); this engine reads every request at every capture from now "
+                "on. This capture publishes the recount's values; those of the last second may "
+                "have been off. "
                 "Please report this with your vLLM version.",
                 self.engine_id,
                 counted,
@@ -337,7 +289,7 @@ class EngineStateHook:
                 adapter.NUM_TOKENS,
                 adapter.ALL_TOKEN_IDS,
             )
-            self._capture = RequestCapture(
+            self._capture = _RequestCapture(
                 preempted_status=self._preempted, **adapter.request_capture_names(False)
             )
             # What the incremental capture may cache was proven for vLLM 0.33,
@@ -345,7 +297,7 @@ class EngineStateHook:
             self._incremental = None
 
 
-def attach(scheduler: Any, preempted_status: Any) -> Optional[EngineStateHook]:
+def attach(scheduler: Any, preempted_status: Any) -> EngineStateHook | None:
     """Starts publishing ``scheduler``'s state (called at the end of its
     ``__init__``). Returns None when the kill switch is set."""
     if disabled():

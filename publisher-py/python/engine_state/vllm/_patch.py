@@ -23,7 +23,8 @@ import importlib.abc
 import logging
 import sys
 import threading
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from engine_state.vllm import _adapter as adapter
 from engine_state.vllm import _hook
@@ -104,7 +105,7 @@ def is_installed(module: Any) -> bool:
     return getattr(cls.__dict__.get(adapter.SCHEDULE), WRAPPED_ATTR, None) is not None
 
 
-def _hook_of(scheduler: Any) -> Optional[_hook.EngineStateHook]:
+def _hook_of(scheduler: Any) -> _hook.EngineStateHook | None:
     try:
         return scheduler.__dict__.get(_hook.HOOK_ATTR)
     except Exception:
@@ -184,7 +185,7 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
     """Wraps the scheduler class right after its module is first imported,
     then removes itself from ``sys.meta_path``."""
 
-    _armed: Optional["_PatchOnImport"] = None
+    _armed: _PatchOnImport | None = None
 
     @classmethod
     def arm(cls) -> None:
