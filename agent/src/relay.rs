@@ -91,7 +91,7 @@ struct Relayed {
 }
 
 impl Relay {
-    /// Opens the directory (creating it when missing, said once on stderr)
+    /// Opens the directory (creating it when missing, logged once as a warning)
     /// and starts the sink. A wrong Redis password is an error here; an
     /// unreachable server is not (the sink reconnects with backoff).
     ///
@@ -109,7 +109,7 @@ impl Relay {
             })?;
             // A typo in --uri would otherwise relay an empty directory in
             // silence, while the engines publish elsewhere.
-            eprintln!(
+            tracing::warn!(
                 "esagent: created the missing engine-state directory {dir}; the engines must \
                  publish into this same path (AGENTIC_ENGINE_STATE_URI=file://{dir}) and local \
                  readers (esdump, routers) read it, or nothing they do is relayed or seen",
@@ -199,7 +199,7 @@ impl Relay {
             return report;
         }
         if let Some(error) = self.directory_error.take() {
-            eprintln!("esagent: the directory can be listed again (was: {error})");
+            tracing::info!("esagent: the directory can be listed again (was: {error})");
         }
         report.engines = self.reading.engines.len();
         report.read_errors = self.reading.errors.len();
@@ -238,7 +238,7 @@ impl Relay {
 
     fn note_error(&mut self, text: &str) {
         if self.known_errors.insert(text.to_owned()) {
-            eprintln!("esagent: {text}");
+            tracing::warn!("esagent: {text}");
         }
     }
 

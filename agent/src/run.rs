@@ -75,8 +75,8 @@ impl Agent {
     /// `Runtime::shutdown_background`).
     ///
     /// The relay runs on a thread of its own: it wakes every poll interval
-    /// (sub-millisecond, which tokio's millisecond timer cannot do) and
-    /// checks `shutdown` at each wake-up.
+    /// (sub-millisecond, which tokio's millisecond timer cannot do), and at
+    /// once when `shutdown` is cancelled (see [`Pause`]).
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
         let Agent {
             config,
@@ -95,7 +95,8 @@ impl Agent {
         ));
         let relay_shutdown = shutdown.clone();
         let mut relaying = tokio::task::spawn_blocking(move || {
-            relay_loop(config, relay, &metrics, &health, &relay_shutdown)
+            let pause = Pause::new(relay_shutdown);
+            relay_loop(config, relay, &metrics, &health, &pause)
         });
         let limit = async {
             shutdown.cancelled().await;
@@ -109,7 +110,7 @@ impl Agent {
                     }
                 }
             }
-            () = limit => eprintln!(
+            () = limit => tracing::warn!(
                 "esagent: Redis did not take the pending writes within {SHUTDOWN_LIMIT:?} of \
                  the stop; stopping without them"
             ),
@@ -126,7 +127,7 @@ fn relay_loop(
     mut relay: Relay,
     metrics: &PrometheusHandle,
     health: &Health,
-    shutdown: &CancellationToken,
+    pause: &Pause,
 ) {
     let mut cleanup = config.cleanup_grace.map(Cleanup::new);
     let mut gauges = telemetry::EngineGauges::default();
@@ -136,7 +137,7 @@ fn relay_loop(
     let mut upkeep_at = start;
     let mut connected = true;
     let mut relay_errors = 0;
-    while !shutdown.is_cancelled() {
+    while !pause.is_cancelled() {
         let now = Instant::now();
         if now < next_tick {
             relay.poll();
@@ -157,12 +158,12 @@ fn relay_loop(
             if now_connected != connected {
                 connected = now_connected;
                 if connected {
-                    eprintln!("esagent: connected to Redis at {}", config.redis);
+                    tracing::info!("esagent: connected to Redis at {}", config.redis);
                 } else {
                     let error = stats.last_error().unwrap_or_else(|| {
                         format!("Redis at {} is not reachable yet", config.redis)
                     });
-                    eprintln!("esagent: {error}; retrying with backoff (50 ms to 5 s)");
+                    tracing::warn!("esagent: {error}; retrying with backoff (50 ms to 5 s)");
                 }
             }
             gauges.record(relay.reading(), connected, now);
@@ -208,9 +209,53 @@ fn relay_loop(
         } else {
             next_poll.min(next_tick)
         };
-        std::thread::sleep(wake.saturating_duration_since(now));
+        pause.until(wake);
     }
     relay.shutdown(SHUTDOWN_FLUSH);
+}
+
+/// The relay thread's waits between passes, cut short by a shutdown: the
+/// thread parks until its next pass, and a task of the runtime unparks it
+/// when the token is cancelled.
+#[derive(Debug)]
+struct Pause {
+    shutdown: CancellationToken,
+}
+
+impl Pause {
+    /// Called on the thread that will wait, inside a tokio runtime (e.g. in
+    /// `spawn_blocking`): arranges for `shutdown` to wake this thread.
+    fn new(shutdown: CancellationToken) -> Pause {
+        let thread = std::thread::current();
+        let cancelled = shutdown.clone().cancelled_owned();
+        tokio::spawn(async move {
+            cancelled.await;
+            // A park token left for a thread that no longer waits costs one
+            // spurious wake-up of its next park, which every park allows.
+            thread.unpark();
+        });
+        Pause { shutdown }
+    }
+
+    fn is_cancelled(&self) -> bool {
+        self.shutdown.is_cancelled()
+    }
+
+    /// Waits until `deadline` or until the shutdown; true on shutdown.
+    fn until(&self, deadline: Instant) -> bool {
+        loop {
+            // Cancelled before the park: the unpark is either still to come
+            // or its token is already set, so the park cannot miss it.
+            if self.is_cancelled() {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            std::thread::park_timeout(deadline - now);
+        }
+    }
 }
 
 /// Raises the soft limit of open files to the hard limit (the HTTP side's
@@ -230,4 +275,32 @@ fn raise_fd_limit() -> u64 {
 /// Binds and runs an agent until `shutdown` is cancelled.
 pub async fn run(config: AgentConfig, shutdown: CancellationToken) -> Result<(), Error> {
     Agent::bind(config).await?.run(shutdown).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_pause_ends_at_its_deadline_or_at_once_on_shutdown() {
+        let shutdown = CancellationToken::new();
+        let token = shutdown.clone();
+        let waiting = tokio::task::spawn_blocking(move || {
+            let pause = Pause::new(token);
+            let short = Instant::now() + Duration::from_millis(10);
+            assert!(!pause.until(short), "not cancelled");
+            assert!(Instant::now() >= short);
+            let started = Instant::now();
+            // Twenty seconds, unless the shutdown cuts it short.
+            assert!(pause.until(started + Duration::from_secs(20)));
+            started.elapsed()
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        shutdown.cancel();
+        let waited = tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("the pause ended with the shutdown")
+            .unwrap();
+        assert!(waited < Duration::from_secs(10), "{waited:?}");
+    }
 }

@@ -1,21 +1,53 @@
+use std::io::IsTerminal;
+
 use engine_state_agent::{Agent, Args, CancellationToken};
 use tokio::signal::unix::{signal, SignalKind};
+use tracing_subscriber::filter::{EnvFilter, LevelFilter};
 
 fn main() -> std::process::ExitCode {
-    match main_inner() {
+    let (args, warnings) = Args::parse_with_warnings();
+    init_logging();
+    for warning in warnings {
+        tracing::warn!("esagent: {warning}");
+    }
+    match main_inner(args) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("esagent: {e:#}");
+            tracing::error!("esagent: {e:#}");
             std::process::ExitCode::FAILURE
         }
     }
 }
 
-fn main_inner() -> anyhow::Result<()> {
-    let (args, warnings) = Args::parse_with_warnings();
-    for warning in warnings {
-        eprintln!("esagent: {warning}");
+/// Log events go to stderr, at `info` and above unless `RUST_LOG` says
+/// otherwise (e.g. `RUST_LOG=warn`, `RUST_LOG=engine_state_agent=debug`).
+/// Colours only on a terminal.
+fn init_logging() {
+    let builder = EnvFilter::builder().with_default_directive(LevelFilter::INFO.into());
+    let (filter, bad) = match builder.from_env() {
+        Ok(filter) => (filter, None),
+        Err(e) => (
+            EnvFilter::builder()
+                .with_default_directive(LevelFilter::INFO.into())
+                .parse_lossy(""),
+            Some(e),
+        ),
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .init();
+    if let Some(e) = bad {
+        tracing::warn!(
+            "esagent: RUST_LOG is not a valid filter ({e}); logging at info. Give a level \
+             (RUST_LOG=warn) or per-target levels (RUST_LOG=info,engine_state_agent=debug)"
+        );
     }
+}
+
+fn main_inner(args: Args) -> anyhow::Result<()> {
     let config = args.into_config()?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -43,7 +75,7 @@ fn main_inner() -> anyhow::Result<()> {
             cancel.cancel();
         });
         agent.run(shutdown).await?;
-        eprintln!("esagent: stopped");
+        tracing::info!("esagent: stopped");
         Ok(())
     });
     // The relay thread may still be stuck in a call to a Redis that stopped
