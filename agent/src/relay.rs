@@ -65,7 +65,8 @@ pub struct Relay {
 /// The sink and what was queued to it last, per engine.
 #[derive(Debug)]
 struct Outbox {
-    sink: InlineSink,
+    /// None in metrics-only mode (no `--redis`): nothing is queued.
+    sink: Option<InlineSink>,
     relayed: HashMap<Arc<str>, Relayed, foldhash::fast::RandomState>,
     next_seq: u64,
     snapshot_age: metrics::Histogram,
@@ -92,8 +93,10 @@ struct Relayed {
 
 impl Relay {
     /// Opens the directory (creating it when missing, logged once as a warning)
-    /// and starts the sink. A wrong Redis password is an error here; an
-    /// unreachable server is not (the sink reconnects with backoff).
+    /// and starts the sink, if there is a Redis to relay to (metrics-only
+    /// mode otherwise: the passes read the directory and relay nothing). A
+    /// wrong Redis password is an error here; an unreachable server is not
+    /// (the sink reconnects with backoff).
     ///
     /// The sink is owner-checked: an engine id another live process writes
     /// to the same Redis directly (a `Publisher` with a `redis://` URI) is
@@ -128,20 +131,10 @@ impl Relay {
             rescan_interval: RESCAN_INTERVAL,
         };
         let shm = ShmDir::open(&config.shm_dir, options)?;
-        let connection = match config.redis.connect() {
-            Ok(con) => Some(con),
-            Err(e) if engine_state_reader::RedisTarget::is_auth_error(&e) => return Err(e.into()),
-            Err(_) => None,
+        let sink = match &config.redis {
+            Some(redis) => Some(sink(redis)?),
+            None => None,
         };
-        let lag = metrics::histogram!(telemetry::RELAY_LAG);
-        // Written from the relay thread itself: one wake-up per poll, not
-        // three (see `InlineSink`).
-        let sink = InlineSink::new(
-            config.redis.clone(),
-            connection,
-            Some(Box::new(move |d: Duration| lag.record(d.as_secs_f64()))),
-        )
-        .owner_checked();
         Ok(Relay {
             shm,
             reading: Reading::default(),
@@ -151,7 +144,11 @@ impl Relay {
                 relayed: HashMap::default(),
                 // Strictly above anything an earlier run of the agent on this host sent.
                 next_seq: monotonic_ns(),
-                snapshot_age: metrics::histogram!(telemetry::SNAPSHOT_AGE),
+                // Not exported in metrics-only mode.
+                snapshot_age: match &config.redis {
+                    Some(_) => metrics::histogram!(telemetry::SNAPSHOT_AGE),
+                    None => metrics::Histogram::noop(),
+                },
                 batch: Vec::new(),
                 // Nine tenths: an idle engine's every heartbeat (timers
                 // jitter), not one between two publishes of a busy engine.
@@ -168,6 +165,9 @@ impl Relay {
     /// the cost of two loads from one cache line per engine when nothing
     /// changed. Returns how many records were queued.
     pub fn poll(&mut self) -> usize {
+        if !self.relays() {
+            return 0; // the gauges are the tick's
+        }
         let now = monotonic_ns();
         let step = Some(Duration::from_nanos(self.outbox.heartbeat_step_ns));
         if self
@@ -214,7 +214,13 @@ impl Relay {
         }
         self.known_errors = self.reading.errors.iter().map(|e| e.name.clone()).collect();
         self.outbox.known = 0;
-        for engine in &self.reading.engines {
+        // Metrics-only mode: nothing to queue (and `relayed` stays empty).
+        let relayed = if self.relays() {
+            &self.reading.engines[..]
+        } else {
+            &[]
+        };
+        for engine in relayed {
             report.queued += usize::from(self.outbox.queue(&self.shm, engine, now));
             self.outbox.refresh_header(&self.shm, engine);
         }
@@ -259,14 +265,21 @@ impl Relay {
         self.shm.dir()
     }
 
-    /// The sink's counters.
-    pub fn sink_stats(&self) -> &SinkStats {
-        self.outbox.sink.stats()
+    /// Whether there is a Redis to relay to (false: metrics-only mode).
+    pub fn relays(&self) -> bool {
+        self.outbox.sink.is_some()
+    }
+
+    /// The sink's counters (None: metrics-only mode).
+    pub fn sink_stats(&self) -> Option<&SinkStats> {
+        self.outbox.sink.as_ref().map(InlineSink::stats)
     }
 
     /// Writes what is pending (at most `timeout`).
     pub fn shutdown(&mut self, timeout: Duration) {
-        self.outbox.sink.flush(timeout);
+        if let Some(sink) = self.outbox.sink.as_mut() {
+            sink.flush(timeout);
+        }
     }
 }
 
@@ -288,7 +301,9 @@ impl Outbox {
     /// Writes the queued records as one pipeline (and collects the replies
     /// of the previous one); called every pass, with or without records.
     fn send(&mut self) {
-        self.sink.submit(&mut self.batch);
+        if let Some(sink) = self.sink.as_mut() {
+            sink.submit(&mut self.batch);
+        }
     }
 
     /// Queues `engine` (read at `now`) unless it is what was queued last;
@@ -358,6 +373,26 @@ impl Outbox {
         self.snapshot_age.record(engine.capture_age.as_secs_f64());
         true
     }
+}
+
+/// The owner-checked sink to `redis`: an engine id another live process
+/// writes to the same Redis directly (a `Publisher` with a `redis://` URI)
+/// is not overwritten (see [`InlineSink::owner_checked`]).
+fn sink(redis: &engine_state_reader::RedisTarget) -> Result<InlineSink, Error> {
+    let connection = match redis.connect() {
+        Ok(con) => Some(con),
+        Err(e) if engine_state_reader::RedisTarget::is_auth_error(&e) => return Err(e.into()),
+        Err(_) => None,
+    };
+    let lag = metrics::histogram!(telemetry::RELAY_LAG);
+    // Written from the relay thread itself: one wake-up per poll, not
+    // three (see `InlineSink`).
+    Ok(InlineSink::new(
+        redis.clone(),
+        connection,
+        Some(Box::new(move |d: Duration| lag.record(d.as_secs_f64()))),
+    )
+    .owner_checked())
 }
 
 #[cfg(test)]

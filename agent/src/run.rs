@@ -5,6 +5,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use engine_state_publisher::SinkStats;
+use engine_state_reader::RedisTarget;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -135,8 +137,11 @@ fn relay_loop(
     let start = Instant::now();
     let (mut next_poll, mut next_tick) = (start, start);
     let mut upkeep_at = start;
-    let mut connected = true;
-    let mut relay_errors = 0;
+    let mut redis_state = RedisState {
+        connected: true,
+        errors: 0,
+    };
+    telemetry::register_counters(relay.relays());
     while !pause.is_cancelled() {
         let now = Instant::now();
         if now < next_tick {
@@ -148,31 +153,10 @@ fn relay_loop(
                 next_tick = now + FULL_PASS_INTERVAL;
             }
             let report = relay.tick();
-            let stats = relay.sink_stats();
-            let errors = stats.errors.load(Ordering::Relaxed);
-            if errors > relay_errors {
-                metrics::counter!(telemetry::RELAY_ERRORS).increment(errors - relay_errors);
-                relay_errors = errors;
-            }
-            let now_connected = stats.connected.load(Ordering::Relaxed);
-            if now_connected != connected {
-                connected = now_connected;
-                if connected {
-                    tracing::info!("esagent: connected to Redis at {}", config.redis);
-                } else {
-                    let error = stats.last_error().unwrap_or_else(|| {
-                        format!("Redis at {} is not reachable yet", config.redis)
-                    });
-                    tracing::warn!("esagent: {error}; retrying with backoff (50 ms to 5 s)");
-                }
-            }
-            gauges.record(relay.reading(), connected, now);
-            let relayed = stats.written.load(Ordering::Relaxed);
-            metrics::counter!(telemetry::RELAYED).absolute(relayed);
-            metrics::counter!(telemetry::RELAY_REFUSED)
-                .absolute(stats.refused.load(Ordering::Relaxed));
-            metrics::counter!(telemetry::REGISTRY_ERRORS)
-                .absolute(stats.registry_errors.load(Ordering::Relaxed));
+            let redis = relay
+                .sink_stats()
+                .map(|stats| redis_state.update(stats, config.redis.as_ref()));
+            gauges.record(relay.reading(), redis.map(|r| r.connected), now);
             if now >= upkeep_at {
                 upkeep_at = now + UPKEEP_INTERVAL;
                 metrics.run_upkeep();
@@ -180,11 +164,9 @@ fn relay_loop(
             if let Some(cleanup) = cleanup.as_mut() {
                 cleanup.run(relay.shm_dir(), relay.reading(), now);
             }
-            health.tick(
-                format!(
-                    "engines: {}\nrelayed: {}\nunreadable: {}\nredis: {}\n",
-                    report.engines,
-                    relayed,
+            let relayed = match redis {
+                Some(RedisReport { connected, relayed }) => format!(
+                    "relayed: {relayed}\nunreadable: {}\nredis: {}\n",
                     report.read_errors,
                     if connected {
                         "connected"
@@ -192,6 +174,13 @@ fn relay_loop(
                         "unreachable (retrying)"
                     },
                 ),
+                None => format!(
+                    "unreadable: {}\nredis: none (metrics only)\n",
+                    report.read_errors
+                ),
+            };
+            health.tick(
+                format!("engines: {}\n{relayed}", report.engines),
                 relay.directory_error().map(str::to_owned),
             );
         }
@@ -203,7 +192,9 @@ fn relay_loop(
         // With no engines there is nothing to poll every millisecond: one
         // poll a period finds the first engine at the next listing (once a
         // second) and notices a shutdown.
-        let wake = if relay.reading().engines.is_empty() {
+        let wake = if !relay.relays() {
+            next_tick // metrics only: nothing to poll
+        } else if relay.reading().engines.is_empty() {
             // A poll of no engine only checks whether a listing is due.
             next_tick.min(now + config.period)
         } else {
@@ -212,6 +203,52 @@ fn relay_loop(
         pause.until(wake);
     }
     relay.shutdown(SHUTDOWN_FLUSH);
+}
+
+/// What the relay loop remembers of the sink between full passes.
+#[derive(Debug)]
+struct RedisState {
+    connected: bool,
+    /// The sink's error count, as last added to the counter.
+    errors: u64,
+}
+
+/// The sink's state at one full pass.
+#[derive(Clone, Copy, Debug)]
+struct RedisReport {
+    connected: bool,
+    relayed: u64,
+}
+
+impl RedisState {
+    /// Brings the relay counters up to the sink's and logs a change of
+    /// connection.
+    fn update(&mut self, stats: &SinkStats, redis: Option<&RedisTarget>) -> RedisReport {
+        let errors = stats.errors.load(Ordering::Relaxed);
+        if errors > self.errors {
+            metrics::counter!(telemetry::RELAY_ERRORS).increment(errors - self.errors);
+            self.errors = errors;
+        }
+        let connected = stats.connected.load(Ordering::Relaxed);
+        let redis = redis.map_or_else(String::new, ToString::to_string);
+        if connected != self.connected {
+            self.connected = connected;
+            if connected {
+                tracing::info!("esagent: connected to Redis at {redis}");
+            } else {
+                let error = stats
+                    .last_error()
+                    .unwrap_or_else(|| format!("Redis at {redis} is not reachable yet"));
+                tracing::warn!("esagent: {error}; retrying with backoff (50 ms to 5 s)");
+            }
+        }
+        let relayed = stats.written.load(Ordering::Relaxed);
+        metrics::counter!(telemetry::RELAYED).absolute(relayed);
+        metrics::counter!(telemetry::RELAY_REFUSED).absolute(stats.refused.load(Ordering::Relaxed));
+        metrics::counter!(telemetry::REGISTRY_ERRORS)
+            .absolute(stats.registry_errors.load(Ordering::Relaxed));
+        RedisReport { connected, relayed }
+    }
 }
 
 /// The relay thread's waits between passes, cut short by a shutdown: the

@@ -57,15 +57,23 @@ fn main_inner(args: Args) -> anyhow::Result<()> {
         let mut terminate = signal(SignalKind::terminate())?;
         let mut interrupt = signal(SignalKind::interrupt())?;
         let agent = Agent::bind(config.clone()).await?;
-        println!(
-            "esagent: relaying {} to {} (new snapshots: checked every {:?}; \
-             heartbeats: every {:?}); metrics on http://{}/metrics",
-            config.shm_dir.display(),
-            config.redis,
-            config.poll.min(config.period),
-            config.period,
-            agent.local_addr()
-        );
+        // The address ends the first line of stdout (with port 0, callers read it there).
+        match &config.redis {
+            Some(redis) => println!(
+                "esagent: relaying {} to {redis} (new snapshots: checked every {:?}; \
+                 heartbeats: every {:?}); metrics on http://{}/metrics",
+                config.shm_dir.display(),
+                config.poll.min(config.period),
+                config.period,
+                agent.local_addr()
+            ),
+            None => println!(
+                "esagent: watching {} (metrics only: no --redis, nothing is relayed); \
+                 metrics on http://{}/metrics",
+                config.shm_dir.display(),
+                agent.local_addr()
+            ),
+        }
         let cancel = shutdown.clone();
         tokio::spawn(async move {
             tokio::select! {
