@@ -43,7 +43,7 @@ pub struct Agent {
 impl Agent {
     /// Raises the process's open-file limit to its hard limit, installs the
     /// metrics recorder, binds the listener, opens the directory and starts
-    /// the Redis sink.
+    /// the Redis sink (none in metrics-only mode).
     pub async fn bind(config: AgentConfig) -> Result<Agent, Error> {
         let max_connections = crate::http::connection_cap(raise_fd_limit());
         let metrics = telemetry::install();
