@@ -42,7 +42,7 @@ impl Cleanup {
             if now.duration_since(since) >= self.grace
                 && remove_if_dead(&dir.join(&*engine.engine_id), engine.generation)
             {
-                eprintln!(
+                tracing::info!(
                     "esagent: removed {} (writer gone for {:?})",
                     dir.join(&*engine.engine_id).display(),
                     self.grace

@@ -17,7 +17,8 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
 
 /// Relay every engine that publishes into this host's shared-memory directory
 /// to Redis, so engines need no network client of their own; serve Prometheus
-/// metrics about them.
+/// metrics about them. Without --redis (metrics-only mode) nothing is relayed:
+/// the agent only serves /metrics and /healthz, and needs no Redis.
 ///
 /// Every poll interval the agent checks each engine's sequence and heartbeat
 /// words (one cache line, lock-free like any reader) and relays at once the
@@ -46,8 +47,9 @@ pub struct Args {
     /// server (default engine_state:); ttl_ms is how long a key outlives its
     /// engine's last heartbeat (default 2000). With a password, prefer the
     /// environment variable: a flag is visible to every user in `ps`.
+    /// Not given: metrics-only mode (no relay; /metrics and /healthz only).
     #[arg(long, env = "AGENTIC_ENGINE_STATE_REDIS_URI", hide_env_values = true)]
-    pub redis: String,
+    pub redis: Option<String>,
     /// The engines' publish (and heartbeat) period, in ms: a heartbeat nine
     /// tenths of a period newer than the one relayed is relayed (what keeps the keys
     /// alive). The whole directory is read every 500 ms.
@@ -90,8 +92,9 @@ pub const DEFAULT_POLL_US: u64 = 1000;
 pub struct AgentConfig {
     /// The shared-memory directory to watch.
     pub shm_dir: PathBuf,
-    /// The Redis server, database and key prefix to relay to.
-    pub redis: RedisTarget,
+    /// The Redis server, database and key prefix to relay to (None:
+    /// metrics-only mode, nothing is relayed).
+    pub redis: Option<RedisTarget>,
     /// The engines' period: heartbeats 9/10 of it newer than the relayed
     /// one are relayed.
     pub period: Duration,
@@ -117,7 +120,7 @@ impl Args {
         let args = Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
         let mut warnings = Vec::new();
         if matches.value_source("redis") == Some(ValueSource::CommandLine)
-            && has_password(&args.redis)
+            && args.redis.as_deref().is_some_and(has_password)
         {
             warnings.push(
                 "warning: the Redis password is on the command line (--redis), where every \
@@ -141,11 +144,14 @@ impl Args {
                 })
             }
         };
-        let redis = match StateUri::parse(&self.redis)? {
-            StateUri::Redis { target } => target,
-            StateUri::Shm { .. } => {
+        let redis = match self.redis.as_deref().map(StateUri::parse).transpose()? {
+            None => None,
+            Some(StateUri::Redis { target }) => Some(target),
+            Some(StateUri::Shm { .. }) => {
                 return Err(Error::Config {
-                    what: "--redis needs a redis:// or rediss:// URI".to_owned(),
+                    what: "--redis needs a redis:// or rediss:// URI (or leave it out for \
+                           metrics only: no relay)"
+                        .to_owned(),
                 })
             }
         };
@@ -202,7 +208,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(config.shm_dir, PathBuf::from("/tmp/engines"));
-        assert_eq!(config.redis.prefix(), "a:");
+        assert_eq!(config.redis.as_ref().unwrap().prefix(), "a:");
         assert_eq!(config.period, Duration::from_millis(20));
         assert_eq!(config.poll, Duration::from_micros(250));
         assert_eq!(config.cleanup_grace, Some(Duration::from_secs(30)));
@@ -211,6 +217,13 @@ mod tests {
         assert_eq!(off.cleanup_grace, None, "cleanup is off by default");
         assert_eq!(off.period, Duration::from_millis(50));
         assert_eq!(off.poll, Duration::from_micros(DEFAULT_POLL_US));
+    }
+
+    #[test]
+    fn without_redis_the_agent_only_serves_metrics() {
+        let config = parse(&["--uri", "/tmp/e"]).unwrap();
+        assert!(config.redis.is_none());
+        assert_eq!(config.shm_dir, PathBuf::from("/tmp/e"));
     }
 
     #[test]

@@ -76,7 +76,7 @@ pub async fn serve(
                     // worked for ACCEPT_QUIET.
                     match trouble.as_mut() {
                         None => {
-                            eprintln!(
+                            tracing::warn!(
                                 "esagent: accept failed: {e}; HTTP paused with backoff ({:?} to \
                                  {:?}), the relay goes on",
                                 ACCEPT_BACKOFF.0, ACCEPT_BACKOFF.1
@@ -99,7 +99,9 @@ pub async fn serve(
         backoff = ACCEPT_BACKOFF.0;
         if let Some((failures, retry)) = trouble {
             if retry.elapsed() >= ACCEPT_QUIET {
-                eprintln!("esagent: accepting HTTP connections again ({failures} accepts failed)");
+                tracing::info!(
+                    "esagent: accepting HTTP connections again ({failures} accepts failed)"
+                );
                 trouble = None;
             }
         }

@@ -1,6 +1,9 @@
 //! The engine-state node agent (`esagent`): relays every engine that
 //! publishes into a host's shared-memory directory to Redis, so engines need
-//! no network client of their own, and serves Prometheus metrics about them.
+//! no network client of their own, and serves Prometheus metrics about them;
+//! without a Redis ([`AgentConfig::redis`] `None`, no `--redis`) it only
+//! serves the metrics (metrics-only mode). Logs go through `tracing` (the
+//! binary installs a subscriber on stderr, `RUST_LOG`, `info` by default).
 //!
 //! - [`Args`] → [`AgentConfig`]: flags and environment (DESIGN §9).
 //! - [`Agent`] / [`run`]: binds `/metrics` and `/healthz`, then, on a relay
@@ -44,6 +47,9 @@
 //!     .into_config()?;
 //! assert_eq!(config.cleanup_grace, None);
 //! assert_eq!(config.period, std::time::Duration::from_millis(50));
+//! // Without --redis: metrics only.
+//! let metrics_only = Args::parse_from(["esagent", "--uri", "/tmp/engines"]).into_config()?;
+//! assert!(metrics_only.redis.is_none());
 //! # Ok::<(), engine_state_agent::Error>(())
 //! ```
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 use engine_state_reader::{
     EngineState, Freshness, ReaderOptions, Reading, ShmDir, Snapshot, Status,
 };
-use engine_state_redis::{InlineSink, RedisRecord, SinkOp, SinkStats, STATE_ACTIVE};
+use engine_state_redis::{InlineSink, RedisRecord, RedisTarget, SinkOp, SinkStats, STATE_ACTIVE};
 use engine_state_shm_format::{heartbeat, monotonic_ns};
 
 use crate::config::AgentConfig;
@@ -65,7 +65,8 @@ pub struct Relay {
 /// it last per engine, and the batch of the current pass.
 #[derive(Debug)]
 struct RecordSender {
-    sink: InlineSink,
+    /// None in metrics-only mode (no `--redis`): nothing is queued.
+    sink: Option<InlineSink>,
     last_sent: HashMap<Arc<str>, SentRecord, foldhash::fast::RandomState>,
     next_seq: u64,
     snapshot_age: metrics::Histogram,
@@ -92,9 +93,11 @@ struct SentRecord {
 }
 
 impl Relay {
-    /// Opens the directory (creating it when missing, said once on stderr)
-    /// and starts the sink. A wrong Redis password is an error here; an
-    /// unreachable server is not (the sink reconnects with backoff).
+    /// Opens the directory (creating it when missing, logged once as a warning)
+    /// and starts the sink, if there is a Redis to relay to (metrics-only
+    /// mode otherwise: the passes read the directory and relay nothing). A
+    /// wrong Redis password is an error here; an unreachable server is not
+    /// (the sink reconnects with backoff).
     ///
     /// The sink is owner-checked: an engine id another live process writes
     /// to the same Redis directly (a `Publisher` with a `redis://` URI) is
@@ -107,7 +110,7 @@ impl Relay {
             })?;
             // A typo in --uri would otherwise relay an empty directory in
             // silence, while the engines publish elsewhere.
-            eprintln!(
+            tracing::warn!(
                 "esagent: created the missing engine-state directory {dir}; the engines must \
                  publish into this same path (AGENTIC_ENGINE_STATE_URI=file://{dir}) and local \
                  readers (esdump, routers) read it, or nothing they do is relayed or seen",
@@ -126,20 +129,10 @@ impl Relay {
             rescan_interval: RESCAN_INTERVAL,
         };
         let shm = ShmDir::open(&config.shm_dir, options)?;
-        let connection = match config.redis.connect() {
-            Ok(con) => Some(con),
-            Err(e) if e.is_auth_error() => return Err(engine_state_reader::Error::from(e).into()),
-            Err(_) => None,
+        let sink = match &config.redis {
+            Some(redis) => Some(sink(redis)?),
+            None => None,
         };
-        let lag = metrics::histogram!(telemetry::RELAY_LAG);
-        // Written from the relay thread itself: one wake-up per poll, not
-        // three (see `InlineSink`).
-        let sink = InlineSink::new(
-            config.redis.clone(),
-            connection,
-            Some(Box::new(move |d: Duration| lag.record(d.as_secs_f64()))),
-        )
-        .owner_checked();
         Ok(Relay {
             shm,
             reading: Reading::default(),
@@ -149,7 +142,11 @@ impl Relay {
                 last_sent: HashMap::default(),
                 // Strictly above anything an earlier run of the agent on this host sent.
                 next_seq: monotonic_ns(),
-                snapshot_age: metrics::histogram!(telemetry::SNAPSHOT_AGE),
+                // Not exported in metrics-only mode.
+                snapshot_age: match &config.redis {
+                    Some(_) => metrics::histogram!(telemetry::SNAPSHOT_AGE),
+                    None => metrics::Histogram::noop(),
+                },
                 batch: Vec::new(),
                 // Nine tenths: an idle engine's every heartbeat (timers
                 // jitter), not one between two publishes of a busy engine.
@@ -166,6 +163,9 @@ impl Relay {
     /// the cost of two loads from one cache line per engine when nothing
     /// changed. Returns how many records were queued.
     pub fn poll(&mut self) -> usize {
+        if !self.relays() {
+            return 0; // the gauges are the tick's
+        }
         let now = monotonic_ns();
         let step = Some(Duration::from_nanos(self.sender.heartbeat_step_ns));
         if self
@@ -197,7 +197,7 @@ impl Relay {
             return report;
         }
         if let Some(error) = self.directory_error.take() {
-            eprintln!("esagent: the directory can be listed again (was: {error})");
+            tracing::info!("esagent: the directory can be listed again (was: {error})");
         }
         report.engines = self.reading.engines.len();
         report.read_errors = self.reading.errors.len();
@@ -212,7 +212,13 @@ impl Relay {
         }
         self.known_errors = self.reading.errors.iter().map(|e| e.name.clone()).collect();
         self.sender.sent_before = 0;
-        for engine in &self.reading.engines {
+        // Metrics-only mode: nothing to queue (and `last_sent` stays empty).
+        let relayed = if self.relays() {
+            &self.reading.engines[..]
+        } else {
+            &[]
+        };
+        for engine in relayed {
             report.queued += usize::from(self.sender.queue(&self.shm, engine, now));
             self.sender.refresh_header(&self.shm, engine);
         }
@@ -236,7 +242,7 @@ impl Relay {
 
     fn note_error(&mut self, text: &str) {
         if self.known_errors.insert(text.to_owned()) {
-            eprintln!("esagent: {text}");
+            tracing::warn!("esagent: {text}");
         }
     }
 
@@ -257,14 +263,21 @@ impl Relay {
         self.shm.dir()
     }
 
-    /// The sink's counters.
-    pub fn sink_stats(&self) -> &SinkStats {
-        self.sender.sink.stats()
+    /// Whether there is a Redis to relay to (false: metrics-only mode).
+    pub fn relays(&self) -> bool {
+        self.sender.sink.is_some()
+    }
+
+    /// The sink's counters (None: metrics-only mode).
+    pub fn sink_stats(&self) -> Option<&SinkStats> {
+        self.sender.sink.as_ref().map(InlineSink::stats)
     }
 
     /// Writes what is pending (at most `timeout`).
     pub fn shutdown(&mut self, timeout: Duration) {
-        self.sender.sink.flush(timeout);
+        if let Some(sink) = self.sender.sink.as_mut() {
+            sink.flush(timeout);
+        }
     }
 }
 
@@ -286,7 +299,9 @@ impl RecordSender {
     /// Writes the queued records as one pipeline (and collects the replies
     /// of the previous one); called every pass, with or without records.
     fn send(&mut self) {
-        self.sink.submit(&mut self.batch);
+        if let Some(sink) = self.sink.as_mut() {
+            sink.submit(&mut self.batch);
+        }
     }
 
     /// Queues `engine` (read at `now`) unless it is what was queued last;
@@ -360,6 +375,26 @@ impl RecordSender {
         self.snapshot_age.record(engine.capture_age.as_secs_f64());
         true
     }
+}
+
+/// The owner-checked sink to `redis`: an engine id another live process
+/// writes to the same Redis directly (a `Publisher` with a `redis://` URI)
+/// is not overwritten (see [`InlineSink::owner_checked`]).
+fn sink(redis: &RedisTarget) -> Result<InlineSink, Error> {
+    let connection = match redis.connect() {
+        Ok(con) => Some(con),
+        Err(e) if e.is_auth_error() => return Err(engine_state_reader::Error::from(e).into()),
+        Err(_) => None,
+    };
+    let lag = metrics::histogram!(telemetry::RELAY_LAG);
+    // Written from the relay thread itself: one wake-up per poll, not
+    // three (see `InlineSink`).
+    Ok(InlineSink::new(
+        redis.clone(),
+        connection,
+        Some(Box::new(move |d: Duration| lag.record(d.as_secs_f64()))),
+    )
+    .owner_checked())
 }
 
 #[cfg(test)]

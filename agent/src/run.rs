@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use engine_state_redis::Backoff;
+use engine_state_redis::{Backoff, RedisTarget, SinkStats};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -42,7 +42,7 @@ pub struct Agent {
 impl Agent {
     /// Raises the process's open-file limit to its hard limit, installs the
     /// metrics recorder, binds the listener, opens the directory and starts
-    /// the Redis sink.
+    /// the Redis sink (none in metrics-only mode).
     pub async fn bind(config: AgentConfig) -> Result<Agent, Error> {
         let max_connections = crate::http::connection_cap(raise_fd_limit());
         let metrics = telemetry::install();
@@ -76,8 +76,8 @@ impl Agent {
     /// `Runtime::shutdown_background`).
     ///
     /// The relay runs on a thread of its own: it wakes every poll interval
-    /// (sub-millisecond, which tokio's millisecond timer cannot do) and
-    /// checks `shutdown` at each wake-up.
+    /// (sub-millisecond, which tokio's millisecond timer cannot do), and at
+    /// once when `shutdown` is cancelled (see [`Pause`]).
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
         let Agent {
             config,
@@ -96,7 +96,8 @@ impl Agent {
         ));
         let relay_shutdown = shutdown.clone();
         let mut relaying = tokio::task::spawn_blocking(move || {
-            relay_loop(config, relay, &metrics, &health, &relay_shutdown)
+            let pause = Pause::new(relay_shutdown);
+            relay_loop(config, relay, &metrics, &health, &pause)
         });
         let limit = async {
             shutdown.cancelled().await;
@@ -110,7 +111,7 @@ impl Agent {
                     }
                 }
             }
-            () = limit => eprintln!(
+            () = limit => tracing::warn!(
                 "esagent: Redis did not take the pending writes within {SHUTDOWN_LIMIT:?} of \
                  the stop; stopping without them"
             ),
@@ -127,7 +128,7 @@ fn relay_loop(
     mut relay: Relay,
     metrics: &PrometheusHandle,
     health: &Health,
-    shutdown: &CancellationToken,
+    pause: &Pause,
 ) {
     let mut cleanup = config.cleanup_grace.map(Cleanup::new);
     let mut gauges = telemetry::EngineGauges::default();
@@ -135,9 +136,12 @@ fn relay_loop(
     let start = Instant::now();
     let (mut next_poll, mut next_tick) = (start, start);
     let mut upkeep_at = start;
-    let mut connected = true;
-    let mut relay_errors = 0;
-    while !shutdown.is_cancelled() {
+    let mut redis_state = RedisState {
+        connected: true,
+        errors: 0,
+    };
+    telemetry::register_counters(relay.relays());
+    while !pause.is_cancelled() {
         let now = Instant::now();
         if now < next_tick {
             relay.poll();
@@ -148,34 +152,10 @@ fn relay_loop(
                 next_tick = now + FULL_PASS_INTERVAL;
             }
             let report = relay.tick();
-            let stats = relay.sink_stats();
-            let errors = stats.errors.load(Ordering::Relaxed);
-            if errors > relay_errors {
-                metrics::counter!(telemetry::RELAY_ERRORS).increment(errors - relay_errors);
-                relay_errors = errors;
-            }
-            let now_connected = stats.connected.load(Ordering::Relaxed);
-            if now_connected != connected {
-                connected = now_connected;
-                if connected {
-                    eprintln!("esagent: connected to Redis at {}", config.redis);
-                } else {
-                    let error = stats.last_error().unwrap_or_else(|| {
-                        format!("Redis at {} is not reachable yet", config.redis)
-                    });
-                    eprintln!(
-                        "esagent: {error}; retrying with backoff ({})",
-                        Backoff::describe()
-                    );
-                }
-            }
-            gauges.record(relay.reading(), connected, now);
-            let relayed = stats.written.load(Ordering::Relaxed);
-            metrics::counter!(telemetry::RELAYED).absolute(relayed);
-            metrics::counter!(telemetry::RELAY_REFUSED)
-                .absolute(stats.refused.load(Ordering::Relaxed));
-            metrics::counter!(telemetry::REGISTRY_ERRORS)
-                .absolute(stats.registry_errors.load(Ordering::Relaxed));
+            let redis = relay
+                .sink_stats()
+                .map(|stats| redis_state.update(stats, config.redis.as_ref()));
+            gauges.record(relay.reading(), redis.map(|r| r.connected), now);
             if now >= upkeep_at {
                 upkeep_at = now + UPKEEP_INTERVAL;
                 metrics.run_upkeep();
@@ -183,11 +163,9 @@ fn relay_loop(
             if let Some(cleanup) = cleanup.as_mut() {
                 cleanup.run(relay.shm_dir(), relay.reading(), now);
             }
-            health.tick(
-                format!(
-                    "engines: {}\nrelayed: {}\nunreadable: {}\nredis: {}\n",
-                    report.engines,
-                    relayed,
+            let relayed = match redis {
+                Some(RedisReport { connected, relayed }) => format!(
+                    "relayed: {relayed}\nunreadable: {}\nredis: {}\n",
                     report.read_errors,
                     if connected {
                         "connected"
@@ -195,6 +173,13 @@ fn relay_loop(
                         "unreachable (retrying)"
                     },
                 ),
+                None => format!(
+                    "unreadable: {}\nredis: none (metrics only)\n",
+                    report.read_errors
+                ),
+            };
+            health.tick(
+                format!("engines: {}\n{relayed}", report.engines),
                 relay.directory_error().map(str::to_owned),
             );
         }
@@ -206,15 +191,110 @@ fn relay_loop(
         // With no engines there is nothing to poll every millisecond: one
         // poll a period finds the first engine at the next listing (once a
         // second) and notices a shutdown.
-        let wake = if relay.reading().engines.is_empty() {
+        let wake = if !relay.relays() {
+            next_tick // metrics only: nothing to poll
+        } else if relay.reading().engines.is_empty() {
             // A poll of no engine only checks whether a listing is due.
             next_tick.min(now + config.period)
         } else {
             next_poll.min(next_tick)
         };
-        std::thread::sleep(wake.saturating_duration_since(now));
+        pause.until(wake);
     }
     relay.shutdown(SHUTDOWN_FLUSH);
+}
+
+/// What the relay loop remembers of the sink between full passes.
+#[derive(Debug)]
+struct RedisState {
+    connected: bool,
+    /// The sink's error count, as last added to the counter.
+    errors: u64,
+}
+
+/// The sink's state at one full pass.
+#[derive(Clone, Copy, Debug)]
+struct RedisReport {
+    connected: bool,
+    relayed: u64,
+}
+
+impl RedisState {
+    /// Brings the relay counters up to the sink's and logs a change of
+    /// connection.
+    fn update(&mut self, stats: &SinkStats, redis: Option<&RedisTarget>) -> RedisReport {
+        let errors = stats.errors.load(Ordering::Relaxed);
+        if errors > self.errors {
+            metrics::counter!(telemetry::RELAY_ERRORS).increment(errors - self.errors);
+            self.errors = errors;
+        }
+        let connected = stats.connected.load(Ordering::Relaxed);
+        let redis = redis.map_or_else(String::new, ToString::to_string);
+        if connected != self.connected {
+            self.connected = connected;
+            if connected {
+                tracing::info!("esagent: connected to Redis at {redis}");
+            } else {
+                let error = stats
+                    .last_error()
+                    .unwrap_or_else(|| format!("Redis at {redis} is not reachable yet"));
+                tracing::warn!(
+                    "esagent: {error}; retrying with backoff ({})",
+                    Backoff::describe()
+                );
+            }
+        }
+        let relayed = stats.written.load(Ordering::Relaxed);
+        metrics::counter!(telemetry::RELAYED).absolute(relayed);
+        metrics::counter!(telemetry::RELAY_REFUSED).absolute(stats.refused.load(Ordering::Relaxed));
+        metrics::counter!(telemetry::REGISTRY_ERRORS)
+            .absolute(stats.registry_errors.load(Ordering::Relaxed));
+        RedisReport { connected, relayed }
+    }
+}
+
+/// The relay thread's waits between passes, cut short by a shutdown: the
+/// thread parks until its next pass, and a task of the runtime unparks it
+/// when the token is cancelled.
+#[derive(Debug)]
+struct Pause {
+    shutdown: CancellationToken,
+}
+
+impl Pause {
+    /// Called on the thread that will wait, inside a tokio runtime (e.g. in
+    /// `spawn_blocking`): arranges for `shutdown` to wake this thread.
+    fn new(shutdown: CancellationToken) -> Pause {
+        let thread = std::thread::current();
+        let cancelled = shutdown.clone().cancelled_owned();
+        tokio::spawn(async move {
+            cancelled.await;
+            // A park token left for a thread that no longer waits costs one
+            // spurious wake-up of its next park, which every park allows.
+            thread.unpark();
+        });
+        Pause { shutdown }
+    }
+
+    fn is_cancelled(&self) -> bool {
+        self.shutdown.is_cancelled()
+    }
+
+    /// Waits until `deadline` or until the shutdown; true on shutdown.
+    fn until(&self, deadline: Instant) -> bool {
+        loop {
+            // Cancelled before the park: the unpark is either still to come
+            // or its token is already set, so the park cannot miss it.
+            if self.is_cancelled() {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            std::thread::park_timeout(deadline - now);
+        }
+    }
 }
 
 /// Raises the soft limit of open files to the hard limit (the HTTP side's
@@ -234,4 +314,32 @@ fn raise_fd_limit() -> u64 {
 /// Binds and runs an agent until `shutdown` is cancelled.
 pub async fn run(config: AgentConfig, shutdown: CancellationToken) -> Result<(), Error> {
     Agent::bind(config).await?.run(shutdown).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_pause_ends_at_its_deadline_or_at_once_on_shutdown() {
+        let shutdown = CancellationToken::new();
+        let token = shutdown.clone();
+        let waiting = tokio::task::spawn_blocking(move || {
+            let pause = Pause::new(token);
+            let short = Instant::now() + Duration::from_millis(10);
+            assert!(!pause.until(short), "not cancelled");
+            assert!(Instant::now() >= short);
+            let started = Instant::now();
+            // Twenty seconds, unless the shutdown cuts it short.
+            assert!(pause.until(started + Duration::from_secs(20)));
+            started.elapsed()
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        shutdown.cancel();
+        let waited = tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("the pause ended with the shutdown")
+            .unwrap();
+        assert!(waited < Duration::from_secs(10), "{waited:?}");
+    }
 }

@@ -1,7 +1,11 @@
 //! The agent's Prometheus metrics (names are the contract: docs/REDIS.md).
+//! Every family has a `# HELP`; `_total` only on counters; stamps in seconds.
 //!
 //! Per engine (label `engine`): one gauge per snapshot field
-//! (`engine_state_<field>`), `engine_state_gpu_kv_used_frac`,
+//! (`engine_state_<field>`, except the renamed ones of [`FIELD_GAUGES`]:
+//! `engine_state_captured_mono_seconds`,
+//! `engine_state_captured_timestamp_seconds`,
+//! `engine_state_gpu_blocks_usable`), `engine_state_gpu_kv_used_frac`,
 //! `engine_state_heartbeat_age_seconds`, `engine_state_capture_age_seconds`
 //! and `engine_state_status` (label `status`, 1 for the current one).
 //! Agent-wide: histograms `engine_state_snapshot_age_seconds` (capture age of
@@ -11,13 +15,15 @@
 //! `engine_state_read_errors_total`, `engine_state_relay_errors_total`,
 //! `engine_state_relayed_total`, `engine_state_relay_refused_total`,
 //! `engine_state_registry_errors_total`, gauges `engine_state_engines` and
-//! `engine_state_redis_connected`.
+//! `engine_state_redis_connected`. In metrics-only mode (no Redis) the
+//! relay's families (histograms, `relay*`/`registry*` counters,
+//! `redis_connected`) are not exported.
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use engine_state_reader::{millis, Reading, Snapshot, Status};
+use engine_state_reader::{millis, Reading, Status};
 use metrics::Gauge;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use metrics_util::MetricKindMask;
@@ -38,6 +44,123 @@ pub const RELAY_REFUSED: &str = "engine_state_relay_refused_total";
 /// Counter of registrations Redis refused because the registry key is not a
 /// set (`SinkStats::registry_errors`).
 pub const REGISTRY_ERRORS: &str = "engine_state_registry_errors_total";
+
+/// Engine count gauge.
+pub const ENGINES: &str = "engine_state_engines";
+/// Redis connection gauge (relay mode only).
+pub const REDIS_CONNECTED: &str = "engine_state_redis_connected";
+const HEARTBEAT_AGE: &str = "engine_state_heartbeat_age_seconds";
+const CAPTURE_AGE: &str = "engine_state_capture_age_seconds";
+const STATUS: &str = "engine_state_status";
+const GPU_KV_USED_FRAC: &str = "engine_state_gpu_kv_used_frac";
+
+/// How a snapshot word becomes a gauge value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Scale {
+    /// The word as it is (counts, tokens, blocks, flags).
+    Same,
+    /// A nanosecond stamp, exported in seconds (a float holds a Unix stamp
+    /// in ns only to 256 ns; Prometheus' base unit is the second).
+    NanosToSeconds,
+}
+
+/// The gauge of each snapshot field, in `Snapshot::FIELD_NAMES` order:
+/// (field, metric name, scale, help). Renamed from `engine_state_<field>`:
+/// the stamps (ns → seconds) and `gpu_blocks_total` (a gauge: `_total` is
+/// for counters).
+const FIELD_GAUGES: [(&str, &str, Scale, &str); 13] = [
+    (
+        "captured_mono_ns",
+        "engine_state_captured_mono_seconds",
+        Scale::NanosToSeconds,
+        "CLOCK_MONOTONIC of the host at the snapshot's capture, in seconds",
+    ),
+    (
+        "captured_unix_ns",
+        "engine_state_captured_timestamp_seconds",
+        Scale::NanosToSeconds,
+        "Unix time of the snapshot's capture, in seconds",
+    ),
+    (
+        "step",
+        "engine_state_step",
+        Scale::Same,
+        "Scheduler steps seen by the engine's hook",
+    ),
+    (
+        "num_running",
+        "engine_state_num_running",
+        Scale::Same,
+        "Running requests",
+    ),
+    (
+        "num_waiting",
+        "engine_state_num_waiting",
+        Scale::Same,
+        "Waiting requests (including those holding KV blocks)",
+    ),
+    (
+        "gpu_blocks_total",
+        "engine_state_gpu_blocks_usable",
+        Scale::Same,
+        "Usable GPU KV-cache blocks (the snapshot field gpu_blocks_total)",
+    ),
+    (
+        "gpu_blocks_free",
+        "engine_state_gpu_blocks_free",
+        Scale::Same,
+        "Free GPU KV-cache blocks (evictable cached blocks included)",
+    ),
+    (
+        "pending_prefill_tokens",
+        "engine_state_pending_prefill_tokens",
+        Scale::Same,
+        "Remaining prefill tokens of waiting and running requests",
+    ),
+    (
+        "ongoing_decode_tokens",
+        "engine_state_ongoing_decode_tokens",
+        Scale::Same,
+        "Tokens of running requests whose prefill is complete",
+    ),
+    (
+        "num_prefilling",
+        "engine_state_num_prefilling",
+        Scale::Same,
+        "Running requests still prefilling",
+    ),
+    (
+        "max_prefill_remaining",
+        "engine_state_max_prefill_remaining",
+        Scale::Same,
+        "Largest remaining prefill of any waiting or running request, in tokens",
+    ),
+    (
+        "num_preempted",
+        "engine_state_num_preempted",
+        Scale::Same,
+        "Preempted requests",
+    ),
+    (
+        "flags",
+        "engine_state_flags",
+        Scale::Same,
+        "Snapshot flags: bit 0 idle, bit 1 shutting down",
+    ),
+];
+
+impl Scale {
+    fn apply(self, word: u64) -> f64 {
+        match self {
+            Scale::Same => word as f64,
+            // Split so that the whole seconds are exact and the fraction
+            // keeps its nanoseconds.
+            Scale::NanosToSeconds => {
+                (word / 1_000_000_000) as f64 + (word % 1_000_000_000) as f64 * 1e-9
+            }
+        }
+    }
+}
 
 /// Gauges of engines that stopped being updated disappear after this long.
 const GAUGE_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -71,7 +194,47 @@ pub fn install() -> PrometheusHandle {
         .clone()
 }
 
+/// Registers the counters at zero, so that they (and their help) are
+/// exported before the first event: the relay's only when `relaying`.
+pub fn register_counters(relaying: bool) {
+    metrics::counter!(READ_ERRORS).increment(0);
+    if relaying {
+        for counter in [RELAY_ERRORS, RELAYED, RELAY_REFUSED, REGISTRY_ERRORS] {
+            metrics::counter!(counter).increment(0);
+        }
+    }
+}
+
 fn describe() {
+    for (_, name, scale, help) in FIELD_GAUGES {
+        match scale {
+            Scale::Same => metrics::describe_gauge!(name, help),
+            Scale::NanosToSeconds => metrics::describe_gauge!(name, metrics::Unit::Seconds, help),
+        }
+    }
+    metrics::describe_gauge!(ENGINES, "Engines in the shared-memory directory");
+    metrics::describe_gauge!(
+        REDIS_CONNECTED,
+        "1 while the relay is connected to Redis, else 0"
+    );
+    metrics::describe_gauge!(
+        HEARTBEAT_AGE,
+        metrics::Unit::Seconds,
+        "Age of the engine's last heartbeat"
+    );
+    metrics::describe_gauge!(
+        CAPTURE_AGE,
+        metrics::Unit::Seconds,
+        "Age of the engine's last snapshot"
+    );
+    metrics::describe_gauge!(
+        STATUS,
+        "1 for the engine's current status (fresh, stale, dead, torn), 0 for the others"
+    );
+    metrics::describe_gauge!(
+        GPU_KV_USED_FRAC,
+        "Used fraction of the GPU KV cache: 1 - free / usable blocks"
+    );
     metrics::describe_histogram!(
         SNAPSHOT_AGE,
         metrics::Unit::Seconds,
@@ -152,22 +315,16 @@ impl Gauges {
     fn new(id: &str) -> Gauges {
         let id = id.to_owned();
         Gauges {
-            fields: Snapshot::FIELD_NAMES
+            fields: FIELD_GAUGES
                 .iter()
-                .map(|name| {
-                    Kept::new(metrics::gauge!(format!("engine_state_{name}"), "engine" => id.clone()))
-                })
+                .map(|(_, name, _, _)| Kept::new(metrics::gauge!(*name, "engine" => id.clone())))
                 .collect(),
             gpu_kv_used_frac: None,
-            heartbeat_age: Kept::new(
-                metrics::gauge!("engine_state_heartbeat_age_seconds", "engine" => id.clone()),
-            ),
-            capture_age: Kept::new(
-                metrics::gauge!("engine_state_capture_age_seconds", "engine" => id.clone()),
-            ),
+            heartbeat_age: Kept::new(metrics::gauge!(HEARTBEAT_AGE, "engine" => id.clone())),
+            capture_age: Kept::new(metrics::gauge!(CAPTURE_AGE, "engine" => id.clone())),
             status: STATUSES.map(|status| {
                 Kept::new(
-                    metrics::gauge!("engine_state_status", "engine" => id.clone(), "status" => status.as_str()),
+                    metrics::gauge!(STATUS, "engine" => id.clone(), "status" => status.as_str()),
                 )
             }),
         }
@@ -175,20 +332,19 @@ impl Gauges {
 }
 
 impl EngineGauges {
-    /// Sets the per-engine gauges from one reading taken at `now`.
-    pub fn record(&mut self, reading: &Reading, redis_connected: bool, now: Instant) {
+    /// Sets the per-engine gauges from one reading taken at `now`, and
+    /// whether Redis is connected (None: metrics-only mode, no gauge).
+    pub fn record(&mut self, reading: &Reading, redis_connected: Option<bool>, now: Instant) {
         let refresh = self
             .refreshed
             .is_none_or(|t| now.duration_since(t) >= GAUGE_REFRESH);
         if refresh {
             self.refreshed = Some(now);
         }
-        metrics::gauge!("engine_state_engines").set(reading.engines.len() as f64);
-        metrics::gauge!("engine_state_redis_connected").set(if redis_connected {
-            1.0
-        } else {
-            0.0
-        });
+        metrics::gauge!(ENGINES).set(reading.engines.len() as f64);
+        if let Some(connected) = redis_connected {
+            metrics::gauge!(REDIS_CONNECTED).set(f64::from(u8::from(connected)));
+        }
         // Gauges of engines that left go idle and the exporter drops them;
         // a returning engine registers them again.
         self.engines.retain(|id, _| reading.get(id).is_some());
@@ -197,8 +353,11 @@ impl EngineGauges {
                 .engines
                 .entry(engine.engine_id.clone())
                 .or_insert_with(|| Gauges::new(&engine.engine_id));
-            for (gauge, value) in gauges.fields.iter_mut().zip(engine.snapshot.to_words()) {
-                gauge.set(value as f64, refresh);
+            let words = engine.snapshot.to_words();
+            for ((gauge, word), (_, _, scale, _)) in
+                gauges.fields.iter_mut().zip(words).zip(FIELD_GAUGES)
+            {
+                gauge.set(scale.apply(word), refresh);
             }
             for (gauge, status) in gauges.status.iter_mut().zip(STATUSES) {
                 gauge.set(f64::from(u8::from(engine.status == status)), refresh);
@@ -208,7 +367,7 @@ impl EngineGauges {
                     .gpu_kv_used_frac
                     .get_or_insert_with(|| {
                         Kept::new(metrics::gauge!(
-                            "engine_state_gpu_kv_used_frac",
+                            GPU_KV_USED_FRAC,
                             "engine" => engine.engine_id.to_string()
                         ))
                     })
@@ -230,7 +389,7 @@ impl EngineGauges {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use engine_state_reader::EngineState;
+    use engine_state_reader::{EngineState, Snapshot};
 
     fn engine(id: &str, status: Status, running: u64, free: u64) -> EngineState {
         EngineState {
@@ -267,7 +426,7 @@ mod tests {
                 engines: vec![engine("a", Status::Fresh, 1, 75)],
                 ..Reading::default()
             };
-            gauges.record(&reading, true, t0);
+            gauges.record(&reading, Some(true), t0);
             let text = handle.render();
             assert_eq!(
                 value(&text, r#"engine_state_num_running{engine="a"}"#),
@@ -280,11 +439,11 @@ mod tests {
 
             // Well before the next refresh: what changed is set, the rest kept.
             reading.engines = vec![engine("a", Status::Dead, 4, 50)];
-            gauges.record(&reading, false, t0 + Duration::from_millis(500));
+            gauges.record(&reading, Some(false), t0 + Duration::from_millis(500));
             let text = handle.render();
             for (series, expected) in [
                 (r#"engine_state_num_running{engine="a"}"#, 4.0),
-                (r#"engine_state_gpu_blocks_total{engine="a"}"#, 100.0),
+                (r#"engine_state_gpu_blocks_usable{engine="a"}"#, 100.0),
                 (r#"engine_state_gpu_kv_used_frac{engine="a"}"#, 0.5),
                 (r#"engine_state_status{engine="a",status="dead"}"#, 1.0),
                 (r#"engine_state_status{engine="a",status="fresh"}"#, 0.0),
@@ -293,5 +452,25 @@ mod tests {
                 assert_eq!(value(&text, series), Some(expected), "{series}\n{text}");
             }
         });
+    }
+
+    #[test]
+    fn field_gauges_follow_the_snapshot_fields() {
+        for ((field, name, scale, _), expected) in FIELD_GAUGES.iter().zip(Snapshot::FIELD_NAMES) {
+            assert_eq!(*field, expected);
+            assert!(!name.ends_with("_total"), "{name}: a gauge");
+            assert_eq!(
+                *scale == Scale::NanosToSeconds,
+                field.ends_with("_ns"),
+                "{field}"
+            );
+            assert_eq!(name.ends_with("_seconds"), field.ends_with("_ns"), "{name}");
+        }
+        // 2026-01-01T00:00:00.123456789Z: within a microsecond (a float of the ns would be 256 ns off before the division).
+        let seconds = Scale::NanosToSeconds.apply(1_767_225_600_123_456_789);
+        assert!(
+            (seconds - 1_767_225_600.123_456_7).abs() < 1e-6,
+            "{seconds}"
+        );
     }
 }

@@ -135,7 +135,7 @@ fn agent_relays_shared_memory_to_redis_and_serves_metrics() {
             r#"engine_state_pending_prefill_tokens{engine="py-2"}"#,
             2000.0,
         ),
-        (r#"engine_state_gpu_blocks_total{engine="py-0"}"#, 100.0),
+        (r#"engine_state_gpu_blocks_usable{engine="py-0"}"#, 100.0),
         (r#"engine_state_gpu_kv_used_frac{engine="py-0"}"#, 0.75),
         (r#"engine_state_status{engine="py-1",status="fresh"}"#, 1.0),
         (r#"engine_state_status{engine="py-1",status="stale"}"#, 0.0),
