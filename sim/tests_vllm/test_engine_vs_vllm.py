@@ -36,7 +36,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from vllm_harness import BLOCK_SIZE, build_scheduler, design_fields, fake_output, make_request
 
 NUM_BLOCKS = 97  # vLLM's count, the null block included: 96 usable = 1,536 tokens
@@ -217,7 +216,7 @@ def run_vllm(requests: list[dict], seen: dict) -> list[dict]:
 
 def first_divergence(model: list[dict], vllm: list[dict]) -> str | None:
     fields = [f for f in vllm[0] if f not in KNOWN_DIVERGENCES] if vllm else []
-    for i, (m, v) in enumerate(zip(model, vllm)):
+    for i, (m, v) in enumerate(zip(model, vllm, strict=False)):
         diff = {f: (m[f], v[f]) for f in fields if m[f] != v[f]}
         if diff:
             before = "\n".join(f"  vLLM {r}" for r in vllm[max(0, i - 3) : i])
