@@ -21,7 +21,7 @@ use crate::encoder::PipelineEncoder;
 use crate::error::Error;
 use crate::lock;
 use crate::mailbox::{Mailbox, Shared, SinkHandle};
-use crate::ops::{SinkOp, WrittenObserver};
+use crate::ops::{AckLagObserver, SinkOp};
 use crate::replies::check_replies;
 use crate::schema::RedisRecord;
 use crate::stats::SinkStats;
@@ -58,7 +58,7 @@ impl RedisSink {
     pub fn start(
         target: RedisTarget,
         connection: Option<redis::Connection>,
-        on_written: Option<WrittenObserver>,
+        on_ack_lag: Option<AckLagObserver>,
         thread_name: &str,
         owner: Option<RedisRecord>,
     ) -> std::io::Result<RedisSink> {
@@ -67,7 +67,7 @@ impl RedisSink {
             wake: Condvar::new(),
             drained: Condvar::new(),
             stats: SinkStats::default(),
-            on_written,
+            on_ack_lag,
         });
         shared
             .stats
