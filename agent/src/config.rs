@@ -9,11 +9,15 @@ use clap::{CommandFactory, FromArgMatches, Parser};
 use engine_state_reader::StateUri;
 use engine_state_redis::RedisTarget;
 use engine_state_settings::cli::{StaleAfterArg, UriArg};
+use engine_state_settings::{
+    AGENT_LISTEN_ENV, AGENT_POLL_ENV, CLEANUP_GRACE_ENV, DEFAULT_PERIOD_MS, PERIOD_ENV,
+    REDIS_URI_ENV,
+};
 
 use crate::error::Error;
 
 /// Default address of `/metrics` and `/healthz`.
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
+pub const DEFAULT_LISTEN: &str = engine_state_settings::DEFAULT_AGENT_LISTEN;
 
 /// Relay every engine that publishes into this host's shared-memory directory
 /// to Redis, so engines need no network client of their own; serve Prometheus
@@ -48,12 +52,12 @@ pub struct Args {
     /// engine's last heartbeat (default 2000). With a password, prefer the
     /// environment variable: a flag is visible to every user in `ps`.
     /// Not given: metrics-only mode (no relay; /metrics and /healthz only).
-    #[arg(long, env = "AGENTIC_ENGINE_STATE_REDIS_URI", hide_env_values = true)]
+    #[arg(long, env = REDIS_URI_ENV, hide_env_values = true)]
     pub redis: Option<String>,
     /// The engines' publish (and heartbeat) period, in ms: a heartbeat nine
     /// tenths of a period newer than the one relayed is relayed (what keeps the keys
     /// alive). The whole directory is read every 500 ms.
-    #[arg(long, env = "AGENTIC_ENGINE_STATE_PERIOD_MS", default_value_t = 50,
+    #[arg(long, env = PERIOD_ENV, default_value_t = DEFAULT_PERIOD_MS,
           value_parser = clap::value_parser!(u64).range(1..=60_000))]
     pub period_ms: u64,
     /// How often the engines are checked for a new snapshot, in µs: at most
@@ -61,31 +65,26 @@ pub struct Args {
     /// loads from one cache line per engine; only changed engines are read
     /// and relayed.
     /// Values above the period act as the period.
-    #[arg(long, env = "AGENTIC_ENGINE_STATE_AGENT_POLL_US", default_value_t = DEFAULT_POLL_US,
+    #[arg(long, env = AGENT_POLL_ENV, default_value_t = DEFAULT_POLL_US,
           value_parser = clap::value_parser!(u64).range(100..=60_000_000))]
     pub poll_us: u64,
     /// Address of the HTTP endpoints /metrics and /healthz (port 0: any free
     /// port; the chosen address is printed on stdout).
-    #[arg(long, env = "AGENTIC_ENGINE_STATE_AGENT_LISTEN", default_value = DEFAULT_LISTEN)]
+    #[arg(long, env = AGENT_LISTEN_ENV, default_value = DEFAULT_LISTEN)]
     pub listen: SocketAddr,
     /// Remove the file of an engine whose writer process is gone after this
     /// many seconds (0: never, the default). Off by default because the file
     /// is the last word of a crashed engine (readers show it dead, with its
     /// last snapshot), a restarted engine replaces it anyway, and the agent
     /// can only tell a dead writer when it shares the engines' pid namespace.
-    #[arg(
-        long,
-        env = "AGENTIC_ENGINE_STATE_CLEANUP_GRACE_S",
-        default_value_t = 0
-    )]
+    #[arg(long, env = CLEANUP_GRACE_ENV, default_value_t = 0)]
     pub cleanup_grace_s: u64,
     #[command(flatten)]
     pub stale_after: StaleAfterArg,
 }
 
-/// Default of `--poll-us`: keeps publish → visible via the agent under 2 ms
-/// (p99, loopback) at a few percent of a core for a thousand engines.
-pub const DEFAULT_POLL_US: u64 = 1000;
+/// Default of `--poll-us` (see [`engine_state_settings::DEFAULT_AGENT_POLL_US`]).
+pub const DEFAULT_POLL_US: u64 = engine_state_settings::DEFAULT_AGENT_POLL_US;
 
 /// Everything [`crate::run`] needs.
 #[derive(Clone, Debug)]
@@ -122,12 +121,11 @@ impl Args {
         if matches.value_source("redis") == Some(ValueSource::CommandLine)
             && args.redis.as_deref().is_some_and(has_password)
         {
-            warnings.push(
+            warnings.push(format!(
                 "warning: the Redis password is on the command line (--redis), where every \
                  user of this host can read it (ps, /proc/<pid>/cmdline); give the URI in \
-                 AGENTIC_ENGINE_STATE_REDIS_URI instead"
-                    .to_owned(),
-            );
+                 {REDIS_URI_ENV} instead"
+            ));
         }
         (args, warnings)
     }

@@ -28,7 +28,8 @@ pub enum Error {
     /// The metrics/health listener could not be bound.
     #[error(
         "esagent: cannot listen on {addr}: {io}; choose another address with --listen \
-         (or AGENTIC_ENGINE_STATE_AGENT_LISTEN)"
+         (or {env})",
+        env = engine_state_settings::AGENT_LISTEN_ENV
     )]
     Listen {
         /// The address.

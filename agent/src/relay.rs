@@ -406,6 +406,10 @@ mod tests {
     /// A relay of `dir` whose Redis is unreachable (records are kept, not
     /// written: what is queued is what the relay decided to send).
     fn relay(dir: &std::path::Path) -> Relay {
+        try_relay(dir).unwrap()
+    }
+
+    fn try_relay(dir: &std::path::Path) -> Result<Relay, Error> {
         let args = crate::Args::parse_from([
             "esagent",
             "--uri",
@@ -415,7 +419,7 @@ mod tests {
             "--period-ms",
             "50",
         ]);
-        Relay::new(&args.into_config().unwrap()).unwrap()
+        Relay::new(&args.into_config().unwrap())
     }
 
     #[test]
@@ -423,14 +427,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("file"), b"").unwrap();
         let below_a_file = dir.path().join("file/sub");
-        let args = crate::Args::parse_from([
-            "esagent",
-            "--uri",
-            &format!("file://{}", below_a_file.display()),
-            "--redis",
-            "redis://127.0.0.1:1/0",
-        ]);
-        let err = Relay::new(&args.into_config().unwrap()).unwrap_err();
+        let err = try_relay(&below_a_file).unwrap_err();
         assert!(
             matches!(&err, Error::CreateDirectory { dir, .. } if *dir == below_a_file),
             "{err:?}"

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use engine_state_redis::{Backoff, RedisTarget, SinkStats};
-use metrics_exporter_prometheus::PrometheusHandle;
+use metrics_exporter_prometheus::{PrometheusHandle, PrometheusRecorder};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -34,30 +34,34 @@ pub struct Agent {
     config: AgentConfig,
     listener: TcpListener,
     relay: Relay,
-    metrics: PrometheusHandle,
+    /// This agent's metrics (not the process's: see `telemetry::recorder`).
+    recorder: PrometheusRecorder,
     /// Most HTTP connections open at once.
     max_connections: usize,
 }
 
 impl Agent {
-    /// Raises the process's open-file limit to its hard limit, installs the
-    /// metrics recorder, binds the listener, opens the directory and starts
-    /// the Redis sink (none in metrics-only mode).
+    /// Raises the process's open-file limit to its hard limit, creates the
+    /// agent's metrics recorder, binds the listener, opens the directory and
+    /// starts the Redis sink (none in metrics-only mode).
+    ///
+    /// Each agent records into its own recorder (never the process-wide
+    /// one), so several agents can run in one process.
     pub async fn bind(config: AgentConfig) -> Result<Agent, Error> {
         let max_connections = crate::http::connection_cap(raise_fd_limit());
-        let metrics = telemetry::install();
+        let recorder = telemetry::recorder();
         let listener = TcpListener::bind(config.listen)
             .await
             .map_err(|io| Error::Listen {
                 addr: config.listen,
                 io,
             })?;
-        let relay = Relay::new(&config)?;
+        let relay = metrics::with_local_recorder(&recorder, || Relay::new(&config))?;
         Ok(Agent {
             config,
             listener,
             relay,
-            metrics,
+            recorder,
             max_connections,
         })
     }
@@ -83,13 +87,13 @@ impl Agent {
             config,
             listener,
             relay,
-            metrics,
+            recorder,
             max_connections,
         } = self;
         let health = Arc::new(Health::new(FULL_PASS_INTERVAL));
         let server = tokio::spawn(crate::http::serve(
             listener,
-            metrics.clone(),
+            recorder.handle(),
             health.clone(),
             max_connections,
             shutdown.clone(),
@@ -97,7 +101,11 @@ impl Agent {
         let relay_shutdown = shutdown.clone();
         let mut relaying = tokio::task::spawn_blocking(move || {
             let pause = Pause::new(relay_shutdown);
-            relay_loop(config, relay, &metrics, &health, &pause)
+            // Every metric of the loop (and of the relay it drives) goes to
+            // this agent's recorder: it is this thread's for the loop's length.
+            metrics::with_local_recorder(&recorder, || {
+                relay_loop(config, relay, &recorder.handle(), &health, &pause);
+            });
         });
         let limit = async {
             shutdown.cancelled().await;
@@ -319,6 +327,69 @@ pub async fn run(config: AgentConfig, shutdown: CancellationToken) -> Result<(),
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each agent records into its own recorder: two in one process (one
+    /// engine each) export only their own engine.
+    #[tokio::test]
+    async fn agents_in_one_process_keep_their_metrics_apart() {
+        use clap::Parser;
+        use engine_state_shm_format::{EngineId, ShmWriter, Snapshot, WriterOptions};
+
+        let ids = ["engine-a", "engine-b"];
+        let dirs = ids.map(|_| tempfile::tempdir().unwrap());
+        let _writers: Vec<ShmWriter> = ids
+            .iter()
+            .zip(&dirs)
+            .map(|(id, dir)| {
+                let snapshot = Snapshot {
+                    num_running: 1,
+                    ..Snapshot::default()
+                };
+                let id = EngineId::new(id).unwrap();
+                ShmWriter::create(dir.path(), &id, &WriterOptions::default(), &snapshot).unwrap()
+            })
+            .collect();
+        let shutdown = CancellationToken::new();
+        // Cancelled on a failed assert too: the runtime waits for the relay threads.
+        let _stop = shutdown.clone().drop_guard();
+        let (mut handles, mut runs) = (Vec::new(), Vec::new());
+        for dir in &dirs {
+            let uri = dir.path().to_str().unwrap();
+            let args =
+                crate::Args::parse_from(["esagent", "--uri", uri, "--listen", "127.0.0.1:0"]);
+            let agent = Agent::bind(args.into_config().unwrap()).await.unwrap();
+            handles.push(agent.recorder.handle());
+            runs.push(tokio::spawn(agent.run(shutdown.clone())));
+        }
+        let series = |id: &str| format!(r#"engine_state_num_running{{engine="{id}"}} 1"#);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let texts = loop {
+            let texts: Vec<String> = handles.iter().map(PrometheusHandle::render).collect();
+            if texts
+                .iter()
+                .zip(ids)
+                .all(|(text, id)| text.contains(&series(id)))
+            {
+                break texts;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "each agent's engine in its metrics: {texts:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        for (text, other) in texts.iter().zip(ids.iter().rev()) {
+            assert!(
+                !text.contains(other),
+                "another agent's engine {other}:\n{text}"
+            );
+            assert!(text.contains("engine_state_engines 1\n"), "{text}");
+        }
+        shutdown.cancel();
+        for run in runs {
+            run.await.unwrap().unwrap();
+        }
+    }
 
     #[tokio::test]
     async fn a_pause_ends_at_its_deadline_or_at_once_on_shutdown() {

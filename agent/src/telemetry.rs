@@ -20,12 +20,12 @@
 //! `redis_connected`) are not exported.
 
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use engine_state_reader::{millis, Reading, Status};
 use metrics::Gauge;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 use metrics_util::MetricKindMask;
 
 /// Snapshot age histogram.
@@ -171,27 +171,22 @@ const GAUGE_REFRESH: Duration = Duration::from_secs(10);
 
 const STATUSES: [Status; 4] = [Status::Fresh, Status::Stale, Status::Dead, Status::Torn];
 
-/// Installs the process-wide recorder once and returns its handle.
-pub fn install() -> PrometheusHandle {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-    HANDLE
-        .get_or_init(|| {
-            let buckets = [
-                0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
-            ];
-            let recorder = PrometheusBuilder::new()
-                .set_buckets(&buckets)
-                .expect("non-empty bucket list")
-                .idle_timeout(MetricKindMask::GAUGE, Some(GAUGE_IDLE_TIMEOUT))
-                .build_recorder();
-            let handle = recorder.handle();
-            // Another recorder may exist when the agent is embedded; then
-            // this handle renders nothing, which the caller can see.
-            let _ = metrics::set_global_recorder(recorder);
-            describe();
-            handle
-        })
-        .clone()
+/// A new recorder for one agent, with the help of every family: each
+/// [`Agent`](crate::Agent) owns one, and records into it by running its setup
+/// and relay loop under `metrics::with_local_recorder`, so agents in one
+/// process (tests, an embedding program) never mix their metrics and no
+/// process-wide recorder is taken.
+pub fn recorder() -> PrometheusRecorder {
+    let buckets = [
+        0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
+    ];
+    let recorder = PrometheusBuilder::new()
+        .set_buckets(&buckets)
+        .expect("non-empty bucket list")
+        .idle_timeout(MetricKindMask::GAUGE, Some(GAUGE_IDLE_TIMEOUT))
+        .build_recorder();
+    metrics::with_local_recorder(&recorder, describe);
+    recorder
 }
 
 /// Registers the counters at zero, so that they (and their help) are
@@ -278,26 +273,26 @@ pub struct EngineGauges {
 
 #[derive(Debug)]
 struct Gauges {
-    fields: Vec<Kept>,
+    fields: Vec<CachedGauge>,
     /// Registered only once the engine reports KV blocks.
-    gpu_kv_used_frac: Option<Kept>,
-    heartbeat_age: Kept,
-    capture_age: Kept,
-    status: [Kept; STATUSES.len()],
+    gpu_kv_used_frac: Option<CachedGauge>,
+    heartbeat_age: CachedGauge,
+    capture_age: CachedGauge,
+    status: [CachedGauge; STATUSES.len()],
 }
 
 /// A gauge and the value it was last set to: set again only when the value
 /// changed, or when `refresh` asks for it.
 #[derive(Debug)]
-struct Kept {
+struct CachedGauge {
     gauge: Gauge,
     value: f64,
 }
 
-impl Kept {
-    fn new(gauge: Gauge) -> Kept {
+impl CachedGauge {
+    fn new(gauge: Gauge) -> CachedGauge {
         // NaN equals nothing: the first `set` always goes through.
-        Kept {
+        CachedGauge {
             gauge,
             value: f64::NAN,
         }
@@ -317,13 +312,15 @@ impl Gauges {
         Gauges {
             fields: FIELD_GAUGES
                 .iter()
-                .map(|(_, name, _, _)| Kept::new(metrics::gauge!(*name, "engine" => id.clone())))
+                .map(|(_, name, _, _)| {
+                    CachedGauge::new(metrics::gauge!(*name, "engine" => id.clone()))
+                })
                 .collect(),
             gpu_kv_used_frac: None,
-            heartbeat_age: Kept::new(metrics::gauge!(HEARTBEAT_AGE, "engine" => id.clone())),
-            capture_age: Kept::new(metrics::gauge!(CAPTURE_AGE, "engine" => id.clone())),
+            heartbeat_age: CachedGauge::new(metrics::gauge!(HEARTBEAT_AGE, "engine" => id.clone())),
+            capture_age: CachedGauge::new(metrics::gauge!(CAPTURE_AGE, "engine" => id.clone())),
             status: STATUSES.map(|status| {
-                Kept::new(
+                CachedGauge::new(
                     metrics::gauge!(STATUS, "engine" => id.clone(), "status" => status.as_str()),
                 )
             }),
@@ -366,7 +363,7 @@ impl EngineGauges {
                 Some(frac) => gauges
                     .gpu_kv_used_frac
                     .get_or_insert_with(|| {
-                        Kept::new(metrics::gauge!(
+                        CachedGauge::new(metrics::gauge!(
                             GPU_KV_USED_FRAC,
                             "engine" => engine.engine_id.to_string()
                         ))

@@ -74,7 +74,7 @@ pub(crate) struct PipelineEncoder {
     /// `PX <ttl>` of every `SET`, encoded once.
     set_tail: Vec<u8>,
     /// Per engine written: its encoded command prefix and registration time.
-    engines: HashMap<Arc<str>, Written, foldhash::fast::RandomState>,
+    engines: HashMap<Arc<str>, EngineKeyState, foldhash::fast::RandomState>,
     /// The pipeline being built (kept for its allocation).
     pub(crate) request: Vec<u8>,
     /// Commands in `request`.
@@ -105,9 +105,10 @@ struct Claim {
     scripted: bool,
 }
 
-/// What the encoder keeps per engine, so a `SET` costs no formatting.
+/// The encoder's state of one engine's key: its encoded `SET` head (so a
+/// `SET` costs no formatting), registration, and whether the key is held.
 #[derive(Debug)]
-struct Written {
+struct EngineKeyState {
     /// `*5 $3 SET $n <key> $<RECORD_SIZE>` in RESP, up to the record's bytes.
     set_head: Vec<u8>,
     /// When the id was last added to the registry (None: not since connecting).
@@ -188,7 +189,7 @@ impl PipelineEncoder {
                 Some(Value::BulkString(header)) if claim.scripted => Some(holder_pid(header)),
                 _ => None,
             };
-            let Some(written) = self.engines.get_mut(&claim.engine) else {
+            let Some(key) = self.engines.get_mut(&claim.engine) else {
                 continue; // deleted later in the same pipeline
             };
             let id = &claim.engine;
@@ -196,8 +197,8 @@ impl PipelineEncoder {
                 Some(pid) => {
                     stats.refused.fetch_add(1, Ordering::Relaxed);
                     refused_sent.push(claim.sent);
-                    written.held_since = None;
-                    if !written.refused {
+                    key.held_since = None;
+                    if !key.refused {
                         // stderr (see `SinkStats::registry_refused`); the
                         // target prints without its password.
                         eprintln!(
@@ -209,17 +210,17 @@ impl PipelineEncoder {
                             engine_key(&self.prefix, id)
                         );
                     }
-                    written.refused = true;
+                    key.refused = true;
                 }
                 None => {
-                    written.held_since = Some(self.began);
-                    if written.refused {
+                    key.held_since = Some(self.began);
+                    if key.refused {
                         eprintln!(
                             "engine-state: engine id {id:?}: the other writer's key is gone \
                              (it closed, or its key expired); this process writes it again \
                              ({target})"
                         );
-                        written.refused = false;
+                        key.refused = false;
                     }
                 }
             }
@@ -243,9 +244,9 @@ impl PipelineEncoder {
     /// every engine again with its next write) or that failed over (claim
     /// every key again).
     pub(crate) fn connection_lost(&mut self) {
-        for written in self.engines.values_mut() {
-            written.registered = None;
-            written.held_since = None;
+        for key in self.engines.values_mut() {
+            key.registered = None;
+            key.held_since = None;
         }
     }
 
@@ -260,14 +261,17 @@ impl PipelineEncoder {
     fn push_set(&mut self, id: &Arc<str>, record: &RedisRecord) {
         let now = self.began;
         let prefix = &self.prefix;
-        let written = self.engines.entry(id.clone()).or_insert_with(|| Written {
-            set_head: set_head(&engine_key(prefix, id)),
-            registered: None,
-            refused: false,
-            held_since: None,
-            identity: (record.writer_pid, record.generation),
-        });
-        written.identity = (record.writer_pid, record.generation);
+        let key = self
+            .engines
+            .entry(id.clone())
+            .or_insert_with(|| EngineKeyState {
+                set_head: set_head(&engine_key(prefix, id)),
+                registered: None,
+                refused: false,
+                held_since: None,
+                identity: (record.writer_pid, record.generation),
+            });
+        key.identity = (record.writer_pid, record.generation);
         let mut record = *record;
         record.ttl_ms = self.ttl_ms;
         record.write_delay_us = (self.began_mono_ns.saturating_sub(record.heartbeat_mono_ns) / 1000)
@@ -277,8 +281,7 @@ impl PipelineEncoder {
             Ownership::EveryWrite(_) => Some(true),
             // Not held (never, or too long ago): claim it.
             Ownership::Claimed => Some(
-                written
-                    .held_since
+                key.held_since
                     .is_none_or(|t| now.saturating_duration_since(t) >= self.hold_for),
             ),
         };
@@ -301,12 +304,12 @@ impl PipelineEncoder {
                 .write_packed_command(&mut self.request);
         } else {
             // SET <key> <record> PX <ttl>, from the cached prefix.
-            self.request.extend_from_slice(&written.set_head);
+            self.request.extend_from_slice(&key.set_head);
             self.request.extend_from_slice(&record.encode());
             self.request.extend_from_slice(&self.set_tail);
         }
         self.commands += 1;
-        let due = written
+        let due = key
             .registered
             .is_none_or(|t| now.duration_since(t) >= REREGISTER_EVERY);
         if due {
@@ -315,22 +318,22 @@ impl PipelineEncoder {
                 .arg(&**id)
                 .write_packed_command(&mut self.request);
             self.commands += 1;
-            written.registered = Some(now);
+            key.registered = Some(now);
         }
         self.sent.push(record.heartbeat_mono_ns);
     }
 
     fn push_delete(&mut self, id: &Arc<str>) {
         let key = engine_key(&self.prefix, id);
-        let written = self.engines.remove(id);
+        let state = self.engines.remove(id);
         let mine = match &self.ownership {
             Ownership::Unchecked => None,
             Ownership::EveryWrite(owner) => Some(*owner),
-            Ownership::Claimed => match written {
-                Some(written) => Some(
+            Ownership::Claimed => match state {
+                Some(state) => Some(
                     RedisRecord {
-                        writer_pid: written.identity.0,
-                        generation: written.identity.1,
+                        writer_pid: state.identity.0,
+                        generation: state.identity.1,
                         ..RedisRecord::default()
                     }
                     .encode(),

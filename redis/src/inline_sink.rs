@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use crate::backoff::Backoff;
 use crate::encoder::{Ownership, PipelineEncoder};
 use crate::error::Error;
-use crate::ops::{SinkOp, WrittenObserver};
+use crate::ops::{AckLagObserver, SinkOp};
 use crate::replies::check_replies;
 use crate::stats::{acknowledged, SinkStats};
 use crate::target::RedisTarget;
@@ -57,7 +57,7 @@ pub struct InlineSink {
     /// The replies of the pipeline in flight (kept for their allocation).
     replies: Vec<redis::Value>,
     stats: SinkStats,
-    on_written: Option<WrittenObserver>,
+    on_ack_lag: Option<AckLagObserver>,
 }
 
 impl std::fmt::Debug for InlineSink {
@@ -77,7 +77,7 @@ impl InlineSink {
     pub fn new(
         target: RedisTarget,
         connection: Option<redis::Connection>,
-        on_written: Option<WrittenObserver>,
+        on_ack_lag: Option<AckLagObserver>,
     ) -> InlineSink {
         let stats = SinkStats::default();
         stats
@@ -95,7 +95,7 @@ impl InlineSink {
             in_flight_commands: 0,
             replies: Vec::new(),
             stats,
-            on_written,
+            on_ack_lag,
         }
     }
 
@@ -202,7 +202,7 @@ impl InlineSink {
                 // holds its claims and the stamps of its records.
                 self.encoder
                     .settle_claims(&self.replies, &self.target, &self.stats);
-                acknowledged(&self.stats, self.on_written.as_ref(), &self.encoder.sent);
+                acknowledged(&self.stats, self.on_ack_lag.as_ref(), &self.encoder.sent);
                 self.encoder.sent.clear();
                 self.backoff.succeeded();
                 self.stats.succeeded();

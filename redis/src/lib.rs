@@ -34,7 +34,7 @@ pub use crate::error::Error;
 pub use crate::fetch::{decode_fetched, heartbeat_age_at_fetch};
 pub use crate::inline_sink::InlineSink;
 pub use crate::mailbox::SinkHandle;
-pub use crate::ops::{SinkOp, WrittenObserver};
+pub use crate::ops::{AckLagObserver, SinkOp};
 pub use crate::redact::{is_secret_parameter, redact};
 pub use crate::replies::holder_pid;
 pub use crate::schema::{

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
 
 use crate::lock;
-use crate::ops::{SinkOp, WrittenObserver};
+use crate::ops::{AckLagObserver, SinkOp};
 use crate::stats::{acknowledged, SinkStats};
 
 /// What callers and the sink thread share.
@@ -18,7 +18,7 @@ pub(crate) struct Shared {
     /// `flush` waits here for an empty mailbox.
     pub(crate) drained: Condvar,
     pub(crate) stats: SinkStats,
-    pub(crate) on_written: Option<WrittenObserver>,
+    pub(crate) on_ack_lag: Option<AckLagObserver>,
 }
 
 /// The pending ops and the thread's state, under one lock.
@@ -95,6 +95,6 @@ impl SinkHandle {
 impl Shared {
     /// Counts the records whose heartbeat stamps are `sent` as written.
     pub(crate) fn acknowledged(&self, sent: &[u64]) {
-        acknowledged(&self.stats, self.on_written.as_ref(), sent);
+        acknowledged(&self.stats, self.on_ack_lag.as_ref(), sent);
     }
 }

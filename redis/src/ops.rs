@@ -15,4 +15,4 @@ pub enum SinkOp {
 
 /// Called after each acknowledged `SET` with the time from the record's
 /// heartbeat stamp to the acknowledgement (same host clock).
-pub type WrittenObserver = Box<dyn Fn(Duration) + Send + Sync>;
+pub type AckLagObserver = Box<dyn Fn(Duration) + Send + Sync>;

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redis::ConnectionLike;
 
@@ -21,7 +21,7 @@ use crate::encoder::PipelineEncoder;
 use crate::error::Error;
 use crate::lock;
 use crate::mailbox::{Mailbox, Shared, SinkHandle};
-use crate::ops::{SinkOp, WrittenObserver};
+use crate::ops::{AckLagObserver, SinkOp};
 use crate::replies::check_replies;
 use crate::schema::RedisRecord;
 use crate::stats::SinkStats;
@@ -58,7 +58,7 @@ impl RedisSink {
     pub fn start(
         target: RedisTarget,
         connection: Option<redis::Connection>,
-        on_written: Option<WrittenObserver>,
+        on_ack_lag: Option<AckLagObserver>,
         thread_name: &str,
         owner: Option<RedisRecord>,
     ) -> std::io::Result<RedisSink> {
@@ -67,7 +67,7 @@ impl RedisSink {
             wake: Condvar::new(),
             drained: Condvar::new(),
             stats: SinkStats::default(),
-            on_written,
+            on_ack_lag,
         });
         shared
             .stats
@@ -114,22 +114,14 @@ impl RedisSink {
     /// Waits until everything queued so far was written (or failed), at most
     /// `timeout`; true when the mailbox is empty.
     pub fn flush(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        let mut mailbox = lock(&self.handle.shared.mailbox);
-        while !mailbox.pending.is_empty() || mailbox.busy {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            mailbox = self
-                .handle
-                .shared
-                .drained
-                .wait_timeout(mailbox, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-        true
+        let mailbox = lock(&self.handle.shared.mailbox);
+        let (mailbox, _) = self
+            .handle
+            .shared
+            .drained
+            .wait_timeout_while(mailbox, timeout, |m| !m.pending.is_empty() || m.busy)
+            .unwrap_or_else(|p| p.into_inner());
+        mailbox.pending.is_empty() && !mailbox.busy
     }
 
     /// Writes what is pending (one attempt) and stops the thread. Idempotent.
@@ -228,23 +220,13 @@ impl Worker {
 
     /// Sleeps `duration` unless asked to stop first; true when stopping.
     fn sleep_unless_stopped(&self, duration: Duration) -> bool {
-        let deadline = Instant::now() + duration;
-        let mut mailbox = lock(&self.shared.mailbox);
-        loop {
-            if mailbox.stop {
-                return true;
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            mailbox = self
-                .shared
-                .wake
-                .wait_timeout(mailbox, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
+        let mailbox = lock(&self.shared.mailbox);
+        let (mailbox, _) = self
+            .shared
+            .wake
+            .wait_timeout_while(mailbox, duration, |m| !m.stop)
+            .unwrap_or_else(|p| p.into_inner());
+        mailbox.stop
     }
 
     /// Writes one batch as one pipeline.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use engine_state_shm_format::monotonic_ns;
 
 use crate::lock;
-use crate::ops::WrittenObserver;
+use crate::ops::AckLagObserver;
 use crate::schema::registry_key;
 use crate::target::RedisTarget;
 
@@ -73,12 +73,12 @@ impl SinkStats {
 }
 
 /// Counts the records whose heartbeat stamps are `sent` as written and
-/// reports their age to `on_written`.
-pub(crate) fn acknowledged(stats: &SinkStats, on_written: Option<&WrittenObserver>, sent: &[u64]) {
+/// reports their age to `on_ack_lag`.
+pub(crate) fn acknowledged(stats: &SinkStats, on_ack_lag: Option<&AckLagObserver>, sent: &[u64]) {
     stats
         .written
         .fetch_add(sent.len() as u64, Ordering::Relaxed);
-    if let Some(observe) = on_written {
+    if let Some(observe) = on_ack_lag {
         let acked = monotonic_ns();
         for heartbeat in sent {
             observe(Duration::from_nanos(acked.saturating_sub(*heartbeat)));

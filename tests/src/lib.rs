@@ -1,6 +1,7 @@
 //! Helpers for the cross-process tests in `tests/`: where the binaries and the
 //! Python interpreter with `engine_state` installed are, child processes
-//! that are killed when a test ends, and a real [`RedisServer`] on a free port.
+//! that are killed when a test ends, a real [`RedisServer`] on a free port,
+//! and esagent in-process ([`InProcessAgent`]) or as a process.
 //!
 //! `make test` builds the binaries (`cargo build --bins`) and the Python
 //! package (`maturin develop` into `.venv`) before running these tests.
@@ -9,8 +10,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod agent;
 mod redis_server;
 
+pub use crate::agent::{esagent_process, http_get, sample, stderr_of, InProcessAgent};
 pub use crate::redis_server::{free_port, redis_server_path, RedisServer};
 
 /// The workspace root.

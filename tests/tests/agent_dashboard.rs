@@ -6,9 +6,6 @@
 //! cannot hold exactly, as a nanosecond stamp would be).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -49,32 +46,17 @@ fn demo_engine(dir: &std::path::Path, stop: Arc<AtomicBool>) -> std::thread::Joi
     })
 }
 
-/// `esagent` on `dir` with `extra` flags; the process and its HTTP address.
-fn agent(dir: &std::path::Path, extra: &[&str]) -> (Proc, String) {
-    let mut proc = Proc::spawn(
-        Command::new(bin("esagent"))
-            .args(["--uri", &format!("file://{}", dir.display())])
-            .args(["--period-ms", "20", "--listen", "127.0.0.1:0"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null()),
-    );
-    let line = proc.first_line();
-    let addr = line
-        .rsplit("http://")
-        .next()
-        .and_then(|rest| rest.strip_suffix("/metrics\n"))
-        .unwrap_or_else(|| panic!("esagent did not print its address: {line:?}"))
-        .to_owned();
-    (proc, addr)
+/// An in-process esagent on `dir` with `extra` flags (each has its own
+/// metrics: the two agents of a test do not mix them).
+fn agent(dir: &std::path::Path, extra: &[&str]) -> InProcessAgent {
+    let uri = format!("file://{}", dir.display());
+    let mut flags = vec!["--uri", &uri, "--period-ms", "20"];
+    flags.extend(extra);
+    InProcessAgent::start(&flags)
 }
 
 fn scrape(addr: &str) -> String {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    write!(stream, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    response.split_once("\r\n\r\n").unwrap().1.to_owned()
+    http_get(addr, "/metrics").1
 }
 
 /// The series names of a scrape (`_bucket`, `_sum`, `_count` included).
@@ -189,8 +171,8 @@ fn every_dashboard_query_names_families_a_live_agent_exports() {
     let engine = demo_engine(dir.path(), stop.clone());
 
     // Metrics only: no Redis anywhere.
-    let (_metrics_only, addr) = agent(dir.path(), &[]);
-    let metrics = scrape_until(&addr, &outside_relay);
+    let metrics_only = agent(dir.path(), &[]);
+    let metrics = scrape_until(metrics_only.addr(), &outside_relay);
     let exported = series(&metrics);
     let missing: Vec<_> = outside_relay.difference(&exported).collect();
     assert!(
@@ -216,8 +198,8 @@ fn every_dashboard_query_names_families_a_live_agent_exports() {
 
     // Relaying to a real Redis: every query.
     let redis = RedisServer::start();
-    let (_relaying, addr) = agent(dir.path(), &["--redis", &redis.uri("?prefix=dash:")]);
-    let metrics = scrape_until(&addr, &all);
+    let relaying = agent(dir.path(), &["--redis", &redis.uri("?prefix=dash:")]);
+    let metrics = scrape_until(relaying.addr(), &all);
     let exported = series(&metrics);
     let missing: Vec<_> = all.difference(&exported).collect();
     assert!(

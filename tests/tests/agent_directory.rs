@@ -1,7 +1,6 @@
 //! `esagent` creates a missing state directory at start and says so once:
 //! a mistyped `--uri` would otherwise relay an empty directory in silence.
 
-use std::io::Read;
 use std::process::{Command, Stdio};
 
 use engine_state_tests::*;
@@ -27,15 +26,7 @@ fn esagent_says_once_that_it_created_a_missing_directory() {
         assert!(agent.first_line().contains("/metrics"));
         nix::sys::signal::kill(agent.pid(), nix::sys::signal::Signal::SIGTERM).unwrap();
         assert!(agent.0.wait().unwrap().success());
-        let mut stderr = String::new();
-        agent
-            .0
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut stderr)
-            .unwrap();
-        stderr
+        stderr_of(&mut agent)
     };
     let stderr = run();
     assert!(dir.is_dir());

@@ -2,9 +2,9 @@
 //! to a real redis-server, a Redis reader sees the same snapshots, and
 //! /metrics and /healthz answer over HTTP with the right values.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,62 +12,31 @@ use std::time::Duration;
 use engine_state_reader::{ReaderOptions, ShmDir, Source, Status};
 use engine_state_tests::*;
 
-/// `esagent` relaying `dir` to `redis_uri`; returns the process and its HTTP address.
-fn agent(dir: &std::path::Path, redis_uri: &str, extra: &[&str]) -> (Proc, String) {
-    agent_via(Command::new(bin("esagent")), dir, redis_uri, extra)
+/// The flags of an agent relaying `dir` to `redis_uri`, then `extra`.
+fn relay_flags<'a>(dir: &'a str, redis_uri: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut flags = vec!["--uri", dir, "--redis", redis_uri, "--period-ms", "20"];
+    flags.extend(["--stale-after-ms", "500"]);
+    flags.extend(extra);
+    flags
 }
 
-/// [`agent`] started by `command` (esagent itself, or a wrapper that execs it
-/// with the arguments appended).
-fn agent_via(
-    mut command: Command,
-    dir: &std::path::Path,
-    redis_uri: &str,
-    extra: &[&str],
-) -> (Proc, String) {
-    let mut proc = Proc::spawn(
-        command
-            .args(["--uri", &format!("file://{}", dir.display())])
-            .args([
-                "--redis",
-                redis_uri,
-                "--period-ms",
-                "20",
-                "--listen",
-                "127.0.0.1:0",
-            ])
-            .args(["--stale-after-ms", "500"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    );
-    let line = proc.first_line();
-    let addr = line
-        .rsplit("http://")
-        .next()
-        .and_then(|rest| rest.strip_suffix("/metrics\n"))
-        .unwrap_or_else(|| panic!("esagent did not print its address: {line:?}"))
-        .to_owned();
-    (proc, addr)
+fn file_uri(dir: &std::path::Path) -> String {
+    format!("file://{}", dir.display())
 }
 
-/// One HTTP GET: (status code, body).
-fn get(addr: &str, path: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").unwrap();
-    let code = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    (code, body.to_owned())
+/// An in-process agent relaying `dir` to `redis_uri`; its HTTP address.
+fn agent(dir: &std::path::Path, redis_uri: &str, extra: &[&str]) -> InProcessAgent {
+    InProcessAgent::start(&relay_flags(&file_uri(dir), redis_uri, extra))
 }
 
-/// The value of the sample whose name-and-labels are exactly `series`.
-fn sample(metrics: &str, series: &str) -> Option<f64> {
-    metrics.lines().find_map(|line| {
-        let (name, value) = line.rsplit_once(' ')?;
-        (name == series).then(|| value.parse().ok())?
-    })
+/// `esagent` relaying `dir` to `redis_uri` as a process, started by
+/// `command` (esagent itself, or a wrapper that execs it with the arguments
+/// appended): for the tests of what only a process has (signals, descriptor
+/// limits, stderr); the process and its HTTP address.
+fn agent_process(mut command: Command, dir: &std::path::Path, redis_uri: &str) -> (Proc, String) {
+    let dir = file_uri(dir);
+    let flags = relay_flags(&dir, redis_uri, &["--listen", "127.0.0.1:0"]);
+    esagent_process(command.args(flags))
 }
 
 fn redis_reader(uri: &str) -> Box<dyn Source> {
@@ -93,7 +62,7 @@ fn agent_relays_shared_memory_to_redis_and_serves_metrics() {
             )
         })
         .collect();
-    let (mut agent, addr) = agent(dir.path(), &redis_uri, &[]);
+    let (mut agent, addr) = agent_process(Command::new(bin("esagent")), dir.path(), &redis_uri);
     let mut remote = redis_reader(&redis_uri);
     wait_for(
         || {
@@ -121,7 +90,7 @@ fn agent_relays_shared_memory_to_redis_and_serves_metrics() {
     let mut metrics = String::new();
     wait_for(
         || {
-            metrics = get(&addr, "/metrics").1;
+            metrics = http_get(&addr, "/metrics").1;
             sample(&metrics, "engine_state_engines") == Some(3.0)
                 && sample(&metrics, r#"engine_state_num_running{engine="py-2"}"#) == Some(3.0)
                 && sample(&metrics, "engine_state_relayed_total").is_some_and(|n| n >= 3.0)
@@ -160,13 +129,13 @@ fn agent_relays_shared_memory_to_redis_and_serves_metrics() {
     assert!(sample(&metrics, "engine_state_snapshot_age_seconds_count").is_some_and(|n| n >= 3.0));
     assert!(sample(&metrics, "engine_state_relayed_total").is_some_and(|n| n >= 3.0));
     assert!(metrics.contains("engine_state_relay_lag_seconds_bucket{le=\"0.005\"}"));
-    let (code, health) = get(&addr, "/healthz");
+    let (code, health) = http_get(&addr, "/healthz");
     assert_eq!(code, 200, "{health}");
     assert!(
         health.starts_with("ok\n") && health.contains("engines: 3"),
         "{health}"
     );
-    assert_eq!(get(&addr, "/nope").0, 404);
+    assert_eq!(http_get(&addr, "/nope").0, 404);
 
     // A clean close deletes the key; a killed writer's key expires (dead).
     let mut publishers = publishers.into_iter();
@@ -189,7 +158,7 @@ fn agent_relays_shared_memory_to_redis_and_serves_metrics() {
     // Gauges follow a change (they are set only when their value changed).
     wait_for(
         || {
-            metrics = get(&addr, "/metrics").1;
+            metrics = http_get(&addr, "/metrics").1;
             sample(
                 &metrics,
                 r#"engine_state_status{engine="py-1",status="dead"}"#,
@@ -215,14 +184,7 @@ fn agent_relays_shared_memory_to_redis_and_serves_metrics() {
     nix::sys::signal::kill(agent.pid(), nix::sys::signal::Signal::SIGTERM).unwrap();
     let status = agent.0.wait().unwrap();
     assert!(status.success(), "{status:?}");
-    let mut stderr = String::new();
-    agent
-        .0
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+    let stderr = stderr_of(&mut agent);
     assert!(stderr.contains("esagent: stopped"), "{stderr}");
 }
 
@@ -232,9 +194,10 @@ fn agent_cleanup_removes_dead_writers_files_only_when_enabled() {
     let dir = tempfile::tempdir().unwrap();
     let mut doomed = python_publisher(dir.path(), "doomed", "pub.publish(num_running=1)");
     let _alive = python_publisher(dir.path(), "alive", "pub.publish(num_running=1)");
-    let (_agent, addr) = agent(dir.path(), &redis.uri(""), &["--cleanup-grace-s", "1"]);
+    let agent = agent(dir.path(), &redis.uri(""), &["--cleanup-grace-s", "1"]);
+    let addr = agent.addr();
     wait_for(
-        || get(&addr, "/healthz").1.contains("engines: 2"),
+        || http_get(addr, "/healthz").1.contains("engines: 2"),
         "the agent to see both engines",
     );
     doomed.kill();
@@ -301,17 +264,23 @@ fn agent_rides_out_a_redis_restart_and_relays_again() {
     let dir = tempfile::tempdir().unwrap();
     // The agent starts on an empty directory (it polls only once an engine
     // is there) and finds the engine when it appears.
-    let (_agent, addr) = agent(dir.path(), &redis_uri, &[]);
+    let agent = agent(dir.path(), &redis_uri, &[]);
+    let addr = agent.addr();
     let _publisher = steady_publisher(dir.path());
     let mut remote = redis_reader(&redis_uri);
     let before = wait_relayed(&mut remote, "the engine relayed before the outage");
 
     redis.kill();
     wait_for(
-        || sample(&get(&addr, "/metrics").1, "engine_state_redis_connected") == Some(0.0),
+        || {
+            sample(
+                &http_get(addr, "/metrics").1,
+                "engine_state_redis_connected",
+            ) == Some(0.0)
+        },
         "the agent to notice the outage",
     );
-    let (code, health) = get(&addr, "/healthz");
+    let (code, health) = http_get(addr, "/healthz");
     assert_eq!(
         code, 200,
         "the relay keeps running during the outage: {health}"
@@ -325,9 +294,14 @@ fn agent_rides_out_a_redis_restart_and_relays_again() {
         || relayed_step(&mut remote).is_some_and(|step| step > before + 10),
         "the engine relayed again after the restart",
     );
-    let metrics = get(&addr, "/metrics").1;
+    let metrics = http_get(addr, "/metrics").1;
     wait_for(
-        || sample(&get(&addr, "/metrics").1, "engine_state_redis_connected") == Some(1.0),
+        || {
+            sample(
+                &http_get(addr, "/metrics").1,
+                "engine_state_redis_connected",
+            ) == Some(1.0)
+        },
         "the agent to report the connection back",
     );
     assert!(
@@ -342,7 +316,8 @@ fn a_redis_that_stops_answering_holds_the_relay_at_most_the_network_timeout() {
     let redis_uri = redis.uri("?prefix=frozen:");
     let dir = tempfile::tempdir().unwrap();
     let _publisher = steady_publisher(dir.path());
-    let (_agent, addr) = agent(dir.path(), &redis_uri, &[]);
+    let agent = agent(dir.path(), &redis_uri, &[]);
+    let addr = agent.addr();
     let mut remote = redis_reader(&redis_uri);
     let before = wait_relayed(&mut remote, "the engine relayed");
 
@@ -352,11 +327,11 @@ fn a_redis_that_stops_answering_holds_the_relay_at_most_the_network_timeout() {
     redis.freeze(true);
     let frozen_until = std::time::Instant::now() + Duration::from_secs(3);
     while std::time::Instant::now() < frozen_until {
-        let (code, health) = get(&addr, "/healthz");
+        let (code, health) = http_get(addr, "/healthz");
         assert_eq!(code, 200, "{health}");
         std::thread::sleep(Duration::from_millis(100));
     }
-    let (_, health) = get(&addr, "/healthz");
+    let (_, health) = http_get(addr, "/healthz");
     assert!(health.contains("redis: unreachable"), "{health}");
     redis.freeze(false);
     wait_for(
@@ -382,7 +357,7 @@ fn an_idle_connection_flood_beyond_the_fd_limit_never_stops_the_relay() {
     sh.arg("-c")
         .arg(format!("ulimit -n {LIMIT} && exec \"$0\" \"$@\""))
         .arg(bin("esagent"));
-    let (agent, addr) = agent_via(sh, dir.path(), &redis_uri, &[]);
+    let (agent, addr) = agent_process(sh, dir.path(), &redis_uri);
     let limits = std::fs::read_to_string(format!("/proc/{}/limits", agent.pid())).unwrap();
     let open_files = limits
         .lines()
@@ -436,7 +411,7 @@ fn an_idle_connection_flood_beyond_the_fd_limit_never_stops_the_relay() {
     let flood = flooder.join().unwrap();
     assert!(flood.len() > LIMIT, "only {} connections", flood.len());
     drop(flood);
-    let (code, health) = get(&addr, "/healthz");
+    let (code, health) = http_get(&addr, "/healthz");
     assert_eq!(code, 200, "{health}");
     assert!(health.starts_with("ok\n"), "{health}");
 }
@@ -450,15 +425,16 @@ fn healthz_is_unhealthy_while_the_directory_cannot_be_listed() {
     let parent = tempfile::tempdir().unwrap();
     let dir = parent.path().join("engines");
     // A missing directory is created at start (engines may start later).
-    let (_agent, addr) = agent(&dir, &redis.uri(""), &[]);
+    let agent = agent(&dir, &redis.uri(""), &[]);
+    let addr = agent.addr();
     assert!(dir.is_dir());
-    wait_for(|| get(&addr, "/healthz").0 == 200, "a healthy agent");
+    wait_for(|| http_get(addr, "/healthz").0 == 200, "a healthy agent");
 
     std::fs::remove_dir(&dir).unwrap();
     let mut health = (0, String::new());
     wait_for(
         || {
-            health = get(&addr, "/healthz");
+            health = http_get(addr, "/healthz");
             health.0 == 503
         },
         "/healthz to turn unhealthy",
@@ -475,7 +451,10 @@ fn healthz_is_unhealthy_while_the_directory_cannot_be_listed() {
     );
 
     std::fs::create_dir(&dir).unwrap();
-    wait_for(|| get(&addr, "/healthz").0 == 200, "/healthz healthy again");
+    wait_for(
+        || http_get(addr, "/healthz").0 == 200,
+        "/healthz healthy again",
+    );
 }
 
 /// SIGTERM → exit within the documented second, even when Redis stopped
@@ -491,7 +470,8 @@ fn agent_exits_within_a_second_of_sigterm_even_with_redis_frozen() {
     let dir = tempfile::tempdir().unwrap();
     let _publisher = steady_publisher(dir.path());
     for frozen in [false, true] {
-        let (mut agent, _addr) = agent(dir.path(), &redis_uri, &[]);
+        let (mut agent, _addr) =
+            agent_process(Command::new(bin("esagent")), dir.path(), &redis_uri);
         wait_relayed(&mut redis_reader(&redis_uri), "the engine relayed");
         if frozen {
             redis.freeze(true);
@@ -558,8 +538,8 @@ fn failed_accepts_back_off_and_are_logged_once() {
     let dir = tempfile::tempdir().unwrap();
     // The agent's own descriptors (a first run counts them) plus two.
     let own = {
-        let (first, addr) = agent(dir.path(), &redis.uri(""), &[]);
-        wait_for(|| get(&addr, "/healthz").0 == 200, "a healthy agent");
+        let (first, addr) = agent_process(Command::new(bin("esagent")), dir.path(), &redis.uri(""));
+        wait_for(|| http_get(&addr, "/healthz").0 == 200, "a healthy agent");
         std::fs::read_dir(format!("/proc/{}/fd", first.pid()))
             .unwrap()
             .filter(|fd| {
@@ -579,7 +559,7 @@ fn failed_accepts_back_off_and_are_logged_once() {
     sh.arg("-c")
         .arg(format!("ulimit -n {} && exec \"$0\" \"$@\"", own + 2))
         .arg(bin("esagent"));
-    let (mut agent, addr) = agent_via(sh, dir.path(), &redis.uri(""), &[]);
+    let (mut agent, addr) = agent_process(sh, dir.path(), &redis.uri(""));
     let stderr = Arc::new(std::sync::Mutex::new(String::new()));
     let collector = {
         let (stderr, mut pipe) = (stderr.clone(), agent.0.stderr.take().unwrap());
@@ -602,7 +582,7 @@ fn failed_accepts_back_off_and_are_logged_once() {
     drop(flood);
     // Once accepts have worked for a second, the next one reports it.
     wait_for(
-        || get(&addr, "/healthz").0 == 200 && said("accepting HTTP connections again"),
+        || http_get(&addr, "/healthz").0 == 200 && said("accepting HTTP connections again"),
         "a healthy agent that reports accepting again",
     );
     kill(agent.pid(), Signal::SIGTERM).unwrap();

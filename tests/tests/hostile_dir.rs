@@ -133,6 +133,17 @@ fn fifo_and_symbolic_link_neither_hang_nor_escape_the_directory() {
     );
 }
 
+/// `esagent` relaying `uri` to `redis_uri`, as a process: what these tests
+/// check is that it neither stalls nor dies (of a `SIGBUS`, say).
+fn relaying_esagent(uri: &str, redis_uri: &str) -> Proc {
+    Proc::spawn(
+        Command::new(bin("esagent"))
+            .args(["--uri", uri, "--redis", redis_uri, "--period-ms", "20"])
+            .args(["--listen", "127.0.0.1:0", "--stale-after-ms", "500"])
+            .stdout(Stdio::null()),
+    )
+}
+
 /// `esagent` with a FIFO and a link out of the directory: it neither stalls
 /// nor relays the link's target to Redis, and relays the healthy engine.
 #[test]
@@ -151,12 +162,7 @@ fn esagent_neither_stalls_on_a_fifo_nor_relays_a_link() {
         .unwrap();
     let redis = RedisServer::start();
     let redis_uri = redis.uri("?prefix=hostile-links:&ttl_ms=400");
-    let mut agent = Proc::spawn(
-        Command::new(bin("esagent"))
-            .args(["--uri", &uri, "--redis", &redis_uri, "--period-ms", "20"])
-            .args(["--listen", "127.0.0.1:0", "--stale-after-ms", "500"])
-            .stdout(Stdio::null()),
-    );
+    let mut agent = relaying_esagent(&uri, &redis_uri);
     let mut remote = test_reader(&redis_uri, Duration::from_millis(500));
     wait_for(
         || {
@@ -285,12 +291,7 @@ fn truncating_a_mapped_file_kills_no_reader() {
     };
     let redis = RedisServer::start();
     let redis_uri = redis.uri("?prefix=hostile:&ttl_ms=400");
-    let mut agent = Proc::spawn(
-        Command::new(bin("esagent"))
-            .args(["--uri", &uri, "--redis", &redis_uri, "--period-ms", "20"])
-            .args(["--listen", "127.0.0.1:0", "--stale-after-ms", "500"])
-            .stdout(Stdio::null()),
-    );
+    let mut agent = relaying_esagent(&uri, &redis_uri);
     let mut remote = test_reader(&redis_uri, Duration::from_millis(500));
     let last_python = || python_lines.lock().unwrap().last().cloned();
     let last_frame = || {

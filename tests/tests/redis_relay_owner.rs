@@ -4,8 +4,7 @@
 //! id over once that publisher is gone; while it holds a key it writes
 //! plain `SET`s, not the owner-check script.
 
-use std::io::Read;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -159,7 +158,7 @@ fn esagent_does_not_overwrite_a_direct_publisher_and_reports_it_once() {
             ..Snapshot::default()
         })
         .unwrap();
-    let mut agent = Proc::spawn(
+    let (mut agent, addr) = esagent_process(
         Command::new(bin("esagent"))
             .args(["--uri", &format!("file://{}", dir.path().display())])
             .args([
@@ -169,19 +168,10 @@ fn esagent_does_not_overwrite_a_direct_publisher_and_reports_it_once() {
                 "20",
                 "--listen",
                 "127.0.0.1:0",
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
+            ]),
     );
-    let line = agent.first_line();
-    let addr = line
-        .rsplit("http://")
-        .next()
-        .and_then(|rest| rest.strip_suffix("/metrics\n"))
-        .unwrap_or_else(|| panic!("esagent did not print its address: {line:?}"))
-        .to_owned();
     let refused = || {
-        let metrics = http_get(&addr, "/metrics");
+        let metrics = http_get(&addr, "/metrics").1;
         metrics.lines().find_map(|line| {
             line.strip_prefix("engine_state_relay_refused_total ")
                 .map(|v| v.parse::<f64>().unwrap())
@@ -204,14 +194,7 @@ fn esagent_does_not_overwrite_a_direct_publisher_and_reports_it_once() {
     );
     nix::sys::signal::kill(agent.pid(), nix::sys::signal::Signal::SIGTERM).unwrap();
     assert!(agent.0.wait().unwrap().success());
-    let mut stderr = String::new();
-    agent
-        .0
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+    let stderr = stderr_of(&mut agent);
     assert_eq!(
         stderr.matches("is written by another live process").count(),
         1,
@@ -223,13 +206,4 @@ fn esagent_does_not_overwrite_a_direct_publisher_and_reports_it_once() {
         1,
         "{stderr}"
     );
-}
-
-fn http_get(addr: &str, path: &str) -> String {
-    use std::io::Write;
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    response
 }
