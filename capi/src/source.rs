@@ -366,3 +366,32 @@ pub unsafe extern "C" fn es_engine_error(
         copied_name.and(copied_message)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_while_the_handle_is_in_use_is_busy() {
+        let dir = tempfile::tempdir().unwrap();
+        let uri = std::ffi::CString::new(format!("file://{}", dir.path().display())).unwrap();
+        let mut source = std::ptr::null_mut();
+        // SAFETY: a C string, default options, a writable out-pointer.
+        let code = unsafe { es_open(uri.as_ptr(), std::ptr::null(), &mut source) };
+        assert_eq!(code, EsCode::Ok);
+        let mut count = 0;
+        {
+            // Another call in progress on this handle.
+            // SAFETY: the live handle from es_open.
+            let _held = unsafe { &*source }.inner.lock().unwrap();
+            // SAFETY: the live handle, counting only.
+            let busy = unsafe { es_read(source, std::ptr::null_mut(), 0, &mut count) };
+            assert_eq!(busy, EsCode::Busy);
+        }
+        // SAFETY: as above, the lock released.
+        let code = unsafe { es_read(source, std::ptr::null_mut(), 0, &mut count) };
+        assert_eq!((code, count), (EsCode::Ok, 0));
+        // SAFETY: closed once.
+        unsafe { es_close(source) };
+    }
+}
