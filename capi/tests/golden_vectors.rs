@@ -270,6 +270,7 @@ fn the_c_abi_reads_the_whole_vector_directory_at_once() {
 }
 
 #[test]
+#[cfg(feature = "redis")] // es_decode_record is ES_CODE_UNSUPPORTED without it
 fn the_c_abi_passes_every_redis_vector() {
     let manifest = manifest();
     let mut checked = 0;
