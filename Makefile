@@ -193,6 +193,7 @@ demo-smoke: build
 
 bench: build
 	$(CARGO) bench -p engine-state-reader --bench read
+	$(CARGO) bench -p engine-state-capi --bench capi
 	$(PY) bench/publish_bench.py
 	$(PY) bench/read_bench.py
 	$(BIN)/redis_bench --seconds 10

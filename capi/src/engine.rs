@@ -143,33 +143,62 @@ impl Default for EsEngine {
     }
 }
 
+/// `d` in nanoseconds, saturating (u64 arithmetic: this runs per engine and read).
+#[inline]
 fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+    d.as_secs()
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::from(d.subsec_nanos()))
+}
+
+impl EsEngine {
+    /// Writes `state` into `*dst` field by field, straight into the
+    /// caller's memory: building the struct on the stack first and copying
+    /// it costs a store-forwarding stall per engine (the id's bytes are
+    /// stored narrow and reloaded wide), a third of a 1,024-engine scan.
+    ///
+    /// # Safety
+    /// `dst` is valid for writes of one `EsEngine` (it may be
+    /// uninitialized: nothing is read from it) and aligned.
+    #[inline]
+    pub(crate) unsafe fn write(dst: *mut EsEngine, state: &EngineState) {
+        let id = state.engine_id.as_bytes();
+        // Readers only report valid ids (at most 63 bytes); a longer one
+        // would be cut, never overflow, and the last byte stays NUL.
+        let len = id.len().min(ES_MAX_ENGINE_ID_LEN);
+        let s = &state.snapshot;
+        // The reader's `gpu_kv_used_frac`, here so that it inlines.
+        let gpu_kv_used_frac = if s.gpu_blocks_total == 0 {
+            -1.0
+        } else {
+            1.0 - s.gpu_blocks_free.min(s.gpu_blocks_total) as f64 / s.gpu_blocks_total as f64
+        };
+        // SAFETY: `dst` is valid for writes and aligned (the contract), so
+        // is each field place; `len` <= 63 bytes fit in the 64-byte id array
+        // after it is zeroed; the reader's string cannot overlap the
+        // caller's array. Only writes: the old contents are never read.
+        unsafe {
+            let engine_id = std::ptr::addr_of_mut!((*dst).engine_id).cast::<u8>();
+            engine_id.write_bytes(0, ES_ENGINE_ID_SIZE);
+            std::ptr::copy_nonoverlapping(id.as_ptr(), engine_id, len);
+            std::ptr::addr_of_mut!((*dst).status).write(state.status.into());
+            std::ptr::addr_of_mut!((*dst).reserved).write(0);
+            std::ptr::addr_of_mut!((*dst).snapshot).write(s.into());
+            std::ptr::addr_of_mut!((*dst).heartbeat_age_ns).write(nanos(state.heartbeat_age));
+            std::ptr::addr_of_mut!((*dst).capture_age_ns).write(nanos(state.capture_age));
+            std::ptr::addr_of_mut!((*dst).generation).write(state.generation);
+            std::ptr::addr_of_mut!((*dst).read_mono_ns).write(state.read_mono_ns);
+            std::ptr::addr_of_mut!((*dst).gpu_kv_used_frac).write(gpu_kv_used_frac);
+        }
+    }
 }
 
 impl From<&EngineState> for EsEngine {
-    #[inline]
     fn from(state: &EngineState) -> EsEngine {
-        let mut engine_id = [0 as c_char; ES_ENGINE_ID_SIZE];
-        // Readers only report valid ids (at most 63 bytes); a longer one would
-        // be cut, never overflow.
-        for (to, from) in engine_id
-            .iter_mut()
-            .zip(state.engine_id.bytes().take(ES_MAX_ENGINE_ID_LEN))
-        {
-            *to = from as c_char;
-        }
-        EsEngine {
-            engine_id,
-            status: state.status.into(),
-            reserved: 0,
-            snapshot: (&state.snapshot).into(),
-            heartbeat_age_ns: nanos(state.heartbeat_age),
-            capture_age_ns: nanos(state.capture_age),
-            generation: state.generation,
-            read_mono_ns: state.read_mono_ns,
-            gpu_kv_used_frac: state.gpu_kv_used_frac().unwrap_or(-1.0),
-        }
+        let mut engine = EsEngine::default();
+        // SAFETY: a local EsEngine, valid for writes and aligned.
+        unsafe { EsEngine::write(&mut engine, state) };
+        engine
     }
 }
 

@@ -5,7 +5,8 @@
 use std::ffi::c_char;
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
-use engine_state_reader::{open, Reading, ShmDir, Source, StateUri};
+use engine_state_reader::{open, EngineState, Reading, ShmDir, Source, StateUri};
+use engine_state_shm_format::monotonic_ns;
 
 use crate::c_string::{copy_arg, text_arg};
 use crate::code::EsCode;
@@ -26,8 +27,8 @@ pub struct EsSource {
 
 struct Inner {
     backend: Backend,
-    /// What `es_read` filled last: its engines were copied out, its errors
-    /// stay for `es_engine_error`.
+    /// The per-engine errors of the last `es_read` (for `es_engine_error`),
+    /// and the engines of a source that is not shared memory.
     reading: Reading,
     /// `es_read_engine` on a source without a one-engine read: a whole read
     /// that leaves `reading` (and its errors) alone.
@@ -135,27 +136,66 @@ pub unsafe extern "C" fn es_close(source: *mut EsSource) {
     });
 }
 
-/// Copies the engines of `reading` into the caller's array.
+/// Reads the source into the caller's array (`now_mono_ns`: `es_read_at`)
+/// and sets `*count`; the per-engine errors stay in the handle's `reading`.
 ///
 /// # Safety
-/// `engines` is null (then `capacity` must be 0) or has `capacity` writable
-/// `EsEngine`s; `count` is writable.
+/// `engines` is null (then `capacity` is 0) or has `capacity` writable,
+/// aligned `EsEngine`s; `count` is writable.
 #[inline]
-unsafe fn deliver(
-    reading: &Reading,
+unsafe fn read_into_array(
+    inner: &mut Inner,
+    now_mono_ns: Option<u64>,
     engines: *mut EsEngine,
     capacity: usize,
     count: *mut usize,
 ) -> Result<(), Failure> {
-    let n = reading.engines.len();
     // SAFETY: writable (checked non-null by the callers; the contract).
+    unsafe { count.write(0) };
+    let Inner {
+        backend, reading, ..
+    } = inner;
+    reading.clear();
+    let write = |i: usize, state: &EngineState| {
+        if i < capacity {
+            // SAFETY: i < capacity, and `engines` has `capacity` writable,
+            // aligned slots (the contract); `EsEngine::write` never reads
+            // the caller's possibly uninitialized memory.
+            unsafe { EsEngine::write(engines.add(i), state) }
+        }
+    };
+    let n = match backend {
+        // Shared memory: each engine goes straight into the caller's array
+        // as it is read (no list of states written and read back: that
+        // copy alone made a 1,024-engine scan 1.3× the Rust one).
+        Backend::Shm(dir) => {
+            let mut n = 0;
+            let now = now_mono_ns.unwrap_or_else(monotonic_ns);
+            dir.read_each_at(now, &mut reading.errors, |state| {
+                write(n, &state);
+                n += 1;
+            })?;
+            n
+        }
+        Backend::Other(source) => {
+            if now_mono_ns.is_some() {
+                return Err(Failure::new(
+                    EsCode::Unsupported,
+                    format!(
+                        "es_read_at reads shared memory only, and {} is not: use es_read",
+                        source.uri()
+                    ),
+                ));
+            }
+            source.read_into(reading)?;
+            for (i, state) in reading.engines.iter().take(capacity).enumerate() {
+                write(i, state);
+            }
+            reading.engines.len()
+        }
+    };
+    // SAFETY: writable (as above).
     unsafe { count.write(n) };
-    for (i, state) in reading.engines.iter().take(capacity).enumerate() {
-        // SAFETY: i < capacity, and `engines` has `capacity` writable slots;
-        // `write` never reads (nor drops) the caller's possibly uninitialized
-        // memory.
-        unsafe { engines.add(i).write(EsEngine::from(state)) };
-    }
     if n > capacity {
         return Err(Failure::new(
             EsCode::BufferTooSmall,
@@ -207,15 +247,8 @@ pub unsafe extern "C" fn es_read(
         check_array(engines, capacity, count)?;
         // SAFETY: a live handle (the caller's contract).
         let mut inner = unsafe { lock(source) }?;
-        let Inner {
-            backend, reading, ..
-        } = &mut *inner;
-        match backend {
-            Backend::Shm(dir) => dir.read_into(reading)?,
-            Backend::Other(source) => source.read_into(reading)?,
-        }
         // SAFETY: the caller's contract, checked for null above.
-        unsafe { deliver(reading, engines, capacity, count) }
+        unsafe { read_into_array(&mut inner, None, engines, capacity, count) }
     })
 }
 
@@ -238,23 +271,8 @@ pub unsafe extern "C" fn es_read_at(
         check_array(engines, capacity, count)?;
         // SAFETY: a live handle (the caller's contract).
         let mut inner = unsafe { lock(source) }?;
-        let Inner {
-            backend, reading, ..
-        } = &mut *inner;
-        match backend {
-            Backend::Shm(dir) => dir.read_at(reading, now_mono_ns)?,
-            Backend::Other(source) => {
-                return Err(Failure::new(
-                    EsCode::Unsupported,
-                    format!(
-                        "es_read_at reads shared memory only, and {} is not: use es_read",
-                        source.uri()
-                    ),
-                ))
-            }
-        }
         // SAFETY: the caller's contract, checked for null above.
-        unsafe { deliver(reading, engines, capacity, count) }
+        unsafe { read_into_array(&mut inner, Some(now_mono_ns), engines, capacity, count) }
     })
 }
 
