@@ -17,15 +17,17 @@ BIN := $(TARGET_DIR)/$(PROFILE)
 
 export ENGINE_STATE_PYTHON := $(PY)
 
-.PHONY: help build bins py venv lint-venv test test-rust test-loom test-py test-go test-vllm vllm-venv \
-        lint lint-rust lint-py lint-shm-only fmt miri bench bench-vllm demo demo-smoke sim clean fuzz
+.PHONY: help build bins py venv lint-venv test test-rust test-loom test-py test-go test-capi test-vllm \
+        vllm-venv lint lint-rust lint-py lint-shm-only lint-capi capi-header fmt miri bench bench-vllm \
+        demo demo-smoke sim clean fuzz
 
 help:
 	@echo "make demo        four demo engines, live in esdump --watch for DURATION=$(DURATION) s"
 	@echo "make test        every test (Rust, loom, Miri, Python, Go, vLLM contract, demo smoke)"
 	@echo "make bench       benchmarks against their baselines (see BENCHMARKS.md)"
 	@echo "make sim         the essim routing sweeps behind docs/ROUTING.md (minutes)"
-	@echo "make lint        cargo fmt --check, clippy -D warnings, ruff, stubtest of engine_state._native"
+	@echo "make lint        cargo fmt --check, clippy -D warnings, ruff, stubtest, the C header is current"
+	@echo "make capi-header regenerate capi/include/engine_state.h (cbindgen) after an ABI change"
 	@echo "make miri        the seqlock module under Miri (needs nightly with miri)"
 	@echo "make fuzz        the file parser and the Redis record decoder, 100k cases each"
 
@@ -57,7 +59,7 @@ build: bins py
 
 # ---- tests -------------------------------------------------------------------
 
-test: lint build test-rust test-loom miri test-py test-go test-vllm demo-smoke
+test: lint build test-rust test-loom miri test-py test-go test-capi test-vllm demo-smoke
 
 test-rust: bins py
 	$(CARGO) test --release --workspace --exclude engine-state-py
@@ -80,6 +82,27 @@ test-go: bins
 	cd go && go vet ./...
 	cd go && ENGINE_STATE_BIN=$(abspath $(BIN)) go test -count=1 ./...
 
+# The C ABI (capi/): the C example linked statically and the C++ example
+# (RAII wrapper) linked dynamically, built with the system compilers and run
+# against live espublish engines; then the C example again under ASan and
+# UBSan (any report fails the run). The Rust side of the ABI (golden vectors,
+# bad input, threads) is in test-rust.
+CAPI_OUT := $(TARGET_DIR)/capi-examples
+CAPI_CFLAGS := -Wall -Wextra -Werror -Icapi/include
+# What rustc says a static Rust library needs (cargo rustc -- --print native-static-libs).
+CAPI_STATIC := $(BIN)/libengine_state.a -lgcc_s -lutil -lrt -lpthread -lm -ldl
+SANITIZE := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+
+test-capi: bins
+	$(CARGO) build --release -p engine-state-capi
+	@mkdir -p $(CAPI_OUT)
+	cc -std=c11 -O2 $(CAPI_CFLAGS) examples/c/esdump.c $(CAPI_STATIC) -o $(CAPI_OUT)/esdump-c
+	c++ -std=c++17 -O2 $(CAPI_CFLAGS) examples/cpp/esdump.cpp -L$(BIN) -lengine_state \
+	    -Wl,-rpath,$(abspath $(BIN)) -o $(CAPI_OUT)/esdump-cpp
+	cc -std=c11 $(SANITIZE) $(CAPI_CFLAGS) examples/c/esdump.c $(CAPI_STATIC) -o $(CAPI_OUT)/esdump-c-asan
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	    capi/tests/live_examples.sh $(BIN) $(CAPI_OUT)/esdump-c $(CAPI_OUT)/esdump-cpp $(CAPI_OUT)/esdump-c-asan
+
 $(VLLM_VENV)/.ok:
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip
@@ -96,7 +119,7 @@ test-vllm: vllm-venv bins
 	ENGINE_STATE_BIN=$(abspath $(BIN)) $(VLLM_VENV)/bin/python -m pytest -q publisher-py/tests_vllm
 	ENGINE_STATE_BIN=$(abspath $(BIN)) $(VLLM_VENV)/bin/python -m pytest -q sim/tests_vllm
 
-lint: lint-rust lint-py lint-shm-only
+lint: lint-rust lint-py lint-shm-only lint-capi
 
 lint-rust:
 	$(CARGO) fmt --all -- --check
@@ -115,6 +138,13 @@ lint-shm-only:
 		| grep -E '^(redis|rustls|engine-state-redis) '; then \
 		echo "engine-state-reader without default features depends on the above"; exit 1; fi
 	$(CARGO) clippy -p engine-state-reader --no-default-features --all-targets -- -D warnings
+
+# capi/include/engine_state.h is what cbindgen makes of capi/src now.
+lint-capi:
+	$(CARGO) test -q -p engine-state-capi --test header
+
+capi-header:
+	ENGINE_STATE_BLESS=1 $(CARGO) test -q -p engine-state-capi --test header
 
 fmt:
 	$(CARGO) fmt --all
@@ -163,6 +193,7 @@ demo-smoke: build
 
 bench: build
 	$(CARGO) bench -p engine-state-reader --bench read
+	$(CARGO) bench -p engine-state-capi --bench capi
 	$(PY) bench/publish_bench.py
 	$(PY) bench/read_bench.py
 	$(BIN)/redis_bench --seconds 10

@@ -204,12 +204,26 @@ impl ShmDir {
     /// relays them to Redis).
     pub fn read_at(&mut self, out: &mut Reading, now_mono_ns: u64) -> Result<(), Error> {
         out.clear();
+        let Reading { engines, errors } = out;
+        self.read_each_at(now_mono_ns, errors, |state| engines.push(state))
+    }
+
+    /// [`ShmDir::read_at`] without the list of engines: each engine, in id
+    /// order, goes to `each` as it is read, and the per-engine errors are
+    /// appended to `errors`. For a caller that copies every engine into
+    /// its own layout anyway (the C ABI fills a C array): no `Vec` of
+    /// states is written and then read back.
+    pub fn read_each_at(
+        &mut self,
+        now_mono_ns: u64,
+        errors: &mut Vec<EngineError>,
+        mut each: impl FnMut(EngineState),
+    ) -> Result<(), Error> {
         self.rescan_if_due(now_mono_ns)?;
         for entry in &mut self.engines {
-            out.engines
-                .push(entry.read(&self.dir, now_mono_ns, &self.options));
+            each(entry.read(&self.dir, now_mono_ns, &self.options));
         }
-        out.errors.extend(self.bad.iter().map(|b| b.error.clone()));
+        errors.extend(self.bad.iter().map(|b| b.error.clone()));
         Ok(())
     }
 

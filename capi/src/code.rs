@@ -1,0 +1,178 @@
+//! Result codes: what every function returns, and the class of a per-engine
+//! error (the classes of `format/vectors/README.md`).
+
+use std::ffi::c_char;
+
+use engine_state_reader::{Error, FormatError};
+
+/// What a call did. `ES_CODE_OK` is 0; every other value is a failure whose
+/// message `es_last_error` returns. Codes from 100 up are also the class of a
+/// per-engine error (`es_engine_error`).
+#[repr(i32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EsCode {
+    /// Success.
+    Ok = 0,
+    /// A required pointer argument was null.
+    NullArgument = 1,
+    /// A caller's buffer is too small: the out-count says how many engines
+    /// there are, or the message says how many bytes are needed. What fits
+    /// was written.
+    BufferTooSmall = 2,
+    /// The URI cannot be parsed (or names a backend this build lacks).
+    BadUri = 3,
+    /// An `EsOptions` whose `struct_size` is too small, or a string argument
+    /// that is not UTF-8.
+    BadArgument = 4,
+    /// The shared-memory directory cannot be listed.
+    Directory = 5,
+    /// Redis failed (unreachable, refused, wrong password, ...).
+    Redis = 6,
+    /// Another thread is inside a call on the same handle: use one handle
+    /// per thread.
+    Busy = 7,
+    /// The library panicked (a bug: please report the message); the handle
+    /// may still be used.
+    Panic = 8,
+    /// This source or build cannot do that (`es_read_at` on Redis,
+    /// `es_decode_record` without Redis support).
+    Unsupported = 9,
+    /// No such engine, or no per-engine error at that index.
+    NotFound = 10,
+    /// Per-engine: not an engine-state file (bad magic).
+    NotEngineState = 100,
+    /// Per-engine: a layout version this build does not read.
+    UnknownVersion = 101,
+    /// Per-engine: a version-1 file that is not 4096 bytes.
+    WrongSize = 102,
+    /// Per-engine: header or payload size, state, or engine id field wrong.
+    CorruptHeader = 103,
+    /// Per-engine: a FIFO, socket, symbolic link, directory or non-UTF-8 name.
+    RefusedEntry = 104,
+    /// Per-engine: a Redis value that is not a version-1 record.
+    ForeignValue = 105,
+    /// Per-engine: a Redis record whose key's expiry does not match it.
+    NoExpiry = 106,
+    /// Per-engine: a system call on the engine's file failed.
+    Io = 107,
+    /// Anything else.
+    Other = 199,
+}
+
+impl EsCode {
+    /// The code of a reader error.
+    pub(crate) fn of(error: &Error) -> EsCode {
+        #[cfg(feature = "redis")]
+        use engine_state_reader::redis::Error as RedisError;
+        match error {
+            Error::BadUri { .. } => EsCode::BadUri,
+            Error::Directory { .. } => EsCode::Directory,
+            Error::Format(format) => match format {
+                FormatError::NotEngineState { .. } => EsCode::NotEngineState,
+                FormatError::UnknownVersion { .. } => EsCode::UnknownVersion,
+                FormatError::WrongSize { .. } => EsCode::WrongSize,
+                FormatError::CorruptHeader { .. } => EsCode::CorruptHeader,
+                FormatError::RefusedEntry { .. } => EsCode::RefusedEntry,
+                FormatError::Io { .. } => EsCode::Io,
+                _ => EsCode::Other,
+            },
+            #[cfg(feature = "redis")]
+            Error::Redis(redis) => match redis {
+                RedisError::ForeignValue { .. } => EsCode::ForeignValue,
+                RedisError::NoExpiry { .. } => EsCode::NoExpiry,
+                RedisError::UnknownVersion { .. } => EsCode::UnknownVersion,
+                RedisError::BadUri { .. } => EsCode::BadUri,
+                _ => EsCode::Redis,
+            },
+            _ => EsCode::Other,
+        }
+    }
+
+    /// The code's name as in the header, NUL-terminated.
+    fn name(self) -> &'static str {
+        match self {
+            EsCode::Ok => "ES_CODE_OK\0",
+            EsCode::NullArgument => "ES_CODE_NULL_ARGUMENT\0",
+            EsCode::BufferTooSmall => "ES_CODE_BUFFER_TOO_SMALL\0",
+            EsCode::BadUri => "ES_CODE_BAD_URI\0",
+            EsCode::BadArgument => "ES_CODE_BAD_ARGUMENT\0",
+            EsCode::Directory => "ES_CODE_DIRECTORY\0",
+            EsCode::Redis => "ES_CODE_REDIS\0",
+            EsCode::Busy => "ES_CODE_BUSY\0",
+            EsCode::Panic => "ES_CODE_PANIC\0",
+            EsCode::Unsupported => "ES_CODE_UNSUPPORTED\0",
+            EsCode::NotFound => "ES_CODE_NOT_FOUND\0",
+            EsCode::NotEngineState => "ES_CODE_NOT_ENGINE_STATE\0",
+            EsCode::UnknownVersion => "ES_CODE_UNKNOWN_VERSION\0",
+            EsCode::WrongSize => "ES_CODE_WRONG_SIZE\0",
+            EsCode::CorruptHeader => "ES_CODE_CORRUPT_HEADER\0",
+            EsCode::RefusedEntry => "ES_CODE_REFUSED_ENTRY\0",
+            EsCode::ForeignValue => "ES_CODE_FOREIGN_VALUE\0",
+            EsCode::NoExpiry => "ES_CODE_NO_EXPIRY\0",
+            EsCode::Io => "ES_CODE_IO\0",
+            EsCode::Other => "ES_CODE_OTHER\0",
+        }
+    }
+}
+
+/// The name of `code` as spelled in this header ("ES_CODE_BAD_URI"), or
+/// "ES_CODE_UNKNOWN" for a value that is no code. A static string: never free it.
+#[no_mangle]
+pub extern "C" fn es_code_name(code: i32) -> *const c_char {
+    let name = EsCode::ALL
+        .iter()
+        .find(|c| **c as i32 == code)
+        .map_or("ES_CODE_UNKNOWN\0", |c| c.name());
+    name.as_ptr().cast()
+}
+
+impl EsCode {
+    /// Every code.
+    pub(crate) const ALL: [EsCode; 20] = [
+        EsCode::Ok,
+        EsCode::NullArgument,
+        EsCode::BufferTooSmall,
+        EsCode::BadUri,
+        EsCode::BadArgument,
+        EsCode::Directory,
+        EsCode::Redis,
+        EsCode::Busy,
+        EsCode::Panic,
+        EsCode::Unsupported,
+        EsCode::NotFound,
+        EsCode::NotEngineState,
+        EsCode::UnknownVersion,
+        EsCode::WrongSize,
+        EsCode::CorruptHeader,
+        EsCode::RefusedEntry,
+        EsCode::ForeignValue,
+        EsCode::NoExpiry,
+        EsCode::Io,
+        EsCode::Other,
+    ];
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::CStr;
+
+    use super::*;
+
+    #[test]
+    fn every_code_has_its_header_name() {
+        for code in EsCode::ALL {
+            // SAFETY: es_code_name returns a static NUL-terminated string.
+            let name = unsafe { CStr::from_ptr(es_code_name(code as i32)) };
+            let name = name.to_str().unwrap();
+            assert!(name.starts_with("ES_CODE_"), "{name}");
+            let words: String = name["ES_CODE_".len()..]
+                .split('_')
+                .map(|w| w[..1].to_owned() + &w[1..].to_lowercase())
+                .collect();
+            assert_eq!(words, format!("{code:?}"));
+        }
+        // SAFETY: as above.
+        let unknown = unsafe { CStr::from_ptr(es_code_name(12345)) };
+        assert_eq!(unknown.to_str().unwrap(), "ES_CODE_UNKNOWN");
+    }
+}

@@ -1,0 +1,99 @@
+//! One Redis value judged without a connection: for programs that fetch
+//! engine keys with their own Redis client (docs/FORMAT.md, "Reading a
+//! record").
+
+use std::ffi::c_char;
+
+use crate::code::EsCode;
+use crate::engine::EsEngine;
+use crate::ffi_call::{ffi_call, Failure};
+use crate::options::EsOptions;
+
+/// Judges one engine's Redis value as the Redis source does: `key` is the
+/// key it was fetched from (for messages; `<prefix>engine:<engine_id>`),
+/// `value` its `value_len` bytes, `pttl_ms` the key's `PTTL` from the same
+/// fetch (a `MULTI`/`EXEC` or pipeline of `GET` and `PTTL`). The engine goes
+/// into `*out` (`read_mono_ns` 0). A bad value is its per-engine class
+/// (`ES_CODE_FOREIGN_VALUE`, `ES_CODE_UNKNOWN_VERSION`, `ES_CODE_NO_EXPIRY`)
+/// with the message in `es_last_error`. Builds without Redis support return
+/// `ES_CODE_UNSUPPORTED`.
+///
+/// # Safety
+/// `key` and `engine_id` are NUL-terminated; `value` has `value_len`
+/// readable bytes (or is null with `value_len` 0); `options` is null or an
+/// `EsOptions` of at least its `struct_size`; `out` is null (an error) or
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn es_decode_record(
+    key: *const c_char,
+    engine_id: *const c_char,
+    value: *const u8,
+    value_len: usize,
+    pttl_ms: i64,
+    options: *const EsOptions,
+    out: *mut EsEngine,
+) -> EsCode {
+    ffi_call(|| {
+        if out.is_null() {
+            return Err(Failure::new(EsCode::NullArgument, "out is null"));
+        }
+        if value.is_null() && value_len > 0 {
+            return Err(Failure::new(EsCode::NullArgument, "value is null"));
+        }
+        // SAFETY: NUL-terminated (the caller's contract).
+        let key = unsafe { crate::c_string::text_arg(key, "key") }?;
+        // SAFETY: as above.
+        let engine_id = unsafe { crate::c_string::text_arg(engine_id, "engine_id") }?;
+        let value: &[u8] = if value_len == 0 {
+            &[]
+        } else {
+            // SAFETY: value_len readable bytes, not null (checked; the contract).
+            unsafe { std::slice::from_raw_parts(value, value_len) }
+        };
+        // SAFETY: the caller's contract, passed on.
+        let options = unsafe { crate::options::reader_options(options) }?;
+        let engine = decode(key, engine_id, value, pttl_ms, &options)?;
+        // SAFETY: writable (checked non-null above).
+        unsafe { out.write(engine) };
+        Ok(())
+    })
+}
+
+#[cfg(feature = "redis")]
+fn decode(
+    key: &str,
+    engine_id: &str,
+    value: &[u8],
+    pttl_ms: i64,
+    options: &engine_state_reader::ReaderOptions,
+) -> Result<EsEngine, Failure> {
+    use engine_state_reader::redis::{decode_fetched, heartbeat_age_at_fetch};
+    use engine_state_reader::{record_state, Error};
+
+    let record = decode_fetched(key, value, pttl_ms).map_err(Error::Redis)?;
+    let heartbeat_age = heartbeat_age_at_fetch(&record, pttl_ms);
+    let state = record_state(
+        engine_id.into(),
+        Some(&record),
+        heartbeat_age,
+        false,
+        &options.freshness,
+        0,
+    );
+    Ok(EsEngine::from(&state))
+}
+
+#[cfg(not(feature = "redis"))]
+fn decode(
+    _key: &str,
+    _engine_id: &str,
+    _value: &[u8],
+    _pttl_ms: i64,
+    _options: &engine_state_reader::ReaderOptions,
+) -> Result<EsEngine, Failure> {
+    Err(Failure::new(
+        EsCode::Unsupported,
+        "this libengine_state was built without Redis support: rebuild engine-state-capi with \
+         its `redis` feature (on by default)",
+    ))
+}

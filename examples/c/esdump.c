@@ -1,0 +1,113 @@
+/*
+ * esdump.c: every engine of an engine-state source, read through the C ABI
+ * (capi/include/engine_state.h), one line per engine, then the engines that
+ * could not be read.
+ *
+ *   cc -std=c11 -Icapi/include examples/c/esdump.c \
+ *      target/release/libengine_state.a -lgcc_s -lutil -lrt -lpthread -lm -ldl -o esdump-c
+ *   ./esdump-c file:///dev/shm/agentic_engine_state
+ *
+ * With no URI: $AGENTIC_ENGINE_STATE_URI, else the default directory.
+ * Exit status: 0 when the source was read, 1 otherwise (with the reason).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "engine_state.h"
+
+static const char *status_name(EsStatus status) {
+    switch (status) {
+    case ES_STATUS_FRESH: return "fresh";
+    case ES_STATUS_STALE: return "stale";
+    case ES_STATUS_DEAD: return "dead";
+    case ES_STATUS_TORN: return "torn";
+    default: return "?";
+    }
+}
+
+static int fail(const char *what, EsCode code) {
+    char message[1024];
+    es_last_error(message, sizeof message);
+    fprintf(stderr, "esdump-c: %s: %s: %s\n", what, es_code_name(code), message);
+    return 1;
+}
+
+/* Reads every engine into *engines (grown as needed); returns the code. */
+static EsCode read_all(EsSource *source, EsEngine **engines, size_t *capacity, size_t *count) {
+    for (;;) {
+        EsCode code = es_read(source, *engines, *capacity, count);
+        if (code != ES_CODE_BUFFER_TOO_SMALL) {
+            return code;
+        }
+        /* More engines than fit: *count says how many; grow and read again. */
+        EsEngine *grown = realloc(*engines, *count * sizeof **engines);
+        if (grown == NULL) {
+            fprintf(stderr, "esdump-c: out of memory for %zu engines\n", *count);
+            exit(1);
+        }
+        *engines = grown;
+        *capacity = *count;
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc > 2 || (argc == 2 && argv[1][0] == '-')) {
+        fprintf(stderr, "usage: esdump-c [URI]   (file:///dir or redis://host:port/db)\n");
+        return 2;
+    }
+    if (es_abi_version() != ES_ABI_VERSION) {
+        fprintf(stderr, "esdump-c: built against ABI %d, library has %u: rebuild\n",
+                ES_ABI_VERSION, es_abi_version());
+        return 1;
+    }
+    EsOptions options;
+    es_options_init(&options);
+
+    EsSource *source = NULL;
+    EsCode code = es_open(argc == 2 ? argv[1] : NULL, &options, &source);
+    if (code != ES_CODE_OK) {
+        return fail("open", code);
+    }
+
+    /* Start with room for one engine: read_all grows the array. */
+    size_t capacity = 1, count = 0;
+    EsEngine *engines = malloc(capacity * sizeof *engines);
+    if (engines == NULL) {
+        es_close(source);
+        return 1;
+    }
+    code = read_all(source, &engines, &capacity, &count);
+    if (code != ES_CODE_OK) {
+        free(engines);
+        es_close(source);
+        return fail("read", code);
+    }
+
+    printf("%-24s %-6s %8s %8s %8s %10s %10s %4s\n", "ENGINE", "STATUS", "RUNNING", "WAITING",
+           "KV_USED", "HB_AGE_MS", "CAP_AGE_MS", "GEN");
+    for (size_t i = 0; i < count; i++) {
+        const EsEngine *e = &engines[i];
+        char kv[16] = "-";
+        if (e->gpu_kv_used_frac >= 0) {
+            snprintf(kv, sizeof kv, "%.3f", e->gpu_kv_used_frac);
+        }
+        printf("%-24s %-6s %8llu %8llu %8s %10.3f %10.3f %4llu\n", e->engine_id,
+               status_name(e->status), (unsigned long long)e->snapshot.num_running,
+               (unsigned long long)e->snapshot.num_waiting, kv, e->heartbeat_age_ns / 1e6,
+               e->capture_age_ns / 1e6, (unsigned long long)e->generation);
+    }
+
+    size_t errors = 0;
+    es_error_count(source, &errors);
+    for (size_t i = 0; i < errors; i++) {
+        EsCode class_code = ES_CODE_OK;
+        char name[256], message[1024];
+        /* A too-small buffer still gets what fits, NUL-terminated. */
+        es_engine_error(source, i, &class_code, name, sizeof name, message, sizeof message);
+        printf("error %s %s: %s\n", name, es_code_name(class_code), message);
+    }
+
+    free(engines);
+    es_close(source);
+    return 0;
+}
