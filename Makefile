@@ -199,6 +199,7 @@ bench: build
 	$(BIN)/redis_bench --seconds 10
 	$(PY) bench/hook_bench.py
 	$(PY) bench/router_compare.py
+	cd go && go test -run '^$$' -bench . -benchtime 2s ./enginestate
 
 # The vLLM hook's cost with vLLM's real Scheduler and Request objects.
 bench-vllm: vllm-venv

@@ -320,6 +320,13 @@ fn a_redis_that_stops_answering_holds_the_relay_at_most_the_network_timeout() {
     let addr = agent.addr();
     let mut remote = redis_reader(&redis_uri);
     let before = wait_relayed(&mut remote, "the engine relayed");
+    // The first pass ends (its tick) after its write was acknowledged: wait
+    // for it, or a freeze right now holds the first pass and /healthz still
+    // says "starting".
+    wait_for(
+        || http_get(addr, "/healthz").0 == 200,
+        "the agent healthy before the freeze",
+    );
 
     // Frozen for 3 s: the relay waits for the pipeline's replies for at most
     // the 1 s network timeout, then reconnects in the background, so the
