@@ -90,6 +90,15 @@ impl Agent {
             recorder,
             max_connections,
         } = self;
+        if config.redis.is_none() {
+            // Said at every start: a Redis URI that went missing (a secret not
+            // mounted, a renamed variable) must not pass for a choice.
+            tracing::warn!(
+                "esagent: no --redis (nor {}): metrics-only mode, nothing is relayed to Redis; \
+                 readers on other hosts will not see this host's engines",
+                engine_state_settings::REDIS_URI_ENV
+            );
+        }
         let health = Arc::new(Health::new(FULL_PASS_INTERVAL));
         let server = tokio::spawn(crate::http::serve(
             listener,
