@@ -242,10 +242,13 @@ EsCode es_options_init(struct EsOptions *options);
 // key it was fetched from (for messages; `<prefix>engine:<engine_id>`),
 // `value` its `value_len` bytes, `pttl_ms` the key's `PTTL` from the same
 // fetch (a `MULTI`/`EXEC` or pipeline of `GET` and `PTTL`). The engine goes
-// into `*out` (`read_mono_ns` 0). A bad value is its per-engine class
-// (`ES_CODE_FOREIGN_VALUE`, `ES_CODE_UNKNOWN_VERSION`, `ES_CODE_NO_EXPIRY`)
-// with the message in `es_last_error`. Builds without Redis support return
-// `ES_CODE_UNSUPPORTED`.
+// into `*out` (`read_mono_ns` 0). `pttl_ms` −2 (no such key: it expired on
+// the server's clock, possibly between the `GET` and the `PTTL`) is
+// `ES_CODE_OK` with a dead engine (`ES_STATUS_DEAD`) and an empty snapshot,
+// whatever `value` holds (a nil `GET` is `value_len` 0). A bad value is its
+// per-engine class (`ES_CODE_FOREIGN_VALUE`, `ES_CODE_UNKNOWN_VERSION`,
+// `ES_CODE_NO_EXPIRY`) with the message in `es_last_error`. Builds without
+// Redis support return `ES_CODE_UNSUPPORTED`.
 //
 // # Safety
 // `key` and `engine_id` are NUL-terminated; `value` has `value_len`

@@ -13,10 +13,13 @@ use crate::options::EsOptions;
 /// key it was fetched from (for messages; `<prefix>engine:<engine_id>`),
 /// `value` its `value_len` bytes, `pttl_ms` the key's `PTTL` from the same
 /// fetch (a `MULTI`/`EXEC` or pipeline of `GET` and `PTTL`). The engine goes
-/// into `*out` (`read_mono_ns` 0). A bad value is its per-engine class
-/// (`ES_CODE_FOREIGN_VALUE`, `ES_CODE_UNKNOWN_VERSION`, `ES_CODE_NO_EXPIRY`)
-/// with the message in `es_last_error`. Builds without Redis support return
-/// `ES_CODE_UNSUPPORTED`.
+/// into `*out` (`read_mono_ns` 0). `pttl_ms` −2 (no such key: it expired on
+/// the server's clock, possibly between the `GET` and the `PTTL`) is
+/// `ES_CODE_OK` with a dead engine (`ES_STATUS_DEAD`) and an empty snapshot,
+/// whatever `value` holds (a nil `GET` is `value_len` 0). A bad value is its
+/// per-engine class (`ES_CODE_FOREIGN_VALUE`, `ES_CODE_UNKNOWN_VERSION`,
+/// `ES_CODE_NO_EXPIRY`) with the message in `es_last_error`. Builds without
+/// Redis support return `ES_CODE_UNSUPPORTED`.
 ///
 /// # Safety
 /// `key` and `engine_id` are NUL-terminated; `value` has `value_len`
@@ -67,19 +70,10 @@ fn decode(
     pttl_ms: i64,
     options: &engine_state_reader::ReaderOptions,
 ) -> Result<EsEngine, Failure> {
-    use engine_state_reader::redis::{decode_fetched, heartbeat_age_at_fetch};
-    use engine_state_reader::{record_state, Error};
+    use engine_state_reader::{state_at_fetch, Error};
 
-    let record = decode_fetched(key, value, pttl_ms).map_err(Error::Redis)?;
-    let heartbeat_age = heartbeat_age_at_fetch(&record, pttl_ms);
-    let state = record_state(
-        engine_id.into(),
-        Some(&record),
-        heartbeat_age,
-        false,
-        &options.freshness,
-        0,
-    );
+    let state = state_at_fetch(engine_id.into(), key, value, pttl_ms, &options.freshness, 0)
+        .map_err(Error::Redis)?;
     Ok(EsEngine::from(&state))
 }
 
@@ -96,4 +90,57 @@ fn decode(
         "this libengine_state was built without Redis support: rebuild engine-state-capi with \
          its `redis` feature (on by default)",
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::CString;
+
+    use super::*;
+    use crate::engine::EsStatus;
+
+    /// `es_decode_record` of `value` with `pttl_ms` under id `engine_id`.
+    fn decode_with(engine_id: &str, value: &[u8], pttl_ms: i64) -> (EsCode, EsEngine) {
+        let key = CString::new(format!("engine-state:engine:{engine_id}")).unwrap();
+        let id = CString::new(engine_id).unwrap();
+        let mut engine = EsEngine::default();
+        // SAFETY: C strings, `value.len()` readable bytes, default options, a writable engine.
+        let code = unsafe {
+            es_decode_record(
+                key.as_ptr(),
+                id.as_ptr(),
+                value.as_ptr(),
+                value.len(),
+                pttl_ms,
+                std::ptr::null(),
+                &mut engine,
+            )
+        };
+        (code, engine)
+    }
+
+    #[cfg(feature = "redis")]
+    #[test]
+    fn a_key_gone_between_get_and_pttl_is_a_dead_engine_with_no_snapshot() {
+        use engine_state_reader::redis::{RedisRecord, STATE_ACTIVE};
+        use engine_state_shm_format::Snapshot;
+
+        let record = RedisRecord {
+            state: STATE_ACTIVE,
+            ttl_ms: 2000,
+            generation: 3,
+            snapshot: Snapshot {
+                num_running: 7,
+                ..Snapshot::default()
+            },
+            ..RedisRecord::default()
+        };
+        for value in [Vec::new(), record.encode().to_vec()] {
+            let (code, engine) = decode_with("e0", &value, -2);
+            assert_eq!(code, EsCode::Ok, "{} bytes", value.len());
+            assert_eq!(engine.status, EsStatus::Dead);
+            assert_eq!(engine.engine_id(), "e0");
+            assert_eq!((engine.snapshot.num_running, engine.generation), (0, 0));
+        }
+    }
 }
