@@ -247,8 +247,10 @@ EsCode es_options_init(struct EsOptions *options);
 // `ES_CODE_OK` with a dead engine (`ES_STATUS_DEAD`) and an empty snapshot,
 // whatever `value` holds (a nil `GET` is `value_len` 0). A bad value is its
 // per-engine class (`ES_CODE_FOREIGN_VALUE`, `ES_CODE_UNKNOWN_VERSION`,
-// `ES_CODE_NO_EXPIRY`) with the message in `es_last_error`. Builds without
-// Redis support return `ES_CODE_UNSUPPORTED`.
+// `ES_CODE_NO_EXPIRY`) with the message in `es_last_error`. An `engine_id`
+// that is not a valid engine id (1 to 63 bytes of `[A-Za-z0-9._-]`, not
+// starting with `.`) is `ES_CODE_BAD_ARGUMENT`. Builds without Redis support
+// return `ES_CODE_UNSUPPORTED`.
 //
 // # Safety
 // `key` and `engine_id` are NUL-terminated; `value` has `value_len`

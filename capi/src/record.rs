@@ -18,8 +18,10 @@ use crate::options::EsOptions;
 /// `ES_CODE_OK` with a dead engine (`ES_STATUS_DEAD`) and an empty snapshot,
 /// whatever `value` holds (a nil `GET` is `value_len` 0). A bad value is its
 /// per-engine class (`ES_CODE_FOREIGN_VALUE`, `ES_CODE_UNKNOWN_VERSION`,
-/// `ES_CODE_NO_EXPIRY`) with the message in `es_last_error`. Builds without
-/// Redis support return `ES_CODE_UNSUPPORTED`.
+/// `ES_CODE_NO_EXPIRY`) with the message in `es_last_error`. An `engine_id`
+/// that is not a valid engine id (1 to 63 bytes of `[A-Za-z0-9._-]`, not
+/// starting with `.`) is `ES_CODE_BAD_ARGUMENT`. Builds without Redis support
+/// return `ES_CODE_UNSUPPORTED`.
 ///
 /// # Safety
 /// `key` and `engine_id` are NUL-terminated; `value` has `value_len`
@@ -47,6 +49,16 @@ pub unsafe extern "C" fn es_decode_record(
         let key = unsafe { crate::c_string::text_arg(key, "key") }?;
         // SAFETY: as above.
         let engine_id = unsafe { crate::c_string::text_arg(engine_id, "engine_id") }?;
+        // The id goes into EsEngine's fixed field and names the engine to
+        // the caller: only a valid engine id (the writer's rule) is one.
+        engine_state_shm_format::EngineId::new(engine_id).map_err(|error| {
+            Failure::new(
+                EsCode::BadArgument,
+                format!(
+                    "engine_id: {error}; pass the id the key names (<prefix>engine:<engine_id>)"
+                ),
+            )
+        })?;
         let value: &[u8] = if value_len == 0 {
             &[]
         } else {
@@ -141,6 +153,14 @@ mod tests {
             assert_eq!(engine.status, EsStatus::Dead);
             assert_eq!(engine.engine_id(), "e0");
             assert_eq!((engine.snapshot.num_running, engine.generation), (0, 0));
+        }
+    }
+
+    #[test]
+    fn an_invalid_engine_id_is_a_bad_argument() {
+        for id in ["", "a/b", ".hidden", &"x".repeat(64)] {
+            let (code, _) = decode_with(id, &[], 1000);
+            assert_eq!(code, EsCode::BadArgument, "{id:?}");
         }
     }
 }
