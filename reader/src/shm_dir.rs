@@ -406,15 +406,20 @@ impl Entry {
 
 /// Whether the writer process still exists, when that can be known: only in
 /// the writer's own pid namespace (engines and routers often run in separate
-/// containers that share `/dev/shm`; there the heartbeat alone decides).
-fn writer_alive(header: &Header) -> Option<bool> {
-    if header.writer_pid_ns == 0
-        || header.writer_pid_ns != pid_namespace()
-        || header.writer_pid == 0
-    {
+/// containers that share `/dev/shm`; there the heartbeat alone decides), and
+/// only for a pid a process can have: 0 or above `i32::MAX` (a corrupt or
+/// hostile header) is unknown, never `kill(0 or -1, 0)`, which would ask
+/// about a whole process group or every process (docs/FORMAT.md; the Go
+/// reader's `writerAlive` is the same rule).
+pub(crate) fn writer_alive(header: &Header) -> Option<bool> {
+    if header.writer_pid_ns == 0 || header.writer_pid_ns != pid_namespace() {
         return None;
     }
-    match kill(Pid::from_raw(header.writer_pid as i32), None) {
+    let pid = match i32::try_from(header.writer_pid) {
+        Ok(pid) if pid > 0 => pid,
+        _ => return None,
+    };
+    match kill(Pid::from_raw(pid), None) {
         Ok(()) | Err(Errno::EPERM) => Some(true),
         Err(Errno::ESRCH) => Some(false),
         Err(_) => None,
