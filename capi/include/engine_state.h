@@ -300,7 +300,10 @@ EsCode es_read(struct EsSource *source, struct EsEngine *engines, size_t capacit
 // `es_read` with both ages measured from `now_mono_ns` (`CLOCK_MONOTONIC`)
 // instead of the clock: replays, tests, and relays that recover each
 // writer's stamps (`heartbeat_mono_ns = now_mono_ns - heartbeat_age_ns`).
-// Shared-memory sources only (`ES_CODE_UNSUPPORTED` otherwise).
+// Only the ages use `now_mono_ns`: whether a directory listing is due
+// (`rescan_interval_ns`) is decided by the real clock, so a time in the
+// past neither stops nor forces listings. Shared-memory sources only
+// (`ES_CODE_UNSUPPORTED` otherwise).
 //
 // # Safety
 // As `es_read`.
@@ -312,7 +315,9 @@ EsCode es_read_at(struct EsSource *source,
 
 // Reads one engine by id into `*out` (`ES_CODE_NOT_FOUND` when there is no
 // readable engine of that id). On shared memory this reads that engine's
-// file alone. It leaves the per-engine errors of the last `es_read` alone.
+// file alone, and a due directory listing that fails is that failure
+// (`ES_CODE_DIRECTORY` when the directory vanished). It leaves the
+// per-engine errors of the last `es_read` alone.
 //
 // # Safety
 // `source` is a live handle; `engine_id` is NUL-terminated; `out` is null
