@@ -290,7 +290,10 @@ void es_close(struct EsSource *source);
 // Engines that could not be read (bad files, foreign keys) are not in the
 // array: `es_error_count` and `es_engine_error` describe them. An error of
 // the whole source (the directory is gone, Redis unreachable) is the
-// result; a read allocates nothing once the engines have been seen.
+// result. A read of shared memory allocates nothing once the engines have
+// been seen, except when the directory holds entries that cannot be read
+// (their errors are copied on every read) and when a directory listing is
+// due (every `rescan_interval_ns`); a read of Redis allocates on every read.
 //
 // # Safety
 // `source` is a live handle; `engines` is null or has `capacity` writable
