@@ -22,6 +22,17 @@
  * per thread, like errno; successes leave it alone). Null pointers and
  * buffers too small are error codes, never a crash; a panic inside the
  * library is ES_CODE_PANIC, never an unwind into the caller.
+ *
+ * Signals: the first engine file a file:// source maps (at es_open, or at a
+ * later read that finds the first engine) installs a process-wide SIGBUS
+ * handler, once per process. It lets reads survive a file truncated under
+ * its mapping (the engine reads torn, then is a per-engine error) and
+ * passes every other SIGBUS to the handler that was installed before it
+ * (or to the default action, which ends the process). A host that installs
+ * its own SIGBUS handler must do so before that first mapping, or chain to
+ * the handler its sigaction call returns; replacing ours afterwards loses
+ * the truncation protection (a truncated file then reaches that handler,
+ * or ends the process).
  */
 
 
