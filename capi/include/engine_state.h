@@ -33,6 +33,13 @@
  * the handler its sigaction call returns; replacing ours afterwards loses
  * the truncation protection (a truncated file then reaches that handler,
  * or ends the process).
+ *
+ * ABI version: ES_ABI_VERSION (es_abi_version() for the library loaded),
+ * and the shared library's soname is libengine_state.so.<ES_ABI_VERSION>
+ * (libengine_state.so.1). Both are bumped together whenever EsEngine,
+ * EsSnapshot or EsOptions change incompatibly or a function changes its
+ * signature or meaning; EsOptions may grow at its end without a bump
+ * (struct_size says which fields the caller has).
  */
 
 
