@@ -95,6 +95,8 @@ SANITIZE := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-san
 
 test-capi: bins
 	$(CARGO) build --release -p engine-state-capi
+	@# The library's soname (capi/build.rs): what the loader looks for.
+	ln -sf libengine_state.so $(BIN)/libengine_state.so.1
 	@mkdir -p $(CAPI_OUT)
 	cc -std=c11 -O2 $(CAPI_CFLAGS) examples/c/esdump.c $(CAPI_STATIC) -o $(CAPI_OUT)/esdump-c
 	c++ -std=c++17 -O2 $(CAPI_CFLAGS) examples/cpp/esdump.cpp -L$(BIN) -lengine_state \

@@ -22,6 +22,24 @@
  * per thread, like errno; successes leave it alone). Null pointers and
  * buffers too small are error codes, never a crash; a panic inside the
  * library is ES_CODE_PANIC, never an unwind into the caller.
+ *
+ * Signals: the first engine file a file:// source maps (at es_open, or at a
+ * later read that finds the first engine) installs a process-wide SIGBUS
+ * handler, once per process. It lets reads survive a file truncated under
+ * its mapping (the engine reads torn, then is a per-engine error) and
+ * passes every other SIGBUS to the handler that was installed before it
+ * (or to the default action, which ends the process). A host that installs
+ * its own SIGBUS handler must do so before that first mapping, or chain to
+ * the handler its sigaction call returns; replacing ours afterwards loses
+ * the truncation protection (a truncated file then reaches that handler,
+ * or ends the process).
+ *
+ * ABI version: ES_ABI_VERSION (es_abi_version() for the library loaded),
+ * and the shared library's soname is libengine_state.so.<ES_ABI_VERSION>
+ * (libengine_state.so.1). Both are bumped together whenever EsEngine,
+ * EsSnapshot or EsOptions change incompatibly or a function changes its
+ * signature or meaning; EsOptions may grow at its end without a bump
+ * (struct_size says which fields the caller has).
  */
 
 
@@ -242,10 +260,15 @@ EsCode es_options_init(struct EsOptions *options);
 // key it was fetched from (for messages; `<prefix>engine:<engine_id>`),
 // `value` its `value_len` bytes, `pttl_ms` the key's `PTTL` from the same
 // fetch (a `MULTI`/`EXEC` or pipeline of `GET` and `PTTL`). The engine goes
-// into `*out` (`read_mono_ns` 0). A bad value is its per-engine class
-// (`ES_CODE_FOREIGN_VALUE`, `ES_CODE_UNKNOWN_VERSION`, `ES_CODE_NO_EXPIRY`)
-// with the message in `es_last_error`. Builds without Redis support return
-// `ES_CODE_UNSUPPORTED`.
+// into `*out` (`read_mono_ns` 0). `pttl_ms` −2 (no such key: it expired on
+// the server's clock, possibly between the `GET` and the `PTTL`) is
+// `ES_CODE_OK` with a dead engine (`ES_STATUS_DEAD`) and an empty snapshot,
+// whatever `value` holds (a nil `GET` is `value_len` 0). A bad value is its
+// per-engine class (`ES_CODE_FOREIGN_VALUE`, `ES_CODE_UNKNOWN_VERSION`,
+// `ES_CODE_NO_EXPIRY`) with the message in `es_last_error`. An `engine_id`
+// that is not a valid engine id (1 to 63 bytes of `[A-Za-z0-9._-]`, not
+// starting with `.`) is `ES_CODE_BAD_ARGUMENT`. Builds without Redis support
+// return `ES_CODE_UNSUPPORTED`.
 //
 // # Safety
 // `key` and `engine_id` are NUL-terminated; `value` has `value_len`
@@ -285,7 +308,10 @@ void es_close(struct EsSource *source);
 // Engines that could not be read (bad files, foreign keys) are not in the
 // array: `es_error_count` and `es_engine_error` describe them. An error of
 // the whole source (the directory is gone, Redis unreachable) is the
-// result; a read allocates nothing once the engines have been seen.
+// result. A read of shared memory allocates nothing once the engines have
+// been seen, except when the directory holds entries that cannot be read
+// (their errors are copied on every read) and when a directory listing is
+// due (every `rescan_interval_ns`); a read of Redis allocates on every read.
 //
 // # Safety
 // `source` is a live handle; `engines` is null or has `capacity` writable
@@ -295,7 +321,10 @@ EsCode es_read(struct EsSource *source, struct EsEngine *engines, size_t capacit
 // `es_read` with both ages measured from `now_mono_ns` (`CLOCK_MONOTONIC`)
 // instead of the clock: replays, tests, and relays that recover each
 // writer's stamps (`heartbeat_mono_ns = now_mono_ns - heartbeat_age_ns`).
-// Shared-memory sources only (`ES_CODE_UNSUPPORTED` otherwise).
+// Only the ages use `now_mono_ns`: whether a directory listing is due
+// (`rescan_interval_ns`) is decided by the real clock, so a time in the
+// past neither stops nor forces listings. Shared-memory sources only
+// (`ES_CODE_UNSUPPORTED` otherwise).
 //
 // # Safety
 // As `es_read`.
@@ -307,7 +336,9 @@ EsCode es_read_at(struct EsSource *source,
 
 // Reads one engine by id into `*out` (`ES_CODE_NOT_FOUND` when there is no
 // readable engine of that id). On shared memory this reads that engine's
-// file alone. It leaves the per-engine errors of the last `es_read` alone.
+// file alone, and a due directory listing that fails is that failure
+// (`ES_CODE_DIRECTORY` when the directory vanished). It leaves the
+// per-engine errors of the last `es_read` alone.
 //
 // # Safety
 // `source` is a live handle; `engine_id` is NUL-terminated; `out` is null

@@ -38,7 +38,10 @@ thread_local! {
 }
 
 fn set_last_error(message: &str) {
-    LAST_ERROR.with(|last| {
+    // try_with: a call made from a thread-local destructor, after LAST_ERROR
+    // was destroyed, keeps its code and loses only the message (`with`
+    // would panic inside extern "C", which aborts).
+    let _ = LAST_ERROR.try_with(|last| {
         let mut last = last.borrow_mut();
         last.clear();
         last.push_str(message);
@@ -83,12 +86,20 @@ pub(crate) fn ffi_call(body: impl FnOnce() -> Result<(), Failure>) -> EsCode {
 #[no_mangle]
 pub unsafe extern "C" fn es_last_error(buf: *mut c_char, size: usize) -> usize {
     catch_unwind(AssertUnwindSafe(|| {
-        LAST_ERROR.with(|last| {
-            let last = last.borrow();
-            // SAFETY: buf is null or has `size` writable bytes (this function's contract).
-            unsafe { copy_out(&last, buf, size) };
-            last.len()
-        })
+        // try_with: from a thread-local destructor after LAST_ERROR was
+        // destroyed there is no message (0, and `buf` gets "").
+        LAST_ERROR
+            .try_with(|last| {
+                let last = last.borrow();
+                // SAFETY: buf is null or has `size` writable bytes (this function's contract).
+                unsafe { copy_out(&last, buf, size) };
+                last.len()
+            })
+            .unwrap_or_else(|_| {
+                // SAFETY: as above.
+                unsafe { copy_out("", buf, size) };
+                0
+            })
     }))
     .unwrap_or(0)
 }
@@ -126,5 +137,43 @@ mod tests {
             unsafe { es_last_error(std::ptr::null_mut(), 0) }
         });
         assert_eq!(other.join().unwrap(), 0);
+    }
+
+    #[test]
+    fn a_call_from_a_thread_local_destructor_is_a_code_not_an_abort() {
+        struct CallsOnDrop(std::sync::mpsc::Sender<(bool, EsCode, usize)>);
+        impl Drop for CallsOnDrop {
+            fn drop(&mut self) {
+                let gone = LAST_ERROR.try_with(|_| ()).is_err();
+                let code = ffi_call(|| Err(Failure::new(EsCode::BadUri, "late")));
+                let mut buf = [1 as c_char; 8];
+                // SAFETY: an 8-byte buffer.
+                let n = unsafe { es_last_error(buf.as_mut_ptr(), buf.len()) };
+                assert_eq!(buf[0], 0, "NUL-terminated even without a message");
+                let _ = self.0.send((gone, code, n));
+            }
+        }
+        thread_local! {
+            static GUARD: RefCell<Option<CallsOnDrop>> = const { RefCell::new(None) };
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            // The guard is registered first, LAST_ERROR second: thread-local
+            // destructors run in reverse order, so LAST_ERROR is gone when
+            // the guard calls in.
+            GUARD.with(|g| *g.borrow_mut() = Some(CallsOnDrop(tx)));
+            assert_eq!(
+                ffi_call(|| Err(Failure::new(EsCode::BadUri, "x"))),
+                EsCode::BadUri
+            );
+        })
+        .join()
+        .unwrap();
+        let (gone, code, n) = rx.recv().unwrap();
+        assert!(
+            gone,
+            "LAST_ERROR was still alive: the test did not reach its case"
+        );
+        assert_eq!((code, n), (EsCode::BadUri, 0));
     }
 }

@@ -80,3 +80,15 @@ pub const ES_ABI_VERSION: u32 = 1;
 pub extern "C" fn es_abi_version() -> u32 {
     ES_ABI_VERSION
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_soname_is_the_abi_version() {
+        let soname = format!("-soname,libengine_state.so.{}\"", super::ES_ABI_VERSION);
+        assert!(
+            include_str!("../build.rs").contains(&soname),
+            "capi/build.rs must set {soname}"
+        );
+    }
+}

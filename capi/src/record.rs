@@ -13,10 +13,15 @@ use crate::options::EsOptions;
 /// key it was fetched from (for messages; `<prefix>engine:<engine_id>`),
 /// `value` its `value_len` bytes, `pttl_ms` the key's `PTTL` from the same
 /// fetch (a `MULTI`/`EXEC` or pipeline of `GET` and `PTTL`). The engine goes
-/// into `*out` (`read_mono_ns` 0). A bad value is its per-engine class
-/// (`ES_CODE_FOREIGN_VALUE`, `ES_CODE_UNKNOWN_VERSION`, `ES_CODE_NO_EXPIRY`)
-/// with the message in `es_last_error`. Builds without Redis support return
-/// `ES_CODE_UNSUPPORTED`.
+/// into `*out` (`read_mono_ns` 0). `pttl_ms` −2 (no such key: it expired on
+/// the server's clock, possibly between the `GET` and the `PTTL`) is
+/// `ES_CODE_OK` with a dead engine (`ES_STATUS_DEAD`) and an empty snapshot,
+/// whatever `value` holds (a nil `GET` is `value_len` 0). A bad value is its
+/// per-engine class (`ES_CODE_FOREIGN_VALUE`, `ES_CODE_UNKNOWN_VERSION`,
+/// `ES_CODE_NO_EXPIRY`) with the message in `es_last_error`. An `engine_id`
+/// that is not a valid engine id (1 to 63 bytes of `[A-Za-z0-9._-]`, not
+/// starting with `.`) is `ES_CODE_BAD_ARGUMENT`. Builds without Redis support
+/// return `ES_CODE_UNSUPPORTED`.
 ///
 /// # Safety
 /// `key` and `engine_id` are NUL-terminated; `value` has `value_len`
@@ -44,6 +49,16 @@ pub unsafe extern "C" fn es_decode_record(
         let key = unsafe { crate::c_string::text_arg(key, "key") }?;
         // SAFETY: as above.
         let engine_id = unsafe { crate::c_string::text_arg(engine_id, "engine_id") }?;
+        // The id goes into EsEngine's fixed field and names the engine to
+        // the caller: only a valid engine id (the writer's rule) is one.
+        engine_state_shm_format::EngineId::new(engine_id).map_err(|error| {
+            Failure::new(
+                EsCode::BadArgument,
+                format!(
+                    "engine_id: {error}; pass the id the key names (<prefix>engine:<engine_id>)"
+                ),
+            )
+        })?;
         let value: &[u8] = if value_len == 0 {
             &[]
         } else {
@@ -67,19 +82,10 @@ fn decode(
     pttl_ms: i64,
     options: &engine_state_reader::ReaderOptions,
 ) -> Result<EsEngine, Failure> {
-    use engine_state_reader::redis::{decode_fetched, heartbeat_age_at_fetch};
-    use engine_state_reader::{record_state, Error};
+    use engine_state_reader::{state_at_fetch, Error};
 
-    let record = decode_fetched(key, value, pttl_ms).map_err(Error::Redis)?;
-    let heartbeat_age = heartbeat_age_at_fetch(&record, pttl_ms);
-    let state = record_state(
-        engine_id.into(),
-        Some(&record),
-        heartbeat_age,
-        false,
-        &options.freshness,
-        0,
-    );
+    let state = state_at_fetch(engine_id.into(), key, value, pttl_ms, &options.freshness, 0)
+        .map_err(Error::Redis)?;
     Ok(EsEngine::from(&state))
 }
 
@@ -96,4 +102,65 @@ fn decode(
         "this libengine_state was built without Redis support: rebuild engine-state-capi with \
          its `redis` feature (on by default)",
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::CString;
+
+    use super::*;
+    use crate::engine::EsStatus;
+
+    /// `es_decode_record` of `value` with `pttl_ms` under id `engine_id`.
+    fn decode_with(engine_id: &str, value: &[u8], pttl_ms: i64) -> (EsCode, EsEngine) {
+        let key = CString::new(format!("engine-state:engine:{engine_id}")).unwrap();
+        let id = CString::new(engine_id).unwrap();
+        let mut engine = EsEngine::default();
+        // SAFETY: C strings, `value.len()` readable bytes, default options, a writable engine.
+        let code = unsafe {
+            es_decode_record(
+                key.as_ptr(),
+                id.as_ptr(),
+                value.as_ptr(),
+                value.len(),
+                pttl_ms,
+                std::ptr::null(),
+                &mut engine,
+            )
+        };
+        (code, engine)
+    }
+
+    #[cfg(feature = "redis")]
+    #[test]
+    fn a_key_gone_between_get_and_pttl_is_a_dead_engine_with_no_snapshot() {
+        use engine_state_reader::redis::{RedisRecord, STATE_ACTIVE};
+        use engine_state_shm_format::Snapshot;
+
+        let record = RedisRecord {
+            state: STATE_ACTIVE,
+            ttl_ms: 2000,
+            generation: 3,
+            snapshot: Snapshot {
+                num_running: 7,
+                ..Snapshot::default()
+            },
+            ..RedisRecord::default()
+        };
+        for value in [Vec::new(), record.encode().to_vec()] {
+            let (code, engine) = decode_with("e0", &value, -2);
+            assert_eq!(code, EsCode::Ok, "{} bytes", value.len());
+            assert_eq!(engine.status, EsStatus::Dead);
+            assert_eq!(engine.engine_id(), "e0");
+            assert_eq!((engine.snapshot.num_running, engine.generation), (0, 0));
+        }
+    }
+
+    #[test]
+    fn an_invalid_engine_id_is_a_bad_argument() {
+        for id in ["", "a/b", ".hidden", &"x".repeat(64)] {
+            let (code, _) = decode_with(id, &[], 1000);
+            assert_eq!(code, EsCode::BadArgument, "{id:?}");
+        }
+    }
 }

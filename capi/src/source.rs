@@ -1,6 +1,7 @@
 //! `EsSource`: an open source behind an opaque handle, and the calls that
 //! read it. The handle owns one `Reading` that every read refills, so a read
-//! allocates nothing once the engines have been seen.
+//! of shared memory allocates nothing once the engines have been seen (see
+//! `es_read` for the exceptions).
 
 use std::ffi::c_char;
 use std::sync::{Mutex, MutexGuard, TryLockError};
@@ -231,7 +232,10 @@ fn check_array(engines: *mut EsEngine, capacity: usize, count: *mut usize) -> Re
 /// Engines that could not be read (bad files, foreign keys) are not in the
 /// array: `es_error_count` and `es_engine_error` describe them. An error of
 /// the whole source (the directory is gone, Redis unreachable) is the
-/// result; a read allocates nothing once the engines have been seen.
+/// result. A read of shared memory allocates nothing once the engines have
+/// been seen, except when the directory holds entries that cannot be read
+/// (their errors are copied on every read) and when a directory listing is
+/// due (every `rescan_interval_ns`); a read of Redis allocates on every read.
 ///
 /// # Safety
 /// `source` is a live handle; `engines` is null or has `capacity` writable
@@ -255,7 +259,10 @@ pub unsafe extern "C" fn es_read(
 /// `es_read` with both ages measured from `now_mono_ns` (`CLOCK_MONOTONIC`)
 /// instead of the clock: replays, tests, and relays that recover each
 /// writer's stamps (`heartbeat_mono_ns = now_mono_ns - heartbeat_age_ns`).
-/// Shared-memory sources only (`ES_CODE_UNSUPPORTED` otherwise).
+/// Only the ages use `now_mono_ns`: whether a directory listing is due
+/// (`rescan_interval_ns`) is decided by the real clock, so a time in the
+/// past neither stops nor forces listings. Shared-memory sources only
+/// (`ES_CODE_UNSUPPORTED` otherwise).
 ///
 /// # Safety
 /// As `es_read`.
@@ -278,7 +285,9 @@ pub unsafe extern "C" fn es_read_at(
 
 /// Reads one engine by id into `*out` (`ES_CODE_NOT_FOUND` when there is no
 /// readable engine of that id). On shared memory this reads that engine's
-/// file alone. It leaves the per-engine errors of the last `es_read` alone.
+/// file alone, and a due directory listing that fails is that failure
+/// (`ES_CODE_DIRECTORY` when the directory vanished). It leaves the
+/// per-engine errors of the last `es_read` alone.
 ///
 /// # Safety
 /// `source` is a live handle; `engine_id` is NUL-terminated; `out` is null
@@ -301,7 +310,7 @@ pub unsafe extern "C" fn es_read_engine(
             backend, scratch, ..
         } = &mut *inner;
         let engine = match backend {
-            Backend::Shm(dir) => dir.read_engine(engine_id).as_ref().map(EsEngine::from),
+            Backend::Shm(dir) => dir.try_read_engine(engine_id)?.as_ref().map(EsEngine::from),
             Backend::Other(source) => {
                 source.read_into(scratch)?;
                 scratch.get(engine_id).map(EsEngine::from)

@@ -288,3 +288,34 @@ fn a_handle_shared_by_threads_is_busy_never_a_race() {
     // SAFETY: every thread is joined; closed once.
     unsafe { es_close(source.0) };
 }
+
+#[test]
+fn reading_one_engine_of_a_vanished_directory_is_the_directory_error() {
+    let (parent, _writers) = engines(0);
+    let dir = parent.path().join("state");
+    std::fs::create_dir(&dir).unwrap();
+    let id = EngineId::new("e0").unwrap();
+    let _writer =
+        ShmWriter::create(&dir, &id, &WriterOptions::default(), &Snapshot::default()).unwrap();
+    let uri = CString::new(format!("file://{}", dir.display())).unwrap();
+    let options = EsOptions {
+        rescan_interval_ns: 0, // every read lists the directory
+        ..EsOptions::default()
+    };
+    let mut source = null_mut();
+    assert_eq!(
+        unsafe { es_open(uri.as_ptr(), &options, &mut source) },
+        EsCode::Ok
+    );
+    let name = CString::new("e0").unwrap();
+    let mut engine = EsEngine::default();
+    assert_eq!(
+        unsafe { es_read_engine(source, name.as_ptr(), &mut engine) },
+        EsCode::Ok
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+    let code = unsafe { es_read_engine(source, name.as_ptr(), &mut engine) };
+    assert_eq!(code, EsCode::Directory, "{}", last_error());
+    assert!(last_error().contains("state"), "{}", last_error());
+    unsafe { es_close(source) };
+}

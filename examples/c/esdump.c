@@ -97,17 +97,27 @@ int main(int argc, char **argv) {
                e->capture_age_ns / 1e6, (unsigned long long)e->generation);
     }
 
+    int status = 0;
     size_t errors = 0;
-    es_error_count(source, &errors);
+    code = es_error_count(source, &errors);
+    if (code != ES_CODE_OK) {
+        status = fail("error count", code);
+        errors = 0;
+    }
     for (size_t i = 0; i < errors; i++) {
         EsCode class_code = ES_CODE_OK;
-        char name[256], message[1024];
-        /* A too-small buffer still gets what fits, NUL-terminated. */
-        es_engine_error(source, i, &class_code, name, sizeof name, message, sizeof message);
+        char name[256] = "", message[1024] = "";
+        /* A too-small buffer still gets what fits, NUL-terminated
+         * (ES_CODE_BUFFER_TOO_SMALL); any other code is a failure. */
+        code = es_engine_error(source, i, &class_code, name, sizeof name, message, sizeof message);
+        if (code != ES_CODE_OK && code != ES_CODE_BUFFER_TOO_SMALL) {
+            status = fail("engine error", code);
+            break;
+        }
         printf("error %s %s: %s\n", name, es_code_name(class_code), message);
     }
 
     free(engines);
     es_close(source);
-    return 0;
+    return status;
 }

@@ -91,8 +91,14 @@ class Source {
         std::vector<EngineError> out;
         for (size_t i = 0; i < count; i++) {
             EsCode class_code = ES_CODE_OK;
-            char name[256], message[1024];
-            es_engine_error(handle_, i, &class_code, name, sizeof name, message, sizeof message);
+            char name[256] = "", message[1024] = "";
+            // A too-small buffer still gets what fits, NUL-terminated
+            // (ES_CODE_BUFFER_TOO_SMALL); any other code is a failure.
+            code = es_engine_error(handle_, i, &class_code, name, sizeof name, message,
+                                   sizeof message);
+            if (code != ES_CODE_OK && code != ES_CODE_BUFFER_TOO_SMALL) {
+                throw Error("engine error", code);
+            }
             out.push_back({name, class_code, message});
         }
         return out;

@@ -5,8 +5,8 @@
 //!   [`StateUri`] names. [`ShmDir`] reads a shared-memory directory,
 //!   `RedisSource` a Redis server (with the default `redis` feature; the key
 //!   schema, the target and the protocol are the `engine-state-redis`
-//!   crate's, re-exported as [`redis`]); `record_state`: one fetched record
-//!   judged, for programs that fetch with their own client.
+//!   crate's, re-exported as [`redis`]); `state_at_fetch`: one fetch of a
+//!   key judged, for programs that fetch with their own client.
 //! - [`EngineState`]: per engine, the [`Snapshot`], `heartbeat_age`,
 //!   `capture_age`, `gpu_kv_used_frac()` and a [`Status`]
 //!   (`fresh | stale | dead | torn`).
@@ -46,7 +46,7 @@ pub use crate::freshness::{
     Freshness, Observation, Status, DEFAULT_MAX_CAPTURE_AGE, DEFAULT_STALE_AFTER,
 };
 #[cfg(feature = "redis")]
-pub use crate::redis_fetch::record_state;
+pub use crate::redis_fetch::{record_state, state_at_fetch};
 #[cfg(feature = "redis")]
 pub use crate::redis_source::RedisSource;
 pub use crate::shm_dir::{RawEngine, ShmDir};

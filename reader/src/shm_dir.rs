@@ -175,25 +175,38 @@ impl ShmDir {
         Ok(())
     }
 
-    /// Lists the directory when the last listing is older than the rescan interval.
+    /// Lists the directory when the last listing is older than the rescan
+    /// interval, by the real clock: `last_scan_ns` is stamped from it, and a
+    /// caller's `now_mono_ns` (a replay's past, a test's fixed time) must not
+    /// starve or force listings.
     #[inline]
-    fn rescan_if_due(&mut self, now: u64) -> Result<(), Error> {
+    fn rescan_if_due(&mut self) -> Result<(), Error> {
         let interval = self.options.rescan_interval.as_nanos() as u64;
-        if self.last_scan_ns == 0 || now.saturating_sub(self.last_scan_ns) >= interval {
+        if self.last_scan_ns == 0 || monotonic_ns().saturating_sub(self.last_scan_ns) >= interval {
             self.rescan()?;
         }
         Ok(())
     }
 
-    /// Reads one engine by id (no directory listing unless one is due).
+    /// Reads one engine by id (no directory listing unless one is due):
+    /// `None` when there is no readable engine of that id, or when a due
+    /// listing failed ([`ShmDir::try_read_engine`] says why).
     pub fn read_engine(&mut self, engine_id: &str) -> Option<EngineState> {
-        let now = monotonic_ns();
-        self.rescan_if_due(now).ok()?;
-        let i = self
-            .engines
-            .binary_search_by(|e| (*e.id).cmp(engine_id))
-            .ok()?;
-        Some(self.engines[i].read(&self.dir, now, &self.options))
+        self.try_read_engine(engine_id).ok().flatten()
+    }
+
+    /// [`ShmDir::read_engine`] that reports a failed listing
+    /// ([`Error::Directory`]: the directory vanished or became unreadable).
+    pub fn try_read_engine(&mut self, engine_id: &str) -> Result<Option<EngineState>, Error> {
+        self.rescan_if_due()?;
+        let Ok(i) = self.engines.binary_search_by(|e| (*e.id).cmp(engine_id)) else {
+            return Ok(None);
+        };
+        Ok(Some(self.engines[i].read(
+            &self.dir,
+            monotonic_ns(),
+            &self.options,
+        )))
     }
 }
 
@@ -219,7 +232,7 @@ impl ShmDir {
         errors: &mut Vec<EngineError>,
         mut each: impl FnMut(EngineState),
     ) -> Result<(), Error> {
-        self.rescan_if_due(now_mono_ns)?;
+        self.rescan_if_due()?;
         for entry in &mut self.engines {
             each(entry.read(&self.dir, now_mono_ns, &self.options));
         }
@@ -246,7 +259,7 @@ impl ShmDir {
         heartbeat_step: Option<Duration>,
     ) -> Result<(), Error> {
         out.clear();
-        self.rescan_if_due(now_mono_ns)?;
+        self.rescan_if_due()?;
         let step_ns = heartbeat_step.map_or(u64::MAX, |d| d.as_nanos() as u64);
         // Late (the heartbeat policy's `replaced_after`, a few periods at a
         // caller's step) without a heartbeat. From the step, not from each
@@ -406,15 +419,20 @@ impl Entry {
 
 /// Whether the writer process still exists, when that can be known: only in
 /// the writer's own pid namespace (engines and routers often run in separate
-/// containers that share `/dev/shm`; there the heartbeat alone decides).
-fn writer_alive(header: &Header) -> Option<bool> {
-    if header.writer_pid_ns == 0
-        || header.writer_pid_ns != pid_namespace()
-        || header.writer_pid == 0
-    {
+/// containers that share `/dev/shm`; there the heartbeat alone decides), and
+/// only for a pid a process can have: 0 or above `i32::MAX` (a corrupt or
+/// hostile header) is unknown, never `kill(0 or -1, 0)`, which would ask
+/// about a whole process group or every process (docs/FORMAT.md; the Go
+/// reader's `writerAlive` is the same rule).
+pub(crate) fn writer_alive(header: &Header) -> Option<bool> {
+    if header.writer_pid_ns == 0 || header.writer_pid_ns != pid_namespace() {
         return None;
     }
-    match kill(Pid::from_raw(header.writer_pid as i32), None) {
+    let pid = match i32::try_from(header.writer_pid) {
+        Ok(pid) if pid > 0 => pid,
+        _ => return None,
+    };
+    match kill(Pid::from_raw(pid), None) {
         Ok(()) | Err(Errno::EPERM) => Some(true),
         Err(Errno::ESRCH) => Some(false),
         Err(_) => None,

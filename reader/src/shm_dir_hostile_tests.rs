@@ -103,3 +103,40 @@ fn file_truncated_under_the_reader_reads_torn_then_is_an_error() {
     assert_eq!(reading.get("other").unwrap().status, Status::Fresh);
     assert!(error_of(&reading, "victim").contains("is 0 bytes"));
 }
+
+#[test]
+fn a_pid_no_process_can_have_is_liveness_unknown_not_kill_minus_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let copies = tempfile::tempdir().unwrap();
+    let live = writer(dir.path(), "hostile");
+    // The writer's file, in this pid namespace, with pid 0xFFFFFFFF (as i32:
+    // -1, and kill(-1, 0) succeeds whenever any process may be signalled)
+    // and a heartbeat 10 s old.
+    let mut bytes = std::fs::read(dir.path().join("hostile")).unwrap();
+    bytes[16..20].copy_from_slice(&u32::MAX.to_le_bytes());
+    let old = monotonic_ns().saturating_sub(10_000_000_000);
+    bytes[72..80].copy_from_slice(&old.to_le_bytes());
+    std::fs::write(copies.path().join("hostile"), &bytes).unwrap();
+    drop(live);
+
+    let mut source = ShmDir::open(copies.path(), fast()).unwrap();
+    let reading = source.read().unwrap();
+    assert_eq!(reading.get("hostile").unwrap().status, Status::Stale);
+    let header = *source.raw("hostile").unwrap().header;
+    assert_eq!(header.writer_pid, u32::MAX);
+    assert_eq!(
+        header.writer_pid_ns,
+        engine_state_shm_format::pid_namespace()
+    );
+    assert_eq!(crate::shm_dir::writer_alive(&header), None);
+    let zero = engine_state_shm_format::Header {
+        writer_pid: 0,
+        ..header
+    };
+    assert_eq!(crate::shm_dir::writer_alive(&zero), None);
+    let me = engine_state_shm_format::Header {
+        writer_pid: std::process::id(),
+        ..header
+    };
+    assert_eq!(crate::shm_dir::writer_alive(&me), Some(true));
+}

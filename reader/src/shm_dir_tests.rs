@@ -291,3 +291,45 @@ fn read_changed_finds_a_replaced_file_once_the_old_heartbeat_is_late() {
     source.read_changed_at(&mut changed, late(), step).unwrap();
     assert!(changed.engines.is_empty(), "read once: {changed:?}");
 }
+
+#[test]
+fn a_replay_time_in_the_past_neither_starves_nor_forces_listings() {
+    let dir = tempfile::tempdir().unwrap();
+    let _a = writer(dir.path(), "a", 1);
+    let options = ReaderOptions {
+        rescan_interval: Duration::from_millis(1),
+        ..ReaderOptions::default()
+    };
+    let mut source = ShmDir::open(dir.path(), options).unwrap();
+    let mut reading = Reading::default();
+    source.read_at(&mut reading, 1).unwrap();
+    let _b = writer(dir.path(), "b", 2);
+    // More than the interval by the real clock; the caller's time stays at 1 ns.
+    std::thread::sleep(Duration::from_millis(20));
+    source.read_at(&mut reading, 1).unwrap();
+    assert!(reading.get("b").is_some(), "{reading:?}");
+    // And a time far ahead does not list on every read.
+    let long = ReaderOptions {
+        rescan_interval: Duration::from_secs(3600),
+        ..ReaderOptions::default()
+    };
+    let mut source = ShmDir::open(dir.path(), long).unwrap();
+    let _c = writer(dir.path(), "c", 3);
+    source.read_at(&mut reading, u64::MAX / 2).unwrap();
+    assert!(reading.get("c").is_none(), "{reading:?}");
+}
+
+#[test]
+fn reading_one_engine_of_a_vanished_directory_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state");
+    std::fs::create_dir(&path).unwrap();
+    let _a = writer(&path, "a", 1);
+    let mut source = ShmDir::open(&path, fast()).unwrap();
+    assert!(source.try_read_engine("a").unwrap().is_some());
+    assert!(source.try_read_engine("zz").unwrap().is_none());
+    std::fs::remove_dir_all(&path).unwrap();
+    let error = source.try_read_engine("a").unwrap_err();
+    assert!(matches!(error, Error::Directory { .. }), "{error}");
+    assert!(source.read_engine("a").is_none());
+}

@@ -421,6 +421,15 @@ pub fn redis_cases() -> Vec<RedisCase> {
                 5000,
             )
         },
+        RedisCase {
+            length: Some(0),
+            ..ok(
+                "expired",
+                "no value (nil) and PTTL -2: the key expired on the server's clock; dead, no snapshot",
+                active,
+                -2,
+            )
+        },
     ]
 }
 

@@ -17,11 +17,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use engine_state_reader::redis::{
-    decode_fetched, engine_key, heartbeat_age_at_fetch, Error as RedisError, DEFAULT_PREFIX,
-};
+use engine_state_reader::redis::{engine_key, Error as RedisError, DEFAULT_PREFIX};
 use engine_state_reader::{
-    record_state, Error, FormatError, Freshness, ReaderOptions, Reading, ShmDir,
+    state_at_fetch, Error, FormatError, Freshness, ReaderOptions, Reading, ShmDir,
 };
 use engine_state_shm_format::pid_namespace;
 use serde_json::{json, Value};
@@ -206,16 +204,15 @@ fn read_redis(
     bytes: &[u8],
     freshness: &Freshness,
 ) -> Result<engine_state_reader::EngineState, Error> {
-    let record = decode_fetched(&case.key, bytes, case.pttl_ms).map_err(Error::Redis)?;
-    let heartbeat_age = heartbeat_age_at_fetch(&record, case.pttl_ms);
-    Ok(record_state(
+    state_at_fetch(
         Arc::from(case.engine_id.as_str()),
-        Some(&record),
-        heartbeat_age,
-        false,
+        &case.key,
+        bytes,
+        case.pttl_ms,
         freshness,
         0,
-    ))
+    )
+    .map_err(Error::Redis)
 }
 
 /// The error class of a reader error (format/vectors/README.md), and the
