@@ -87,7 +87,7 @@ impl RedisTarget {
                             .all(|b| b.is_ascii_alphanumeric() || b"._:-/{}".contains(&b))
                     {
                         return Err(bad(format!(
-                            "prefix {value:?} must be 1 to 64 characters of [A-Za-z0-9._:-/{{}}], \
+                            "prefix {value:?} must be 1 to 64 characters: letters, digits and . _ : - / {{ }}, \
                              e.g. ?prefix=fleet-a:"
                         )));
                     }
