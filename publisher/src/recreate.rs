@@ -10,7 +10,9 @@
 //! private memory instead of killing the engine. The heartbeat thread
 //! notices either — every [`CHECK_EVERY`] periods [`Heartbeat::in_place`]
 //! compares the path's (device, inode, size, type; one `lstat`) with its
-//! file's and checks the mapping's magic — and, as soon as the directory
+//! file's and the mapping's header and engine id with what was written at
+//! creation (a file cut to a few bytes and grown back keeps its magic but
+//! not those) — and, as soon as the directory
 //! exists, creates a new file in a new generation carrying the latest
 //! snapshot, put in place atomically (`link` where nothing is left,
 //! `rename` over its own damaged file). It hands the
@@ -164,7 +166,7 @@ impl Keeper {
             // A seqlock read of our own mapping, once a period (before the
             // stamp: a stamp then tells that what was published before it
             // was seen). None (the last one kept) once the file was
-            // truncated or zeroed under it.
+            // truncated, zeroed or cut under it.
             self.last_snapshot = self.beat.snapshot().or(self.last_snapshot);
         }
         if !self

@@ -446,3 +446,79 @@ fn a_truncated_file_is_replaced_and_the_engine_seen_again() {
         "close removes it"
     );
 }
+
+/// `truncate -s 200 f; truncate -s 4096 f` under an idle publisher: the
+/// page stays (no fault), size, magic and state survive, but the engine id
+/// and the payload's last words read zero, so readers refuse the file for
+/// good. The heartbeat thread notices, counts the loss, and renames a new
+/// generation over it with the last intact snapshot (not the cut one).
+#[test]
+fn a_file_cut_to_a_few_bytes_and_grown_back_is_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cut");
+    let mut publisher = start(dir.path(), "cut", 10);
+    publisher
+        .publish(Snapshot {
+            step: 7,
+            num_running: 3,
+            num_waiting: 2,
+            gpu_blocks_total: 100,
+            gpu_blocks_free: 40,
+            pending_prefill_tokens: 900,
+            num_prefilling: 2,
+            max_prefill_remaining: 500,
+            num_preempted: 1,
+            ..Snapshot::default()
+        })
+        .unwrap();
+    let options = ReaderOptions {
+        rescan_interval: Duration::ZERO,
+        ..ReaderOptions::default()
+    };
+    let mut source = ShmDir::open(dir.path(), options).unwrap();
+    let first = source.read_engine("cut").unwrap();
+    assert_eq!(first.status, Status::Fresh, "{first:?}");
+    // The heartbeat thread has ticked since the publish (it stamped), so it
+    // has seen that snapshot.
+    eventually(
+        || heartbeat_word(dir.path(), "cut") > first.snapshot.captured_mono_ns,
+        "a heartbeat after the publish",
+    );
+    for len in [200, engine_state_shm_format::FILE_SIZE] {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(len as u64)
+            .unwrap();
+    }
+    let mut seen = None;
+    eventually(
+        || {
+            seen = source
+                .read_engine("cut")
+                .filter(|e| e.generation > first.generation && e.status == Status::Fresh);
+            seen.is_some()
+        },
+        "the engine fresh again in a new generation",
+    );
+    let again = seen.unwrap().snapshot;
+    assert_eq!(
+        (
+            again.step,
+            again.num_prefilling,
+            again.max_prefill_remaining,
+            again.num_preempted
+        ),
+        (7, 2, 500, 1),
+        "the snapshot seen before the cut carried over, its last words too"
+    );
+    assert_eq!(
+        publisher.stats(),
+        PublisherStats {
+            files_lost: 1,
+            files_recreated: 1
+        }
+    );
+    publisher.close();
+}

@@ -248,6 +248,55 @@ fn grown_or_zeroed_live_file_is_not_in_place() {
     ShmFile::open(&path).unwrap().read().unwrap();
 }
 
+/// Truncated to N > 0 bytes and grown back between two checks (`truncate
+/// -s 200 f; truncate -s 4096 f`): the page stays (no fault), its bytes
+/// from N on read zero, and size, magic and state survive. Readers refuse
+/// the file for good (its engine id is gone), so the heartbeat says it is
+/// not in place, and the cut payload is not taken for a snapshot.
+#[test]
+fn live_file_cut_to_a_few_bytes_and_grown_back_is_not_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cut");
+    let mut writer = create(dir.path(), "cut");
+    // Every payload word nonzero: a cut anywhere in it shows.
+    let full = Snapshot::from_words(core::array::from_fn(|i| i as u64 + 1));
+    writer.publish(&full).unwrap();
+    let mut beat = writer.heartbeat();
+    assert_eq!(beat.snapshot(), Some(full));
+    let mut writers = vec![writer];
+    // Inside the header (past magic and state), in `seq`, in the payload,
+    // and in the engine id (3 bytes long: "cut").
+    for len in [40, 50, 60, 68, 200, 258] {
+        assert!(beat.in_place(), "{len}: before the cut");
+        set_len(&path, len);
+        set_len(&path, FILE_SIZE as u64);
+        assert!(!beat.in_place(), "cut to {len} bytes and grown back");
+        assert!(!beat.map.truncated(), "{len}: no fault happened");
+        assert_eq!(
+            beat.snapshot(),
+            None,
+            "{len}: the cut payload is no snapshot"
+        );
+        assert!(beat.beat(), "{len}: not retired");
+        assert!(
+            matches!(ShmFile::open(&path), Err(Error::CorruptHeader { .. })),
+            "{len}: readers refuse it"
+        );
+        let again = ShmWriter::create_after(&beat, &WriterOptions::default(), &full).unwrap();
+        assert_eq!(again.generation(), writers.last().unwrap().generation() + 1);
+        let reader = ShmFile::open(&path).unwrap();
+        assert_eq!(reader.read().unwrap().0, full, "{len}: carried over");
+        beat = again.heartbeat();
+        writers.push(again);
+    }
+    // A cut past the engine id's end only zeroes zeros: still in place.
+    set_len(&path, 320);
+    set_len(&path, FILE_SIZE as u64);
+    assert!(beat.in_place());
+    assert_eq!(beat.snapshot(), Some(full));
+    ShmFile::open(&path).unwrap().read().unwrap();
+}
+
 /// A symbolic link swapped in for the file (even one pointing to the same
 /// inode) hides the engine from readers, which never follow links: not in
 /// place, and never replaced (a link is foreign).

@@ -57,6 +57,8 @@ pub struct ShmWriter {
     pub(crate) inode: u64,
     dev: u64,
     fork_generation: u64,
+    /// What was written at creation into the bytes that never change after it.
+    written: Written,
     // Held for the writer's life; released (closing the file) on drop.
     _lock: Flock<File>,
     pub(crate) retired: bool,
@@ -66,13 +68,36 @@ pub struct ShmWriter {
 /// checks that the file is still in place.
 #[derive(Clone, Debug)]
 pub struct Heartbeat {
-    map: Arc<Mapping>,
+    pub(crate) map: Arc<Mapping>,
     fork_generation: u64,
     /// Where the file was put, and its (device, inode).
     path: Arc<Path>,
     file_id: (u64, u64),
     engine_id: EngineId,
     generation: u64,
+    written: Written,
+}
+
+/// The bytes a writer wrote at creation and never changes afterwards: the
+/// header (all of it but `state`, which `retire` stores) and the engine id
+/// field. `seq`, `heartbeat_mono_ns` and the payload change with every
+/// publish (layout.rs).
+#[derive(Clone, Copy, Debug)]
+struct Written {
+    header: Header,
+    engine_id: [u64; ENGINE_ID_FIELD_SIZE / 8],
+}
+
+impl Written {
+    fn new(header: Header, engine_id: &EngineId) -> Written {
+        let field = engine_id.to_field();
+        Written {
+            header,
+            engine_id: core::array::from_fn(|i| {
+                u64::from_le_bytes(field[8 * i..8 * i + 8].try_into().expect("8 bytes"))
+            }),
+        }
+    }
 }
 
 impl Heartbeat {
@@ -115,8 +140,9 @@ impl Heartbeat {
     /// removed (alone or with its directory), replaced by another file or a
     /// symbolic link (readers never follow one), or truncated or grown by
     /// another process (readers refuse a file that is not [`FILE_SIZE`]
-    /// bytes, and one truncated and grown back has lost its header). One
-    /// `lstat` and two loads; for a heartbeat thread, every few periods.
+    /// bytes, and one truncated to any size and grown back has lost part of
+    /// what was written at creation). One `lstat` and about twenty loads;
+    /// for a heartbeat thread, every few periods.
     pub fn in_place(&self) -> bool {
         // `lstat`, not `stat`: a link to this very file has its own inode.
         let Ok(meta) = std::fs::symlink_metadata(&self.path) else {
@@ -129,25 +155,53 @@ impl Heartbeat {
             return false;
         }
         // The size is right now, but the file may have been truncated and
-        // grown back: its bytes are zeros (or this mapping's were replaced by
-        // zero pages when it faulted meanwhile). The magic tells. Relaxed:
-        // only this process stores these words, and it never changes them.
-        !self.map.truncated()
-            && self.map.word(0).load(Ordering::Relaxed) == MAGIC
-            && self.map.word(STATE_WORD * 8).load(Ordering::Relaxed) == STATE_ACTIVE
+        // grown back: its bytes past the cut are zeros (or this mapping's
+        // were all replaced by zero pages when it faulted meanwhile).
+        !self.map.truncated() && self.intact()
+    }
+
+    /// Whether the mapping still holds what this writer wrote at creation
+    /// and never changes (the header but `state`, and the engine id field),
+    /// `state` is ACTIVE, and `seq` is not 0 (the first snapshot, published
+    /// before the file was put in place, made it 2, and it only grows). A
+    /// file truncated to N bytes (even N > 0, which keeps the page: no
+    /// fault) and grown back reads zeros from byte N on: a cut anywhere
+    /// before the engine id's end zeroes some of the id (non-empty, so its
+    /// first byte is not 0) or of the header, and a later cut zeroed only
+    /// zeros. Relaxed loads: only this process stores these words (`seq`
+    /// too, on the publishing thread: only its being 0 matters here).
+    fn intact(&self) -> bool {
+        let expected = Header {
+            state: STATE_ACTIVE,
+            ..self.written.header
+        };
+        let id: &[std::sync::atomic::AtomicU64; ENGINE_ID_FIELD_SIZE / 8] =
+            self.map.words(ENGINE_ID_OFFSET);
+        self.map.header() == expected
+            && id
+                .iter()
+                .zip(&self.written.engine_id)
+                .all(|(word, written)| word.load(Ordering::Relaxed) == *written)
+            && self.map.word(SEQ_OFFSET).load(Ordering::Relaxed) != 0
     }
 
     /// The latest snapshot published in this file (a seqlock read of the
     /// writer's own mapping), e.g. to carry it over into a recreated file.
     /// `None` if no consistent copy could be read (a write is in progress in
-    /// a killed thread), or if the file was truncated or zeroed under the
-    /// mapping and nothing was published since (sequence 0, never a
-    /// snapshot).
+    /// a killed thread), if the file was truncated under the mapping (which
+    /// then faulted and reads zero pages) and nothing was published since
+    /// (sequence 0, never a snapshot), or if part of the file was zeroed in
+    /// place (truncated to a few bytes and grown back before any fault: the
+    /// payload may be cut anywhere, and nothing tells whether a publish
+    /// rewrote it since, so none of it is trusted).
     pub fn snapshot(&self) -> Option<Snapshot> {
-        match seqlock::read(self.map.word(SEQ_OFFSET), self.map.words(PAYLOAD_OFFSET)) {
-            Ok((words, seq)) if seq != 0 => Some(Snapshot::from_words(words)),
-            _ => None,
-        }
+        let (words, seq) =
+            seqlock::read(self.map.word(SEQ_OFFSET), self.map.words(PAYLOAD_OFFSET)).ok()?;
+        // After the read (whose Acquire fence orders these loads after its
+        // own): a cut that zeroed payload words read above zeroed the
+        // engine id field past them as well. A mapping that faulted is
+        // private zero pages: everything in it was published since.
+        (seq != 0 && (self.map.truncated() || self.intact())).then(|| Snapshot::from_words(words))
     }
 
     /// The generation of this file.
@@ -235,7 +289,8 @@ impl ShmWriter {
                 }
             };
             let generation = (old_generation + 1).max(previous + 1);
-            let (lock, map) = create_filled(dir, &path, engine_id, options, first, generation)?;
+            let (lock, map, header) =
+                create_filled(dir, &path, engine_id, options, first, generation)?;
             let tmp = tmp_path(dir, engine_id);
             let placed = if rename {
                 // We hold the old file's lock (taken over, or held by the
@@ -267,6 +322,7 @@ impl ShmWriter {
                 inode: meta.ino(),
                 dev: meta.dev(),
                 fork_generation: fork_generation(),
+                written: Written::new(header, engine_id),
                 _lock: lock,
                 retired: false,
             });
@@ -315,6 +371,7 @@ impl ShmWriter {
             file_id: (self.dev, self.inode),
             engine_id: self.engine_id.clone(),
             generation: self.generation,
+            written: self.written,
         }
     }
 
@@ -477,7 +534,8 @@ fn tmp_path(dir: &Path, engine_id: &EngineId) -> PathBuf {
     dir.join(format!(".{}.tmp.{}", engine_id, std::process::id()))
 }
 
-/// Creates the temporary file, locks it, reserves its space and fills it.
+/// Creates the temporary file, locks it, reserves its space and fills it;
+/// returns the header it wrote.
 ///
 /// It is locked before it gets its real name, so no other writer can ever
 /// see it unlocked and take it for a dead writer's file.
@@ -488,7 +546,7 @@ fn create_filled(
     options: &WriterOptions,
     first: &Snapshot,
     generation: u64,
-) -> Result<(Flock<File>, Mapping), Error> {
+) -> Result<(Flock<File>, Mapping, Header), Error> {
     let tmp = tmp_path(dir, engine_id);
     // A leftover of an earlier process with our pid that died mid-creation.
     let _ = std::fs::remove_file(&tmp);
@@ -506,7 +564,7 @@ fn create_filled(
             return Err(Error::io("lock", path, errno.into()));
         }
     };
-    let fill = || -> Result<Mapping, Error> {
+    let fill = || -> Result<(Mapping, Header), Error> {
         // Reserve the pages now, so that a full tmpfs fails here and not with
         // SIGBUS on first touch of the mapping.
         nix::fcntl::posix_fallocate(file.as_raw_fd(), 0, FILE_SIZE as i64)
@@ -529,10 +587,10 @@ fn create_filled(
             map.words(PAYLOAD_OFFSET),
             &first.to_words(),
         );
-        Ok(map)
+        Ok((map, header))
     };
     match fill() {
-        Ok(map) => Ok((file, map)),
+        Ok((map, header)) => Ok((file, map, header)),
         Err(e) => {
             let _ = std::fs::remove_file(&tmp);
             Err(e)
