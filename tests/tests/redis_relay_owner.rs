@@ -109,7 +109,8 @@ fn an_owner_checked_inline_sink_leaves_a_live_publishers_key_alone() {
 #[test]
 fn a_held_key_is_written_with_plain_sets_and_claimed_again_after_a_gap() {
     let redis = RedisServer::start();
-    // Held for half of ttl_ms (2 s): the writes below are far closer together.
+    // Held for half of what ttl_ms leaves after timeout_ms (1.5 s with the
+    // writers' 1 s): the writes below are far closer together.
     let uri = redis.uri("?prefix=held:&ttl_ms=4000");
     let target = RedisTarget::parse(&uri).unwrap();
     let mut sink =
