@@ -18,7 +18,7 @@ use engine_state_reader::{
     EngineState, Freshness, ReaderOptions, Reading, ShmDir, Snapshot, Status,
 };
 use engine_state_redis::{InlineSink, RedisRecord, RedisTarget, SinkOp, SinkStats, STATE_ACTIVE};
-use engine_state_shm_format::{heartbeat, monotonic_ns};
+use engine_state_shm_format::{heartbeat, monotonic_ns, Header};
 
 use crate::config::AgentConfig;
 use crate::error::Error;
@@ -84,12 +84,26 @@ struct RecordSender {
 /// What was queued to the sink last for one engine.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct SentRecord {
+    /// The record's `generation`: the file's [`run_of`].
     generation: u64,
     heartbeat_mono_ns: u64,
     snapshot: Snapshot,
-    /// From the file's header (fixed for a generation).
+    /// From the file's header (fixed for a file).
     writer_pid: u32,
     publish_period_us: u32,
+}
+
+/// The Redis `generation` of the records relayed from a file: its header's
+/// `created_unix_ns`, as a direct publisher's is its start time (one rule:
+/// when the writer started, in ns since 1970).
+///
+/// Not the file's own generation, which is 1 for every fresh file: engines in
+/// containers often have the same pid in every pod, and the key's owner is
+/// (`writer_pid`, `generation`), so two hosts relaying one engine id would
+/// both pass the owner check and overwrite (and delete) each other's key. A
+/// new file of the same engine (a restart, a replacement) is a new run too.
+fn run_of(header: &Header) -> u64 {
+    header.created_unix_ns
 }
 
 impl Relay {
@@ -220,7 +234,6 @@ impl Relay {
         };
         for engine in relayed {
             report.queued += usize::from(self.sender.queue(&self.shm, engine, now));
-            self.sender.refresh_header(&self.shm, engine);
         }
         if self.sender.sent_before != self.sender.last_sent.len() {
             // Not every engine relayed before is still there.
@@ -282,20 +295,6 @@ impl Relay {
 }
 
 impl RecordSender {
-    /// Takes the writer pid and period from `engine`'s file again: a file
-    /// replaced after a clean close starts at the same generation, so the
-    /// header cached per generation may be the previous writer's (the next
-    /// record carries the new one).
-    fn refresh_header(&mut self, shm: &ShmDir, engine: &EngineState) {
-        if let (Some(last), Some(raw)) = (
-            self.last_sent.get_mut(&engine.engine_id),
-            shm.raw(&engine.engine_id),
-        ) {
-            last.writer_pid = raw.header.writer_pid;
-            last.publish_period_us = raw.header.publish_period_us;
-        }
-    }
-
     /// Writes the queued records as one pipeline (and collects the replies
     /// of the previous one); called every pass, with or without records.
     fn send(&mut self) {
@@ -327,24 +326,26 @@ impl RecordSender {
         // The writer's own stamp, as the reader read it; one taken after
         // `now` (another CPU) counts as `now`, as its age does.
         let heartbeat_mono_ns = raw.heartbeat_mono_ns.min(now);
+        let run = run_of(raw.header);
         let current = match last {
             Some(last)
-                if last.generation == engine.generation
+                if last.generation == run
                     && last.snapshot == engine.snapshot
                     && heartbeat_mono_ns.saturating_sub(last.heartbeat_mono_ns)
                         < self.heartbeat_step_ns =>
             {
                 return false
             }
-            Some(last) if last.generation == engine.generation => {
+            Some(last) if last.generation == run => {
                 last.heartbeat_mono_ns = heartbeat_mono_ns;
                 last.snapshot = engine.snapshot;
                 *last
             }
             last => {
-                // A new engine or a new run of it: its header, once.
+                // A new engine or a new run of it (a new file): its
+                // header, once.
                 let current = SentRecord {
-                    generation: engine.generation,
+                    generation: run,
                     heartbeat_mono_ns,
                     snapshot: engine.snapshot,
                     writer_pid: raw.header.writer_pid,

@@ -16,14 +16,27 @@
 //! Why a held key needs no script: the script refuses every other writer
 //! while the key holds an unexpired ACTIVE record of ours, so from an
 //! acknowledged write of ours, sent at `t`, until `t + ttl_ms` the key can
-//! only hold our records (we are the only ones who delete them). A sink
-//! writes a plain `SET` only within [`HOLD_FRACTION`] of that (half a
-//! `ttl_ms`: margin for the server's clock), and runs the script again after
-//! a longer gap (a stale engine, a stopped process), after any refusal and
-//! on every new connection. This holds against writers that follow the
-//! protocol (every sink here); a plain `SET` by someone else (`redis-cli`,
-//! an older version) can be overwritten by a held key's next write, where
-//! [`Ownership::EveryWrite`] would leave it alone.
+//! only hold our records (we are the only ones who delete them). A plain
+//! `SET` is safe if it runs on the server before then; it is sent only
+//! within [`hold_for`] of `t`: half of what is left of `ttl_ms` after the
+//! target's network timeout (`timeout_ms`), so that one sent at the end of
+//! the hold and run as late as the timeout still leaves the other half as
+//! margin (for the server's clock, which measures the expiry). The script
+//! runs again after a longer gap (a stale engine, a stopped process), after
+//! any refusal and on every new connection. With `timeout_ms` ≥ `ttl_ms`
+//! there is no hold: every write runs the script (said once on stderr).
+//!
+//! Residual risk: nothing makes the server run a command within the
+//! timeout. A server that stalls longer (a fork, a slow script, a paused
+//! VM) still holds the pipeline in its socket buffer after the sink gave
+//! up on the connection, and may run a plain `SET` after our key expired
+//! and another writer claimed it: the key changes hands back to us (that
+//! writer's next script is refused, as if we had claimed the key first).
+//! Keep `timeout_ms` well below `ttl_ms` for a wide margin.
+//! This holds against writers that follow the protocol (every sink here);
+//! a plain `SET` by someone else (`redis-cli`, an older version) can be
+//! overwritten by a held key's next write, where [`Ownership::EveryWrite`]
+//! would leave it alone.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -45,9 +58,13 @@ use crate::target::RedisTarget;
 /// (heals a registry entry a reader pruned during a long outage).
 const REREGISTER_EVERY: Duration = Duration::from_secs(1);
 
-/// [`Ownership::Claimed`]: a key is held for this fraction of `ttl_ms`
-/// after the sending of a write of ours that Redis acknowledged.
-const HOLD_FRACTION: u32 = 2; // ttl / 2
+/// [`Ownership::Claimed`]: how long after the sending of a write of ours
+/// that Redis acknowledged its key is held (plain `SET`s): half of what
+/// `ttl` leaves after `timeout` (see the module docs); zero (no hold: every
+/// write is owner-checked) when `timeout` ≥ `ttl`.
+pub(crate) fn hold_for(ttl: Duration, timeout: Duration) -> Duration {
+    ttl.saturating_sub(timeout) / 2
+}
 
 /// When a sink runs the owner check (see the module docs).
 #[derive(Debug)]
@@ -152,7 +169,7 @@ impl PipelineEncoder {
             commands: 0,
             sent: Vec::new(),
             ownership,
-            hold_for: target.ttl() / HOLD_FRACTION,
+            hold_for: hold_for(target.ttl(), target.timeout()),
             claims: Vec::new(),
             began: Instant::now(),
             began_mono_ns: 0,
@@ -393,5 +410,31 @@ mod tests {
             .arg(2000u32)
             .get_packed_command();
         assert_eq!(ours, theirs);
+    }
+
+    #[test]
+    fn a_key_is_held_for_half_of_what_the_ttl_leaves_after_the_timeout() {
+        let ms = Duration::from_millis;
+        // The defaults (ttl_ms 2000, a writer's timeout_ms 1000).
+        assert_eq!(hold_for(ms(2000), ms(1000)), ms(500));
+        assert_eq!(hold_for(ms(4000), ms(1000)), ms(1500));
+        assert_eq!(hold_for(ms(4000), ms(10)), ms(1995));
+        // A plain SET sent at the end of the hold and run a whole timeout
+        // later runs before the key expires, with half the rest to spare.
+        for (ttl, timeout) in [(2000, 1000), (4000, 1000), (500, 100), (60_000, 59_999)] {
+            let (ttl, timeout) = (ms(ttl), ms(timeout));
+            let hold = hold_for(ttl, timeout);
+            assert!(hold + timeout < ttl, "{ttl:?} {timeout:?}");
+            assert_eq!(ttl - (hold + timeout), hold, "{ttl:?} {timeout:?}");
+        }
+        // No time left: no hold, every write runs the owner check.
+        assert_eq!(hold_for(ms(1000), ms(1000)), Duration::ZERO);
+        assert_eq!(hold_for(ms(500), ms(1000)), Duration::ZERO);
+
+        let target = |uri: &str| RedisTarget::parse(uri).unwrap();
+        let encoder = |uri: &str| PipelineEncoder::new(&target(uri), Ownership::Claimed).hold_for;
+        assert_eq!(encoder("redis://h/0"), ms(500));
+        assert_eq!(encoder("redis://h/0?ttl_ms=3000&timeout_ms=200"), ms(1400));
+        assert_eq!(encoder("redis://h/0?ttl_ms=1000"), Duration::ZERO);
     }
 }

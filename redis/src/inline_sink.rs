@@ -27,7 +27,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::backoff::Backoff;
-use crate::encoder::{Ownership, PipelineEncoder};
+use crate::encoder::{hold_for, Ownership, PipelineEncoder};
 use crate::error::Error;
 use crate::ops::{AckLagObserver, SinkOp};
 use crate::replies::check_replies;
@@ -104,9 +104,22 @@ impl InlineSink {
     /// those records are counted in [`SinkStats::refused`] and logged on
     /// stderr once per engine — until that key expires, and a delete leaves
     /// it alone. Costs a script run per engine when its key is claimed
-    /// (first write, after a gap of half a `ttl_ms`, after a reconnect); the
-    /// writes in between are plain `SET`s (see `crate::encoder`).
+    /// (first write, after a gap of half of what `ttl_ms` leaves after
+    /// `timeout_ms`, after a reconnect); the writes in between are plain
+    /// `SET`s (see `crate::encoder`). With `timeout_ms` ≥ `ttl_ms` every
+    /// write runs the script (said once on stderr).
     pub fn owner_checked(mut self) -> InlineSink {
+        let (ttl, timeout) = (self.target.ttl(), self.target.timeout());
+        if hold_for(ttl, timeout).is_zero() {
+            // stderr, as the sink's other messages (the target prints
+            // without its password).
+            eprintln!(
+                "engine-state: {target}: timeout_ms ({timeout} ms) is not below ttl_ms ({ttl}                  ms), so a key cannot be held safely between two owner checks: every write                  runs the owner-check script (~10x the Redis CPU of a SET). Give a longer                  ?ttl_ms= or a shorter ?timeout_ms= (e.g. ttl_ms=2000&timeout_ms=1000)",
+                target = self.target,
+                timeout = timeout.as_millis(),
+                ttl = ttl.as_millis(),
+            );
+        }
         self.encoder = PipelineEncoder::new(&self.target, Ownership::Claimed);
         self
     }

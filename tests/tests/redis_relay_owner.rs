@@ -109,7 +109,8 @@ fn an_owner_checked_inline_sink_leaves_a_live_publishers_key_alone() {
 #[test]
 fn a_held_key_is_written_with_plain_sets_and_claimed_again_after_a_gap() {
     let redis = RedisServer::start();
-    // Held for half of ttl_ms (2 s): the writes below are far closer together.
+    // Held for half of what ttl_ms leaves after timeout_ms (1.5 s with the
+    // writers' 1 s): the writes below are far closer together.
     let uri = redis.uri("?prefix=held:&ttl_ms=4000");
     let target = RedisTarget::parse(&uri).unwrap();
     let mut sink =
@@ -206,4 +207,71 @@ fn esagent_does_not_overwrite_a_direct_publisher_and_reports_it_once() {
         1,
         "{stderr}"
     );
+}
+
+/// Two hosts relay one engine id whose writers have the same pid (engines
+/// in containers: every pod's engine is pid 1 or 7) in fresh files (both
+/// generation 1): the relayed records name different writers (the files'
+/// creation times), so the second relay is refused while the first holds
+/// the key, and its delete (its engine left) leaves the first's key alone.
+#[test]
+fn two_relays_of_one_engine_id_with_the_same_writer_pid_do_not_share_the_key() {
+    use clap::Parser;
+    use engine_state_agent::{Args, Relay};
+    use engine_state_shm_format::{EngineId, ShmWriter, WriterOptions};
+
+    let redis = RedisServer::start();
+    let uri = redis.uri("?prefix=pods:&ttl_ms=4000");
+    let id = EngineId::new("pod-engine").unwrap();
+    let host = |running| {
+        let dir = tempfile::tempdir().unwrap();
+        let snapshot = Snapshot {
+            num_running: running,
+            captured_mono_ns: monotonic_ns(),
+            ..Snapshot::default()
+        };
+        let writer =
+            ShmWriter::create(dir.path(), &id, &WriterOptions::default(), &snapshot).unwrap();
+        let config = Args::parse_from([
+            "esagent",
+            "--uri",
+            &format!("file://{}", dir.path().display()),
+            "--redis",
+            &uri,
+        ])
+        .into_config()
+        .unwrap();
+        let relay = Relay::new(&config).unwrap();
+        (dir, writer, relay)
+    };
+    let (_dir_a, writer_a, mut relay_a) = host(1);
+    let (_dir_b, writer_b, mut relay_b) = host(2);
+    // The premise: what a container's engine looks like on two hosts.
+    assert_eq!(writer_a.generation(), 1);
+    assert_eq!(writer_b.generation(), 1);
+    let stats = |relay: &Relay| {
+        let stats = relay.sink_stats().unwrap();
+        [&stats.refused, &stats.written, &stats.errors].map(|c| c.load(Ordering::Relaxed))
+    };
+    let mut source = test_reader(&uri, Duration::from_secs(5));
+
+    assert_eq!(relay_a.poll(), 1);
+    relay_a.shutdown(Duration::from_secs(5));
+    assert_eq!(stats(&relay_a), [0, 1, 0], "refused, written, errors");
+    assert_eq!(running(&mut *source, "pod-engine"), Some(1));
+
+    assert_eq!(relay_b.poll(), 1);
+    relay_b.shutdown(Duration::from_secs(5));
+    assert_eq!(stats(&relay_b), [1, 0, 0], "refused, written, errors");
+    assert_eq!(running(&mut *source, "pod-engine"), Some(1));
+
+    // B's engine closes (its file is removed): B deletes only its own key.
+    drop(writer_b);
+    wait_for(
+        || relay_b.tick().removed == 1,
+        "relay B to see its engine leave",
+    );
+    relay_b.shutdown(Duration::from_secs(5));
+    assert_eq!(running(&mut *source, "pod-engine"), Some(1));
+    drop(writer_a);
 }
