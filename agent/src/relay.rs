@@ -411,12 +411,18 @@ mod tests {
     }
 
     fn try_relay(dir: &std::path::Path) -> Result<Relay, Error> {
+        // A port that was free a moment ago: nobody answers on it.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        let unreachable = format!("redis://127.0.0.1:{port}/0");
         let args = crate::Args::parse_from([
             "esagent",
             "--uri",
             &format!("file://{}", dir.display()),
             "--redis",
-            "redis://127.0.0.1:1/0",
+            &unreachable,
             "--period-ms",
             "50",
         ]);

@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from test_redis import _start_redis, redis_port  # noqa: F401 - a fixture
+from test_redis import _free_port, _start_redis, redis_port  # noqa: F401 - a fixture
 
 from engine_state import EngineStateError, Publisher, Reader
 
@@ -114,7 +114,7 @@ def test_a_publisher_whose_key_another_process_took_counts_refused_and_says_so_o
 def test_stats_have_the_same_keys_on_both_backends(uri):
     with Publisher(uri=uri, engine_id="keys") as shm:
         shm_stats = shm.stats()
-    with Publisher(uri="redis://127.0.0.1:1/0", engine_id="keys") as redis:
+    with Publisher(uri=f"redis://127.0.0.1:{_free_port()}/0", engine_id="keys") as redis:
         redis_stats = redis.stats()
     assert set(shm_stats) == set(redis_stats)
     assert shm_stats == dict.fromkeys(shm_stats, 0)
@@ -125,7 +125,9 @@ def test_stats_have_the_same_keys_on_both_backends(uri):
 def test_publish_from_another_thread_while_close_runs_gets_the_closed_error():
     # Redis is unreachable: close() waits (without the GIL) up to 1 s for the
     # sink to delete the key, long enough for the other thread to publish.
-    publisher = Publisher(uri="redis://127.0.0.1:1/0", engine_id="closing", period_ms=20)
+    publisher = Publisher(
+        uri=f"redis://127.0.0.1:{_free_port()}/0", engine_id="closing", period_ms=20
+    )
     published = threading.Event()
     raised = []
 

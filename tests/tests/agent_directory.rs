@@ -10,16 +10,12 @@ fn esagent_says_once_that_it_created_a_missing_directory() {
     let parent = tempfile::tempdir().unwrap();
     let dir = parent.path().join("not/yet/there");
     let run = || {
+        let unreachable = format!("redis://127.0.0.1:{}/0", free_port());
         let mut agent = Proc::spawn(
             Command::new(bin("esagent"))
                 .args(["--uri", &format!("file://{}", dir.display())])
                 // Unreachable: the agent runs anyway (and says so).
-                .args([
-                    "--redis",
-                    "redis://127.0.0.1:1/0",
-                    "--listen",
-                    "127.0.0.1:0",
-                ])
+                .args(["--redis", &unreachable, "--listen", "127.0.0.1:0"])
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped()),
         );
