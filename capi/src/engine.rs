@@ -42,7 +42,7 @@ impl From<Status> for EsStatus {
 /// An engine's scheduler snapshot: the 16 words of docs/FORMAT.md
 /// ("Snapshot words"), same names, same order.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct EsSnapshot {
     /// `CLOCK_MONOTONIC` at capture, ns (same-host ages).
     pub captured_mono_ns: u64,
@@ -75,26 +75,37 @@ pub struct EsSnapshot {
 }
 
 const _: () = assert!(size_of::<EsSnapshot>() == size_of::<Snapshot>());
+// Field by field at the same offset, so the cast below is the copy of each
+// field to the field of the same name.
+macro_rules! same_offsets {
+    ($($field:ident),* $(,)?) => {
+        $(const _: () = assert!(offset_of!(EsSnapshot, $field) == offset_of!(Snapshot, $field));)*
+    };
+}
+same_offsets!(
+    captured_mono_ns,
+    captured_unix_ns,
+    step,
+    num_running,
+    num_waiting,
+    gpu_blocks_total,
+    gpu_blocks_free,
+    pending_prefill_tokens,
+    ongoing_decode_tokens,
+    num_prefilling,
+    max_prefill_remaining,
+    num_preempted,
+    flags,
+    reserved,
+);
 
 impl From<&Snapshot> for EsSnapshot {
+    /// The same 16 words: `Snapshot` is the shm-format struct these fields
+    /// mirror one to one (same names, same order, same size — asserted
+    /// above and by the golden vectors, which set every field).
     #[inline]
     fn from(s: &Snapshot) -> EsSnapshot {
-        EsSnapshot {
-            captured_mono_ns: s.captured_mono_ns,
-            captured_unix_ns: s.captured_unix_ns,
-            step: s.step,
-            num_running: s.num_running,
-            num_waiting: s.num_waiting,
-            gpu_blocks_total: s.gpu_blocks_total,
-            gpu_blocks_free: s.gpu_blocks_free,
-            pending_prefill_tokens: s.pending_prefill_tokens,
-            ongoing_decode_tokens: s.ongoing_decode_tokens,
-            num_prefilling: s.num_prefilling,
-            max_prefill_remaining: s.max_prefill_remaining,
-            num_preempted: s.num_preempted,
-            flags: s.flags,
-            reserved: s.reserved,
-        }
+        bytemuck::cast(*s)
     }
 }
 
