@@ -216,27 +216,27 @@ impl PipelineEncoder {
                     refused_sent.push(claim.sent);
                     key.held_since = None;
                     if !key.refused {
-                        // stderr (see `SinkStats::registry_refused`); the
-                        // target prints without its password.
-                        eprintln!(
+                        // Through `crate::log`; the target prints without
+                        // its password.
+                        crate::log::warn(format_args!(
                             "engine-state: engine id {id:?} is written by another live process \
                              (pid {pid} on its host) at Redis key {:?} ({target}); this \
                              process's records of it are not written until that key expires \
                              (ttl_ms after the other writer's last write). Give each engine \
                              its own id (AGENTIC_WORKER_ID), or stop the other writer",
                             engine_key(&self.prefix, id)
-                        );
+                        ));
                     }
                     key.refused = true;
                 }
                 None => {
                     key.held_since = Some(self.began);
                     if key.refused {
-                        eprintln!(
+                        crate::log::warn(format_args!(
                             "engine-state: engine id {id:?}: the other writer's key is gone \
                              (it closed, or its key expired); this process writes it again \
                              ({target})"
-                        );
+                        ));
                         key.refused = false;
                     }
                 }

@@ -111,14 +111,17 @@ impl InlineSink {
     pub fn owner_checked(mut self) -> InlineSink {
         let (ttl, timeout) = (self.target.ttl(), self.target.timeout());
         if hold_for(ttl, timeout).is_zero() {
-            // stderr, as the sink's other messages (the target prints
-            // without its password).
-            eprintln!(
-                "engine-state: {target}: timeout_ms ({timeout} ms) is not below ttl_ms ({ttl}                  ms), so a key cannot be held safely between two owner checks: every write                  runs the owner-check script (~10x the Redis CPU of a SET). Give a longer                  ?ttl_ms= or a shorter ?timeout_ms= (e.g. ttl_ms=2000&timeout_ms=1000)",
+            // As the sink's other messages (the target prints without its
+            // password).
+            crate::log::warn(format_args!(
+                "engine-state: {target}: timeout_ms ({timeout} ms) is not below ttl_ms ({ttl} ms), \
+                 so a key cannot be held safely between two owner checks: every write runs the \
+                 owner-check script (~10x the Redis CPU of a SET). Give a longer ?ttl_ms= or a \
+                 shorter ?timeout_ms= (e.g. ttl_ms=2000&timeout_ms=1000)",
                 target = self.target,
                 timeout = timeout.as_millis(),
                 ttl = ttl.as_millis(),
-            );
+            ));
         }
         self.encoder = PipelineEncoder::new(&self.target, Ownership::Claimed);
         self

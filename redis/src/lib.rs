@@ -19,6 +19,7 @@ mod encoder;
 mod error;
 mod fetch;
 mod inline_sink;
+mod log;
 mod mailbox;
 mod ops;
 mod redact;

@@ -49,18 +49,17 @@ impl SinkStats {
     /// Counts a registration the server refused with `WRONGTYPE`; logs the
     /// first one (the registry key must be deleted by hand).
     ///
-    /// On stderr, not through `log`: no binary of ours, nor the Python
-    /// module, installs a `log` logger, so a `log::warn!` would go nowhere
-    /// (like `recreate.rs`'s messages). `target` prints with its password
-    /// hidden; `reply` is the server's error text.
+    /// Through `crate::log` (tracing where a subscriber is installed, else
+    /// stderr). `target` prints with its password hidden; `reply` is the
+    /// server's error text.
     pub(crate) fn registry_refused(&self, target: &RedisTarget, reply: &str) {
         if self.registry_errors.fetch_add(1, Ordering::Relaxed) == 0 {
-            eprintln!(
+            crate::log::warn(format_args!(
                 "engine-state: Redis at {target}: the registry key {:?} is not a set ({reply}); \
                  engines written there are not registered, so readers will not find them. \
                  Delete that key, or give this fleet its own ?prefix= in the URI",
                 registry_key(target.prefix())
-            );
+            ));
         }
     }
 

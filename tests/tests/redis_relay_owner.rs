@@ -201,6 +201,13 @@ fn esagent_does_not_overwrite_a_direct_publisher_and_reports_it_once() {
         1,
         "{stderr}"
     );
+    // Through esagent's tracing subscriber (levels, RUST_LOG), not a bare
+    // eprintln beside it.
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("is written by another live process"))
+        .unwrap();
+    assert!(line.contains("WARN"), "{line}");
     assert!(stderr.contains("\"twin\""), "{stderr}");
     assert_eq!(
         stderr.matches("the other writer's key is gone").count(),
