@@ -1,6 +1,7 @@
+use std::path::Path;
 use std::time::Duration;
 
-use engine_state_reader::{ReaderOptions, ShmDir, Source, Status};
+use engine_state_reader::{EngineState, ReaderOptions, ShmDir, Source, Status};
 use engine_state_shm_format::{Snapshot, FLAG_IDLE, FLAG_SHUTTING_DOWN};
 
 use crate::*;
@@ -336,41 +337,17 @@ fn a_truncated_file_is_replaced_and_the_engine_seen_again() {
         ..Snapshot::default()
     };
     publisher.publish(busy(1)).unwrap();
-    let options = ReaderOptions {
-        rescan_interval: Duration::ZERO,
-        ..ReaderOptions::default()
-    };
-    let mut source = ShmDir::open(dir.path(), options).unwrap();
-    let first = source.read_engine("cut").unwrap();
-    assert_eq!(first.status, Status::Fresh, "{first:?}");
-    // The heartbeat thread has ticked since the publish (it stamped), so it
-    // has seen that snapshot.
-    eventually(
-        || heartbeat_word(dir.path(), "cut") > first.snapshot.captured_mono_ns,
-        "a heartbeat after the publish",
-    );
-    let truncate = || {
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_len(0)
-            .unwrap()
-    };
+    let (mut source, first) = seen_with_a_heartbeat_after(dir.path(), "cut");
+    let truncate = || set_len(&path, 0);
 
     // Idle: nothing published after the cut.
     truncate();
-    let mut seen = None;
-    eventually(
-        || {
-            seen = source
-                .read_engine("cut")
-                .filter(|e| e.generation > first.generation && e.status == Status::Fresh);
-            seen.is_some()
-        },
+    let again = fresh_in_a_later_generation(
+        &mut source,
+        "cut",
+        first.generation,
         "the idle engine fresh again in a new generation",
     );
-    let again = seen.unwrap();
     assert_eq!(
         (
             again.snapshot.step,
@@ -411,17 +388,14 @@ fn a_truncated_file_is_replaced_and_the_engine_seen_again() {
         "the publishing thread's snapshots",
     );
     truncate();
-    let mut seen = None;
-    eventually(
-        || {
-            seen = source
-                .read_engine("cut")
-                .filter(|e| e.generation > again.generation && e.status == Status::Fresh);
-            seen.is_some()
-        },
+    let step = fresh_in_a_later_generation(
+        &mut source,
+        "cut",
+        again.generation,
         "the busy engine fresh again in a new generation",
-    );
-    let step = seen.unwrap().snapshot.step;
+    )
+    .snapshot
+    .step;
     eventually(
         || {
             source
@@ -471,38 +445,17 @@ fn a_file_cut_to_a_few_bytes_and_grown_back_is_replaced() {
             ..Snapshot::default()
         })
         .unwrap();
-    let options = ReaderOptions {
-        rescan_interval: Duration::ZERO,
-        ..ReaderOptions::default()
-    };
-    let mut source = ShmDir::open(dir.path(), options).unwrap();
-    let first = source.read_engine("cut").unwrap();
-    assert_eq!(first.status, Status::Fresh, "{first:?}");
-    // The heartbeat thread has ticked since the publish (it stamped), so it
-    // has seen that snapshot.
-    eventually(
-        || heartbeat_word(dir.path(), "cut") > first.snapshot.captured_mono_ns,
-        "a heartbeat after the publish",
-    );
-    for len in [200, engine_state_shm_format::FILE_SIZE] {
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_len(len as u64)
-            .unwrap();
+    let (mut source, first) = seen_with_a_heartbeat_after(dir.path(), "cut");
+    for len in [200, engine_state_shm_format::FILE_SIZE as u64] {
+        set_len(&path, len);
     }
-    let mut seen = None;
-    eventually(
-        || {
-            seen = source
-                .read_engine("cut")
-                .filter(|e| e.generation > first.generation && e.status == Status::Fresh);
-            seen.is_some()
-        },
+    let again = fresh_in_a_later_generation(
+        &mut source,
+        "cut",
+        first.generation,
         "the engine fresh again in a new generation",
-    );
-    let again = seen.unwrap().snapshot;
+    )
+    .snapshot;
     assert_eq!(
         (
             again.step,
@@ -521,4 +474,52 @@ fn a_file_cut_to_a_few_bytes_and_grown_back_is_replaced() {
         }
     );
     publisher.close();
+}
+
+/// A reader of `dir` that lists at every read, the engine `id` read fresh
+/// through it, after the heartbeat thread has ticked since its last publish
+/// (so the thread has seen that snapshot).
+fn seen_with_a_heartbeat_after(dir: &Path, id: &str) -> (ShmDir, EngineState) {
+    let options = ReaderOptions {
+        rescan_interval: Duration::ZERO,
+        ..ReaderOptions::default()
+    };
+    let mut source = ShmDir::open(dir, options).unwrap();
+    let first = source.read_engine(id).unwrap();
+    assert_eq!(first.status, Status::Fresh, "{first:?}");
+    eventually(
+        || heartbeat_word(dir, id) > first.snapshot.captured_mono_ns,
+        "a heartbeat after the publish",
+    );
+    (source, first)
+}
+
+/// Waits for `id` fresh in a generation above `generation`.
+fn fresh_in_a_later_generation(
+    source: &mut ShmDir,
+    id: &str,
+    generation: u64,
+    what: &str,
+) -> EngineState {
+    let mut seen = None;
+    eventually(
+        || {
+            seen = source
+                .read_engine(id)
+                .filter(|e| e.generation > generation && e.status == Status::Fresh);
+            seen.is_some()
+        },
+        what,
+    );
+    seen.unwrap()
+}
+
+/// `truncate -s LEN path`, from another process's point of view.
+fn set_len(path: &Path, len: u64) {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
 }
