@@ -2,8 +2,8 @@
 //! C ABI — only the `extern "C"` functions, as a C program calls them:
 //! every shared-memory case alone and all of them in one directory with
 //! `es_read_at` at the manifest's `now_mono_ns`, and every Redis record with
-//! `es_decode_record`. Outputs are rebuilt from the `EsEngine` fields in the
-//! `esdump --json` shape and compared byte for byte; errors by class.
+//! `es_decode_record`. Outputs are rebuilt from the `EsEngine` fields into the
+//! reader's `EngineState`, printed in its `esdump --json` shape, and compared byte for byte; errors by class.
 
 use std::ffi::{c_char, CStr, CString};
 use std::path::{Path, PathBuf};
@@ -12,7 +12,9 @@ use engine_state::{
     es_close, es_decode_record, es_engine_error, es_error_count, es_last_error, es_open,
     es_options_init, es_read_at, EsCode, EsEngine, EsOptions, EsSource, EsStatus,
 };
-use serde::Serialize;
+use std::time::Duration;
+
+use engine_state_reader::{EngineState, Status};
 use serde_json::Value;
 
 fn vectors_dir() -> PathBuf {
@@ -23,66 +25,36 @@ fn committed(file: &str) -> Vec<u8> {
     std::fs::read(vectors_dir().join(file)).unwrap()
 }
 
-/// One engine as `esdump --json` prints it, from the C struct's fields only.
-#[derive(Serialize)]
-struct JsonEngine<'a> {
-    engine_id: &'a str,
-    captured_mono_ns: u64,
-    captured_unix_ns: u64,
-    step: u64,
-    num_running: u64,
-    num_waiting: u64,
-    gpu_blocks_total: u64,
-    gpu_blocks_free: u64,
-    pending_prefill_tokens: u64,
-    ongoing_decode_tokens: u64,
-    num_prefilling: u64,
-    max_prefill_remaining: u64,
-    num_preempted: u64,
-    flags: u64,
-    status: &'static str,
-    heartbeat_age_ms: f64,
-    capture_age_ms: f64,
-    gpu_kv_used_frac: Option<f64>,
-}
-
-/// Milliseconds with microsecond resolution, as esdump prints ages.
-fn millis(ns: u64) -> f64 {
-    (ns / 1000) as f64 / 1000.0
+/// The C struct back as the reader's `EngineState`, from its fields only:
+/// the `esdump --json` shape is the reader's (`Serialize for EngineState`),
+/// so what is compared is what the C fields carry.
+fn engine_state(e: &EsEngine) -> EngineState {
+    let state = EngineState {
+        engine_id: e.engine_id().into(),
+        status: match e.status {
+            EsStatus::Fresh => Status::Fresh,
+            EsStatus::Stale => Status::Stale,
+            EsStatus::Dead => Status::Dead,
+            EsStatus::Torn => Status::Torn,
+        },
+        snapshot: bytemuck::cast(e.snapshot),
+        heartbeat_age: Duration::from_nanos(e.heartbeat_age_ns),
+        capture_age: Duration::from_nanos(e.capture_age_ns),
+        generation: e.generation,
+        read_mono_ns: e.read_mono_ns,
+    };
+    // The one field the JSON derives rather than copies: the C struct's own.
+    assert_eq!(
+        e.gpu_kv_used_frac,
+        state.gpu_kv_used_frac().unwrap_or(-1.0),
+        "{}",
+        e.engine_id()
+    );
+    state
 }
 
 fn esdump_json(engines: &[EsEngine]) -> String {
-    let json: Vec<JsonEngine> = engines
-        .iter()
-        .map(|e| {
-            let s = &e.snapshot;
-            JsonEngine {
-                engine_id: e.engine_id(),
-                captured_mono_ns: s.captured_mono_ns,
-                captured_unix_ns: s.captured_unix_ns,
-                step: s.step,
-                num_running: s.num_running,
-                num_waiting: s.num_waiting,
-                gpu_blocks_total: s.gpu_blocks_total,
-                gpu_blocks_free: s.gpu_blocks_free,
-                pending_prefill_tokens: s.pending_prefill_tokens,
-                ongoing_decode_tokens: s.ongoing_decode_tokens,
-                num_prefilling: s.num_prefilling,
-                max_prefill_remaining: s.max_prefill_remaining,
-                num_preempted: s.num_preempted,
-                flags: s.flags,
-                status: match e.status {
-                    EsStatus::Fresh => "fresh",
-                    EsStatus::Stale => "stale",
-                    EsStatus::Dead => "dead",
-                    EsStatus::Torn => "torn",
-                },
-                heartbeat_age_ms: millis(e.heartbeat_age_ns),
-                capture_age_ms: millis(e.capture_age_ns),
-                gpu_kv_used_frac: (e.gpu_kv_used_frac >= 0.0).then_some(e.gpu_kv_used_frac),
-            }
-        })
-        .collect();
+    let json: Vec<EngineState> = engines.iter().map(engine_state).collect();
     serde_json::to_string_pretty(&json).unwrap() + "\n"
 }
 
