@@ -185,3 +185,37 @@ pub fn test_reader(uri: &str, stale_after: Duration) -> Box<dyn engine_state_rea
     let uri = engine_state_reader::StateUri::parse(uri).expect("a valid test URI");
     engine_state_reader::open(&uri, test_options(stale_after)).expect("open the test source")
 }
+
+/// A publisher of `id` to `uri` every `period_ms`.
+pub fn start_publisher(
+    uri: &str,
+    id: &str,
+    period_ms: u64,
+) -> Result<engine_state_publisher::Publisher, engine_state_publisher::Error> {
+    engine_state_publisher::Publisher::start(
+        engine_state_publisher::PublisherConfig::resolve(
+            Some(uri),
+            Some(id),
+            Some(period_ms),
+            None,
+        )
+        .unwrap(),
+    )
+}
+
+/// A publisher of `id` to `uri` (20 ms period) that has published one
+/// snapshot with `num_running` running requests.
+pub fn publishing_running(
+    uri: &str,
+    id: &str,
+    num_running: u64,
+) -> engine_state_publisher::Publisher {
+    let mut publisher = start_publisher(uri, id, 20).unwrap();
+    publisher
+        .publish(engine_state_shm_format::Snapshot {
+            num_running,
+            ..engine_state_shm_format::Snapshot::default()
+        })
+        .unwrap();
+    publisher
+}

@@ -44,15 +44,7 @@ fn malformed_uris_are_refused_with_guidance_and_no_password() {
 fn foreign_values_and_other_versions_are_per_engine_errors() {
     let redis = RedisServer::start();
     let uri = redis.uri("");
-    let mut good = Publisher::start(
-        PublisherConfig::resolve(Some(&uri), Some("good"), Some(20), None).unwrap(),
-    )
-    .unwrap();
-    good.publish(Snapshot {
-        num_running: 3,
-        ..Snapshot::default()
-    })
-    .unwrap();
+    let _good = publishing_running(&uri, "good", 3);
     let mut con = redis.connection();
     let registry = registry_key(DEFAULT_PREFIX);
     let key = |id: &str| engine_key(DEFAULT_PREFIX, id);
@@ -249,15 +241,7 @@ fn median_read(source: &mut dyn Source, reads: usize) -> std::time::Duration {
 fn a_huge_value_is_one_engines_error_and_does_not_slow_the_fleets_reads() {
     let redis = RedisServer::start();
     let uri = redis.uri("");
-    let mut good = Publisher::start(
-        PublisherConfig::resolve(Some(&uri), Some("good"), Some(20), None).unwrap(),
-    )
-    .unwrap();
-    good.publish(Snapshot {
-        num_running: 3,
-        ..Snapshot::default()
-    })
-    .unwrap();
+    let _good = publishing_running(&uri, "good", 3);
     let mut source = test_reader(&uri, DEFAULT_STALE_AFTER);
     wait_for_engine(&mut *source, "good", "the healthy engine", |s| {
         s.snapshot.num_running == 3

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use std::sync::atomic::Ordering;
 
-use engine_state_publisher::{Publisher, PublisherConfig};
+use engine_state_publisher::Publisher;
 use engine_state_reader::{open, ReaderOptions, Source, StateUri, Status};
 use engine_state_redis::{InlineSink, SinkOp};
 use engine_state_redis::{RedisRecord, RedisTarget};
@@ -16,10 +16,6 @@ use engine_state_tests::*;
 
 fn reader(uri: &str, stale_after_ms: u64) -> Box<dyn Source> {
     test_reader(uri, Duration::from_millis(stale_after_ms))
-}
-
-fn start(uri: &str, id: &str, period_ms: u64) -> Result<Publisher, engine_state_publisher::Error> {
-    Publisher::start(PublisherConfig::resolve(Some(uri), Some(id), Some(period_ms), None).unwrap())
 }
 
 /// Publishes `n` snapshots 1 ms apart from `step`; returns each publish() latency in ns.
@@ -49,7 +45,7 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
 fn redis_killed_and_restarted_publish_stays_fast_readers_go_stale_then_fresh() {
     let mut redis = RedisServer::start();
     let uri = redis.uri("");
-    let mut publisher = start(&uri, "survivor", 20).unwrap();
+    let mut publisher = start_publisher(&uri, "survivor", 20).unwrap();
     let mut source = reader(&uri, 300);
     let mut step = 0;
 
@@ -144,13 +140,7 @@ fn an_engine_that_stops_turns_stale_then_expires_dead() {
 fn passwords_work_and_wrong_ones_are_clear_errors_that_never_show_the_password() {
     let redis = RedisServer::start_with(Some("right-pass-123"));
     let good = redis.uri("");
-    let mut publisher = start(&good, "secure", 20).unwrap();
-    publisher
-        .publish(Snapshot {
-            num_running: 9,
-            ..Snapshot::default()
-        })
-        .unwrap();
+    let publisher = publishing_running(&good, "secure", 9);
     let mut source = reader(&good, 2000);
     wait_for_engine(
         &mut *source,
@@ -173,7 +163,9 @@ fn passwords_work_and_wrong_ones_are_clear_errors_that_never_show_the_password()
         ),
         (format!("redis://127.0.0.1:{port}/0"), "right-pass-123"),
     ] {
-        let publisher_error = start(&uri, "intruder", 20).unwrap_err().to_string();
+        let publisher_error = start_publisher(&uri, "intruder", 20)
+            .unwrap_err()
+            .to_string();
         let reader_error = open(&StateUri::parse(&uri).unwrap(), ReaderOptions::default())
             .err()
             .expect("open must fail")
@@ -199,7 +191,7 @@ fn an_unreachable_server_does_not_stop_an_engine_from_starting() {
     let port = free_port();
     let uri = format!("redis://127.0.0.1:{port}/0");
     let t = Instant::now();
-    let mut publisher = start(&uri, "early", 20).unwrap();
+    let mut publisher = start_publisher(&uri, "early", 20).unwrap();
     publisher.publish(Snapshot::default()).unwrap();
     assert!(t.elapsed() < Duration::from_secs(2));
     let error = open(&StateUri::parse(&uri).unwrap(), ReaderOptions::default())
@@ -411,13 +403,7 @@ fn a_paused_server_costs_a_read_at_most_its_timeout_and_says_timed_out() {
 fn a_publisher_never_overwrites_another_live_writers_record_and_takes_over_after_it_expires() {
     let redis = RedisServer::start();
     let uri = redis.uri("?ttl_ms=300");
-    let mut publisher = start(&uri, "held", 20).unwrap();
-    publisher
-        .publish(Snapshot {
-            num_running: 1,
-            ..Snapshot::default()
-        })
-        .unwrap();
+    let mut publisher = publishing_running(&uri, "held", 1);
     let mut source = reader(&uri, 2000);
     wait_for_engine(&mut *source, "held", "the publisher", |s| {
         s.snapshot.num_running == 1
@@ -499,7 +485,7 @@ fn a_registry_key_of_the_wrong_type_is_counted_and_the_records_are_still_written
         .query(&mut redis.connection())
         .unwrap();
     let uri = redis.uri("?prefix=bad:");
-    let publisher = start(&uri, "unlisted", 20).unwrap();
+    let publisher = start_publisher(&uri, "unlisted", 20).unwrap();
     let stats = publisher.redis_stats().unwrap();
     wait_for(
         || stats.registry_errors.load(Ordering::Relaxed) >= 1,
@@ -537,7 +523,9 @@ fn a_publisher_whose_user_may_not_eval_is_told_so_at_start() {
         .query(&mut redis.connection())
         .unwrap();
     let uri = format!("redis://noeval:noeval-pw@127.0.0.1:{}/0", redis.port());
-    let error = start(&uri, "limited", 20).unwrap_err().to_string();
+    let error = start_publisher(&uri, "limited", 20)
+        .unwrap_err()
+        .to_string();
     assert!(
         error.contains("no permissions to run the 'eval' command")
             && error.contains("+eval")
