@@ -156,7 +156,8 @@ impl Default for EsEngine {
 
 /// `d` in nanoseconds, saturating (u64 arithmetic: this runs per engine and read).
 #[inline]
-fn nanos(d: Duration) -> u64 {
+/// A duration in ns, saturating (the C struct's unit).
+pub(crate) fn nanos(d: Duration) -> u64 {
     d.as_secs()
         .saturating_mul(1_000_000_000)
         .saturating_add(u64::from(d.subsec_nanos()))
@@ -178,12 +179,7 @@ impl EsEngine {
         // would be cut, never overflow, and the last byte stays NUL.
         let len = id.len().min(ES_MAX_ENGINE_ID_LEN);
         let s = &state.snapshot;
-        // The reader's `gpu_kv_used_frac`, here so that it inlines.
-        let gpu_kv_used_frac = if s.gpu_blocks_total == 0 {
-            -1.0
-        } else {
-            1.0 - s.gpu_blocks_free.min(s.gpu_blocks_total) as f64 / s.gpu_blocks_total as f64
-        };
+        let gpu_kv_used_frac = s.gpu_kv_used_frac().unwrap_or(-1.0);
         // SAFETY: `dst` is valid for writes and aligned (the contract), so
         // is each field place; `len` <= 63 bytes fit in the 64-byte id array
         // after it is zeroed; the reader's string cannot overlap the

@@ -8,6 +8,7 @@ use std::time::Duration;
 use engine_state_reader::{Freshness, ReaderOptions};
 
 use crate::code::EsCode;
+use crate::engine::nanos;
 use crate::ffi_call::{ffi_call, Failure};
 
 /// How a source reads and judges engines. Fill it with `es_options_init`
@@ -35,10 +36,6 @@ pub const ES_OPTIONS_V1_SIZE: usize = 32;
 
 const _: () = assert!(size_of::<EsOptions>() == ES_OPTIONS_V1_SIZE);
 const _: () = assert!(offset_of!(EsOptions, rescan_interval_ns) == 24);
-
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
 
 impl Default for EsOptions {
     fn default() -> Self {

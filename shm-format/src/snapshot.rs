@@ -127,6 +127,7 @@ impl Snapshot {
 
     /// `1 - free / total`: the used fraction of the KV cache, derived by readers
     /// (never stored). `None` when the engine reported no blocks.
+    #[inline]
     pub fn gpu_kv_used_frac(&self) -> Option<f64> {
         if self.gpu_blocks_total == 0 {
             return None;
