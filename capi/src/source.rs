@@ -7,7 +7,6 @@ use std::ffi::c_char;
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use engine_state_reader::{open, EngineState, Reading, ShmDir, Source, StateUri};
-use engine_state_shm_format::monotonic_ns;
 
 use crate::c_string::{copy_arg, text_arg};
 use crate::code::EsCode;
@@ -171,11 +170,14 @@ unsafe fn read_into_array(
         // copy alone made a 1,024-engine scan 1.3× the Rust one).
         Backend::Shm(dir) => {
             let mut n = 0;
-            let now = now_mono_ns.unwrap_or_else(monotonic_ns);
-            dir.read_each_at(now, &mut reading.errors, |state| {
+            let each = |state: EngineState| {
                 write(n, &state);
                 n += 1;
-            })?;
+            };
+            match now_mono_ns {
+                Some(now) => dir.read_each_at(now, &mut reading.errors, each)?,
+                None => dir.read_each(&mut reading.errors, each)?,
+            }
             n
         }
         Backend::Other(source) => {

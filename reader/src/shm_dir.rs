@@ -179,10 +179,12 @@ impl ShmDir {
     /// interval, by the real clock: `last_scan_ns` is stamped from it, and a
     /// caller's `now_mono_ns` (a replay's past, a test's fixed time) must not
     /// starve or force listings.
+    /// `real_now_ns` is `monotonic_ns()`, read by the caller: a read that
+    /// measures ages from the real clock reads it once for both.
     #[inline]
-    fn rescan_if_due(&mut self) -> Result<(), Error> {
+    fn rescan_if_due(&mut self, real_now_ns: u64) -> Result<(), Error> {
         let interval = self.options.rescan_interval.as_nanos() as u64;
-        if self.last_scan_ns == 0 || monotonic_ns().saturating_sub(self.last_scan_ns) >= interval {
+        if self.last_scan_ns == 0 || real_now_ns.saturating_sub(self.last_scan_ns) >= interval {
             self.rescan()?;
         }
         Ok(())
@@ -198,15 +200,12 @@ impl ShmDir {
     /// [`ShmDir::read_engine`] that reports a failed listing
     /// ([`Error::Directory`]: the directory vanished or became unreadable).
     pub fn try_read_engine(&mut self, engine_id: &str) -> Result<Option<EngineState>, Error> {
-        self.rescan_if_due()?;
+        let now = monotonic_ns();
+        self.rescan_if_due(now)?;
         let Ok(i) = self.engines.binary_search_by(|e| (*e.id).cmp(engine_id)) else {
             return Ok(None);
         };
-        Ok(Some(self.engines[i].read(
-            &self.dir,
-            monotonic_ns(),
-            &self.options,
-        )))
+        Ok(Some(self.engines[i].read(&self.dir, now, &self.options)))
     }
 }
 
@@ -230,9 +229,31 @@ impl ShmDir {
         &mut self,
         now_mono_ns: u64,
         errors: &mut Vec<EngineError>,
+        each: impl FnMut(EngineState),
+    ) -> Result<(), Error> {
+        self.read_each_with(now_mono_ns, monotonic_ns(), errors, each)
+    }
+
+    /// [`ShmDir::read_each_at`] now (one clock read for the ages and the
+    /// rescan decision).
+    pub fn read_each(
+        &mut self,
+        errors: &mut Vec<EngineError>,
+        each: impl FnMut(EngineState),
+    ) -> Result<(), Error> {
+        let now = monotonic_ns();
+        self.read_each_with(now, now, errors, each)
+    }
+
+    #[inline]
+    fn read_each_with(
+        &mut self,
+        now_mono_ns: u64,
+        real_now_ns: u64,
+        errors: &mut Vec<EngineError>,
         mut each: impl FnMut(EngineState),
     ) -> Result<(), Error> {
-        self.rescan_if_due()?;
+        self.rescan_if_due(real_now_ns)?;
         for entry in &mut self.engines {
             each(entry.read(&self.dir, now_mono_ns, &self.options));
         }
@@ -259,7 +280,7 @@ impl ShmDir {
         heartbeat_step: Option<Duration>,
     ) -> Result<(), Error> {
         out.clear();
-        self.rescan_if_due()?;
+        self.rescan_if_due(monotonic_ns())?;
         let step_ns = heartbeat_step.map_or(u64::MAX, |d| d.as_nanos() as u64);
         // Late (the heartbeat policy's `replaced_after`, a few periods at a
         // caller's step) without a heartbeat. From the step, not from each
@@ -311,7 +332,9 @@ impl ShmDir {
 
 impl Source for ShmDir {
     fn read_into(&mut self, out: &mut Reading) -> Result<(), Error> {
-        self.read_at(out, monotonic_ns())
+        out.clear();
+        let Reading { engines, errors } = out;
+        self.read_each(errors, |state| engines.push(state))
     }
 
     fn uri(&self) -> String {
