@@ -13,6 +13,7 @@ fn router_error(error: engine_state_router::Error) -> PyErr {
     match error {
         E::InvalidSetting { .. }
         | E::InvalidRequest { .. }
+        | E::ForeignReservation { .. }
         | E::UnknownInstance(_)
         | E::DuplicateInstance(_) => PyValueError::new_err(error.to_string()),
         E::AllShuttingDown => EngineStateError::new_err(error.to_string()),
@@ -148,7 +149,8 @@ impl Router {
 
     /// The migration trigger and target for a request already reserved by
     /// `reservation` (the source is its instance), with its own reservation
-    /// left out of the source's load, as a dict.
+    /// left out of the source's load, as a dict. `ValueError` for a
+    /// reservation another `Router` made (it changes nothing).
     #[pyo3(signature = (reservation, request_id, *, tokens=None, block_hashes=None, input_len=None, session_id=None))]
     #[allow(clippy::too_many_arguments)] // mirrors pick(): the prompt's forms are keywords
     fn migration_advice_for<'py>(
@@ -175,6 +177,8 @@ impl Router {
     /// fires and a target exists: reserves it on the target, releases it on
     /// the old instance, and `reservation` then holds the new instance (one
     /// step). Returns the `Decision`, or `None` when the request stays.
+    /// `ValueError` for a reservation another `Router` made (nothing changes
+    /// on either router).
     #[pyo3(signature = (reservation, request_id, *, tokens=None, block_hashes=None, input_len=None, session_id=None))]
     #[allow(clippy::too_many_arguments)] // mirrors pick(): the prompt's forms are keywords
     fn migrate(

@@ -263,3 +263,33 @@ def test_an_engine_shutting_down_gets_no_new_requests(tmp_path):
 def test_non_finite_settings_are_named(settings, name):
     with pytest.raises(ValueError, match=name + r"; every setting must be a finite number"):
         Router(["a"], settings=settings)
+
+
+def test_a_reservation_from_another_router_is_refused_and_changes_nothing(tmp_path):
+    uri = f"file://{tmp_path}"
+    r1 = Router(["src", "b"], policy="load_only")
+    r2 = Router(["src", "b"], policy="load_only")
+    prompt = list(range(4096))
+    _, held = r1.pick("m", tokens=prompt)
+    _, r2_own = r2.pick("o", tokens=prompt)
+    with Publisher(uri=uri, engine_id="src") as src:
+        src.publish(num_running=4, pending_prefill_tokens=60_000)
+        reading = Reader(uri=uri).read()
+    for router in (r1, r2):
+        router.update_real_state(reading)
+
+    def shadows(router):
+        return [(i["instance_id"], i["shadow"]) for i in router.instances()], router.stats()
+
+    before = shadows(r1), shadows(r2)
+    with pytest.raises(ValueError, match="made by another router.*pass it to the router"):
+        r2.migrate(held, "m", tokens=prompt)
+    with pytest.raises(ValueError, match="made by another router"):
+        r2.migration_advice_for(held, "m", tokens=prompt)
+    assert (shadows(r1), shadows(r2)) == before
+    assert held.instance_id == "src" and not held.released
+    assert r1.migration_advice_for(held, "m", tokens=prompt)["migrate"] is True
+    held.complete()
+    assert r1.instances()[0]["shadow"]["num_requests"] == 0
+    assert r2.instances()[0]["shadow"]["num_requests"] == 1
+    r2_own.complete()
