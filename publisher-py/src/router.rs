@@ -51,28 +51,28 @@ impl Router {
     ) -> PyResult<Router> {
         let mut parsed = match settings {
             Some(dict) => {
-                // json.dumps writes NaN/Infinity, which the JSON parser then
-                // refuses without naming the setting: name it here.
-                fn non_finite(dict: &Bound<'_, PyDict>, prefix: &str) -> PyResult<Option<String>> {
+                // Numbers are range-checked by name before JSON: json.dumps
+                // writes NaN/Infinity (which the JSON parser refuses without
+                // naming the setting), and an int beyond a Rust integer fails
+                // parsing with only a position. Unknown names and wrong types
+                // are left to the parser, which reports them.
+                fn check_numbers(dict: &Bound<'_, PyDict>, prefix: &str) -> PyResult<()> {
                     for (key, value) in dict.iter() {
                         let name = format!("{prefix}{key}");
                         if let Ok(inner) = value.downcast::<PyDict>() {
-                            if let Some(found) = non_finite(inner, &format!("{name}."))? {
-                                return Ok(Some(found));
-                            }
-                        } else if let Ok(number) = value.downcast::<pyo3::types::PyFloat>() {
-                            if !number.value().is_finite() {
-                                return Ok(Some(format!("{name} is {}", number.value())));
-                            }
+                            check_numbers(inner, &format!("{name}."))?;
+                        } else if value.is_instance_of::<pyo3::types::PyFloat>()
+                            || (value.is_instance_of::<pyo3::types::PyInt>()
+                                && !value.is_instance_of::<pyo3::types::PyBool>())
+                        {
+                            // An int too big for a double is beyond every range.
+                            let number = value.extract::<f64>().unwrap_or(f64::INFINITY);
+                            RouterSettings::check_number(&name, number).map_err(router_error)?;
                         }
                     }
-                    Ok(None)
+                    Ok(())
                 }
-                if let Some(what) = non_finite(dict, "")? {
-                    return Err(PyValueError::new_err(format!(
-                        "invalid router settings: {what}; every setting must be a finite number"
-                    )));
-                }
+                check_numbers(dict, "")?;
                 let text: String = py
                     .import("json")?
                     .call_method1("dumps", (dict,))?
