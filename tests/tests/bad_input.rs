@@ -302,3 +302,23 @@ fn espublish_removes_its_file_on_sigterm_and_sigint() {
     assert!(stress.0.wait().unwrap().success());
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
+
+/// `--duration` beyond what a `Duration` holds was a panic (exit 101): now
+/// a clear error, like every other bad value.
+#[test]
+fn espublish_refuses_durations_it_cannot_represent() {
+    let dir = tempfile::tempdir().unwrap();
+    let uri = format!("file://{}", dir.path().display());
+    for duration in ["1e20", "inf", "NaN"] {
+        let out = Command::new(bin("espublish"))
+            .args(["--uri", &uri, "--engine-id", "d", "--duration", duration])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{duration}: {stderr}");
+        assert!(
+            stderr.contains("must be a number of seconds in 0..="),
+            "{stderr}"
+        );
+    }
+}
