@@ -1,15 +1,18 @@
 //! engine-state's settings, in one place (DESIGN §9): the environment
 //! variables every component reads, their defaults, the engine-id rule
-//! ([`engine_id`]) and, with the `cli` feature, the command-line flags the
+//! ([`engine_id`]), what in a URI is a secret ([`redact`]) and, with the
+//! `cli` feature, the command-line flags the
 //! binaries share ([`cli`]). Explicit values (flags, arguments) always win
 //! over the environment, which wins over the defaults.
 
 mod engine_id;
+mod redact;
 
 #[cfg(feature = "cli")]
 pub mod cli;
 
 pub use engine_id::{default_engine_id, engine_id, fallback_engine_id, hostname, DataParallel};
+pub use redact::{is_secret_parameter, redact};
 
 /// Environment variable naming where engine state lives (a `file://`
 /// directory or a `redis://` server).
