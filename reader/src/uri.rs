@@ -93,10 +93,15 @@ impl StateUri {
     }
 
     /// The URI from `AGENTIC_ENGINE_STATE_URI`, or the default.
+    /// A value that is not UTF-8 is refused, not taken for unset.
     pub fn from_env() -> Result<StateUri, Error> {
-        match std::env::var(URI_ENV) {
-            Ok(value) if !value.trim().is_empty() => StateUri::parse(&value),
-            _ => StateUri::parse(DEFAULT_URI),
+        match engine_state_settings::env(URI_ENV) {
+            Ok(Some(value)) => StateUri::parse(&value),
+            Ok(None) => StateUri::parse(DEFAULT_URI),
+            Err(e) => Err(Error::BadUri {
+                uri: redact(&e.value),
+                reason: e.to_string(),
+            }),
         }
     }
 

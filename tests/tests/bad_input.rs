@@ -322,3 +322,41 @@ fn espublish_refuses_durations_it_cannot_represent() {
         );
     }
 }
+
+/// An environment variable set to bytes that are not UTF-8 is an error the
+/// binaries exit with, never taken for unset (the default id or directory).
+#[test]
+fn environment_values_that_are_not_utf8_are_errors_not_defaults() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let uri = format!("file://{}", dir.path().display());
+    let not_utf8 = std::ffi::OsStr::from_bytes(b"w\xff1");
+    let espublish = Command::new(bin("espublish"))
+        .args(["--uri", &uri, "--duration", "0.2"])
+        .env("AGENTIC_WORKER_ID", not_utf8)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&espublish.stderr);
+    assert_eq!(espublish.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(r#"AGENTIC_WORKER_ID="w\xff1" is not UTF-8: set it to a UTF-8 value"#),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "nothing published"
+    );
+    let esdump = Command::new(bin("esdump"))
+        .env(
+            "AGENTIC_ENGINE_STATE_URI",
+            std::ffi::OsStr::from_bytes(b"file:///d\xfe?token=t"),
+        )
+        .output()
+        .unwrap();
+    // The shared --uri flag reads the variable through clap, which refuses it.
+    let stderr = String::from_utf8_lossy(&esdump.stderr);
+    assert_eq!(esdump.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("invalid UTF-8"), "{stderr}");
+    assert!(!stderr.contains("token=t"), "{stderr}");
+}
