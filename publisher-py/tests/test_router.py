@@ -267,7 +267,7 @@ SETTING_RANGES = {
     "migration.ttft_slo_s": "seconds in [0, 3600]",
     "migration.rel_hi": "a number in [0, 1000]",
     "migration.prefill_tokens_per_s": "tokens/s > 0 and <= 1e9",
-    "migration.big_prefill_threshold": "a token count in [0, 2^64 - 1]",
+    "migration.big_prefill_threshold": "a token count in [0, 1e18]",
     "migration.kv_wall_frac": "a fraction in [0, 1]",
 }
 

@@ -290,7 +290,7 @@ impl RouterSettings {
             (
                 "migration.big_prefill_threshold",
                 m.big_prefill_threshold as f64,
-                Range::closed(0.0, u64::MAX as f64, "a token count in [0, 2^64 - 1]"),
+                Range::closed(0.0, 1e18, "a token count in [0, 1e18]"),
             ),
             (
                 "migration.kv_wall_frac",
@@ -463,8 +463,12 @@ mod tests {
                 "{name}"
             );
         }
-        for name in ["prefix_cache_blocks", "max_sessions"] {
-            let err = set(name, usize::MAX as f64).validate().unwrap_err();
+        for name in [
+            "prefix_cache_blocks",
+            "max_sessions",
+            "migration.big_prefill_threshold",
+        ] {
+            let err = set(name, u64::MAX as f64).validate().unwrap_err();
             assert!(err.to_string().contains(name), "{err}");
         }
         assert!(!RouterSettings::check_number("no_such_setting", f64::NAN).unwrap());
