@@ -260,9 +260,9 @@ def test_an_engine_shutting_down_gets_no_new_requests(tmp_path):
 SETTING_RANGES = {
     "overload_factor": "a number > 0 and <= 1000",
     "decode_weight": "a number in [0, 1000]",
-    "affinity_min_hit_ratio": "a number in [0, 1]",
-    "prefix_cache_blocks": "a count between 1 and 4294967294",
-    "max_sessions": "a count between 1 and 4294967294",
+    "affinity_min_hit_ratio": "a fraction in [0, 1]",
+    "prefix_cache_blocks": "a count in [1, 4294967294]",
+    "max_sessions": "a count in [1, 4294967294]",
     "real_state_expiry_s": "seconds in [0, 3600]",
     "migration.ttft_slo_s": "seconds in [0, 3600]",
     "migration.rel_hi": "a number in [0, 1000]",

@@ -224,15 +224,17 @@ impl Range {
     }
 }
 
-/// Longest duration setting: an hour. Long enough for any SLO or expiry a
-/// router means, short enough for `Duration::from_secs_f64`.
-const MAX_SECONDS: f64 = 3600.0;
-/// Largest factor or weight: far beyond any tuned value (1.3, 0.01, 1.5),
-/// small enough that scores stay finite.
-const MAX_FACTOR: f64 = 1000.0;
-/// Largest count of remembered prefix blocks or sessions (the LRU indexes
-/// its slots with `u32`, `u32::MAX` meaning none).
-const MAX_COUNT: f64 = (u32::MAX - 1) as f64;
+/// Durations: up to an hour. Long enough for any SLO or expiry a router
+/// means, short enough for `Duration::from_secs_f64`.
+const SECONDS: Range = Range::closed(0.0, 3600.0, "seconds in [0, 3600]");
+/// Factors and weights: far beyond any tuned value (1.3, 0.01, 1.5), small
+/// enough that scores stay finite.
+const FACTOR: Range = Range::closed(0.0, 1000.0, "a number in [0, 1000]");
+/// Ratios and fractions.
+const FRACTION: Range = Range::closed(0.0, 1.0, "a fraction in [0, 1]");
+/// Remembered prefix blocks or sessions (the LRU indexes its slots with
+/// `u32`, `u32::MAX` meaning none).
+const COUNT: Range = Range::closed(1.0, (u32::MAX - 1) as f64, "a count in [1, 4294967294]");
 
 impl RouterSettings {
     /// Every numeric setting: its name (as in JSON and Python, nested ones
@@ -245,43 +247,23 @@ impl RouterSettings {
             (
                 "overload_factor",
                 self.overload_factor,
-                Range::above(0.0, MAX_FACTOR, "a number > 0 and <= 1000"),
+                Range::above(0.0, 1000.0, "a number > 0 and <= 1000"),
             ),
-            (
-                "decode_weight",
-                self.decode_weight,
-                Range::closed(0.0, MAX_FACTOR, "a number in [0, 1000]"),
-            ),
+            ("decode_weight", self.decode_weight, FACTOR),
             (
                 "affinity_min_hit_ratio",
                 self.affinity_min_hit_ratio,
-                Range::closed(0.0, 1.0, "a number in [0, 1]"),
+                FRACTION,
             ),
             (
                 "prefix_cache_blocks",
                 self.prefix_cache_blocks as f64,
-                Range::closed(1.0, MAX_COUNT, "a count between 1 and 4294967294"),
+                COUNT,
             ),
-            (
-                "max_sessions",
-                self.max_sessions as f64,
-                Range::closed(1.0, MAX_COUNT, "a count between 1 and 4294967294"),
-            ),
-            (
-                "real_state_expiry_s",
-                self.real_state_expiry_s,
-                Range::closed(0.0, MAX_SECONDS, "seconds in [0, 3600]"),
-            ),
-            (
-                "migration.ttft_slo_s",
-                m.ttft_slo_s,
-                Range::closed(0.0, MAX_SECONDS, "seconds in [0, 3600]"),
-            ),
-            (
-                "migration.rel_hi",
-                m.rel_hi,
-                Range::closed(0.0, MAX_FACTOR, "a number in [0, 1000]"),
-            ),
+            ("max_sessions", self.max_sessions as f64, COUNT),
+            ("real_state_expiry_s", self.real_state_expiry_s, SECONDS),
+            ("migration.ttft_slo_s", m.ttft_slo_s, SECONDS),
+            ("migration.rel_hi", m.rel_hi, FACTOR),
             (
                 "migration.prefill_tokens_per_s",
                 m.prefill_tokens_per_s,
@@ -292,11 +274,7 @@ impl RouterSettings {
                 m.big_prefill_threshold as f64,
                 Range::closed(0.0, 1e18, "a token count in [0, 1e18]"),
             ),
-            (
-                "migration.kv_wall_frac",
-                m.kv_wall_frac,
-                Range::closed(0.0, 1.0, "a fraction in [0, 1]"),
-            ),
+            ("migration.kv_wall_frac", m.kv_wall_frac, FRACTION),
         ]
     }
 

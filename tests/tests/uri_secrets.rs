@@ -6,7 +6,6 @@
 use std::process::{Command, Output};
 
 use engine_state_publisher::PublisherConfig;
-use engine_state_reader::StateUri;
 use engine_state_tests::*;
 
 const SECRET: &str = "hunter2-s3cret";
@@ -39,10 +38,8 @@ fn no_output_for_a_file_uri_with_a_query_secret_contains_it() {
     let mut outputs: Vec<(String, String)> = Vec::new();
     for uri in &uris {
         let mut said = |what: &str, text: String| outputs.push((format!("{what} {uri}"), text));
-        match StateUri::parse(uri) {
-            Ok(parsed) => said("StateUri", format!("{parsed} {parsed:?}")),
-            Err(e) => said("StateUri::parse", format!("{e} {e:?}")),
-        }
+        let (what, shown) = parsed_uri_text(uri);
+        said(what, shown);
         match PublisherConfig::resolve(Some(uri), Some("x"), None, None) {
             Ok(config) => said("PublisherConfig", format!("{config:?}")),
             Err(e) => said("PublisherConfig::resolve", format!("{e} {e:?}")),
