@@ -3,6 +3,10 @@ package enginestate
 import (
 	"encoding/json"
 	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -27,6 +31,40 @@ func TestFloatsAreFormattedAsSerdeJSONDoes(t *testing.T) {
 		if got := string(appendJSONFloat(nil, c.f)); got != c.want {
 			t.Errorf("%v: got %s, want %s", c.f, got, c.want)
 		}
+	}
+}
+
+// docs/FORMAT.md's JSON float cases (table json_floats), which the Rust
+// side checks against serde_json: esdump-go prints each the same way.
+func TestFloatsAreFormattedAsFormatMdSays(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "FORMAT.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const marker = "<!-- table: json_floats -->"
+	_, rest, found := strings.Cut(string(doc), marker)
+	if !found {
+		t.Fatalf("docs/FORMAT.md has no %s", marker)
+	}
+	rows := 0
+	for _, line := range strings.Split(strings.TrimLeft(rest, "\n"), "\n") {
+		if !strings.HasPrefix(line, "|") {
+			break
+		}
+		cells := strings.Split(strings.Trim(line, "|"), "|")
+		value := strings.Trim(strings.TrimSpace(cells[0]), "`")
+		want := strings.Trim(strings.TrimSpace(cells[1]), "`")
+		f, err := strconv.ParseFloat(value, 64)
+		if err != nil {
+			continue // the header and separator rows
+		}
+		rows++
+		if got := string(appendJSONFloat(nil, f)); got != want {
+			t.Errorf("%s: got %s, FORMAT.md says %s", value, got, want)
+		}
+	}
+	if rows < 10 {
+		t.Errorf("only %d rows in json_floats", rows)
 	}
 }
 

@@ -3,6 +3,7 @@
 //! hook and every other publisher name engines the same way.
 
 use engine_state_settings::{DataParallel, ENGINE_ID_ENV};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 /// The engine id of a vLLM engine (DESIGN §9): `AGENTIC_WORKER_ID` when set
@@ -19,8 +20,27 @@ pub(crate) fn engine_id_for(
     pid: Option<u32>,
 ) -> PyResult<String> {
     let worker_id: Option<String> = match environ {
-        Some(environ) => environ.call_method1("get", (ENGINE_ID_ENV,))?.extract()?,
-        None => engine_state_settings::env(ENGINE_ID_ENV),
+        Some(environ) => {
+            let value = environ.call_method1("get", (ENGINE_ID_ENV,))?;
+            // os.environ holds bytes that are not UTF-8 as lone surrogates.
+            value.extract().map_err(|error| {
+                if !value.is_instance_of::<pyo3::types::PyString>() {
+                    return error;
+                }
+                let shown = value.repr().map(|r| r.to_string()).unwrap_or_default();
+                PyValueError::new_err(
+                    engine_state_settings::NotUnicode {
+                        name: ENGINE_ID_ENV.to_owned(),
+                        value: shown.trim_matches('\'').to_owned(),
+                    }
+                    .to_string(),
+                )
+            })?
+        }
+        // Not UTF-8: an error (the hook logs it once and turns itself off),
+        // never the default id.
+        None => engine_state_settings::env(ENGINE_ID_ENV)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?,
     };
     let host = match hostname {
         Some(host) => host.to_owned(),

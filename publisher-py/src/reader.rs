@@ -3,7 +3,9 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use engine_state_reader::{millis, open, Freshness, ReaderOptions, Reading, Source, StateUri};
+use engine_state_reader::{
+    millis, open, printable, Freshness, ReaderOptions, Reading, Source, StateUri,
+};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -71,11 +73,21 @@ impl Reader {
 
     /// The per-engine errors of the last `read()` (bad or foreign files,
     /// FIFOs and other non-regular files, symbolic links, non-UTF-8 names;
-    /// an unreachable or timed-out Redis server).
+    /// an unreachable or timed-out Redis server). Control characters and
+    /// bidirectional overrides in them (a hostile file name is quoted) are
+    /// escaped as esdump shows them (`\u{1b}`, `\n`), so printing or logging
+    /// them cannot drive a terminal or forge log lines.
     #[getter]
     fn errors(&self, py: Python<'_>) -> Vec<String> {
         // Another thread may be inside read(): wait for it without the GIL.
-        py.detach(|| self.lock().1.errors.iter().map(|e| e.to_string()).collect())
+        py.detach(|| {
+            self.lock()
+                .1
+                .errors
+                .iter()
+                .map(|e| printable(&e.to_string()).into_owned())
+                .collect()
+        })
     }
 
     /// The source's URI (password hidden).

@@ -13,6 +13,7 @@ fn router_error(error: engine_state_router::Error) -> PyErr {
     match error {
         E::InvalidSetting { .. }
         | E::InvalidRequest { .. }
+        | E::ForeignReservation { .. }
         | E::UnknownInstance(_)
         | E::DuplicateInstance(_) => PyValueError::new_err(error.to_string()),
         E::AllShuttingDown => EngineStateError::new_err(error.to_string()),
@@ -50,28 +51,28 @@ impl Router {
     ) -> PyResult<Router> {
         let mut parsed = match settings {
             Some(dict) => {
-                // json.dumps writes NaN/Infinity, which the JSON parser then
-                // refuses without naming the setting: name it here.
-                fn non_finite(dict: &Bound<'_, PyDict>, prefix: &str) -> PyResult<Option<String>> {
+                // Numbers are range-checked by name before JSON: json.dumps
+                // writes NaN/Infinity (which the JSON parser refuses without
+                // naming the setting), and an int beyond a Rust integer fails
+                // parsing with only a position. Unknown names and wrong types
+                // are left to the parser, which reports them.
+                fn check_numbers(dict: &Bound<'_, PyDict>, prefix: &str) -> PyResult<()> {
                     for (key, value) in dict.iter() {
                         let name = format!("{prefix}{key}");
                         if let Ok(inner) = value.downcast::<PyDict>() {
-                            if let Some(found) = non_finite(inner, &format!("{name}."))? {
-                                return Ok(Some(found));
-                            }
-                        } else if let Ok(number) = value.downcast::<pyo3::types::PyFloat>() {
-                            if !number.value().is_finite() {
-                                return Ok(Some(format!("{name} is {}", number.value())));
-                            }
+                            check_numbers(inner, &format!("{name}."))?;
+                        } else if value.is_instance_of::<pyo3::types::PyFloat>()
+                            || (value.is_instance_of::<pyo3::types::PyInt>()
+                                && !value.is_instance_of::<pyo3::types::PyBool>())
+                        {
+                            // An int too big for a double is beyond every range.
+                            let number = value.extract::<f64>().unwrap_or(f64::INFINITY);
+                            RouterSettings::check_number(&name, number).map_err(router_error)?;
                         }
                     }
-                    Ok(None)
+                    Ok(())
                 }
-                if let Some(what) = non_finite(dict, "")? {
-                    return Err(PyValueError::new_err(format!(
-                        "invalid router settings: {what}; every setting must be a finite number"
-                    )));
-                }
+                check_numbers(dict, "")?;
                 let text: String = py
                     .import("json")?
                     .call_method1("dumps", (dict,))?
@@ -148,7 +149,8 @@ impl Router {
 
     /// The migration trigger and target for a request already reserved by
     /// `reservation` (the source is its instance), with its own reservation
-    /// left out of the source's load, as a dict.
+    /// left out of the source's load, as a dict. `ValueError` for a
+    /// reservation another `Router` made (it changes nothing).
     #[pyo3(signature = (reservation, request_id, *, tokens=None, block_hashes=None, input_len=None, session_id=None))]
     #[allow(clippy::too_many_arguments)] // mirrors pick(): the prompt's forms are keywords
     fn migration_advice_for<'py>(
@@ -175,6 +177,8 @@ impl Router {
     /// fires and a target exists: reserves it on the target, releases it on
     /// the old instance, and `reservation` then holds the new instance (one
     /// step). Returns the `Decision`, or `None` when the request stays.
+    /// `ValueError` for a reservation another `Router` made (nothing changes
+    /// on either router).
     #[pyo3(signature = (reservation, request_id, *, tokens=None, block_hashes=None, input_len=None, session_id=None))]
     #[allow(clippy::too_many_arguments)] // mirrors pick(): the prompt's forms are keywords
     fn migrate(

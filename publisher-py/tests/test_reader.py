@@ -73,3 +73,17 @@ def test_missing_directory_and_bad_uri(tmp_path):
         Reader(uri=f"file://{tmp_path}/missing")
     with pytest.raises(ValueError, match="bad engine-state URI"):
         Reader(uri="gopher://x")
+
+
+def test_errors_escape_control_characters_in_file_names_as_esdump_does(uri, state_dir, bin_dir):
+    hostile = "evil\x1b[31m\nforged line"
+    (state_dir / hostile).write_bytes(b"hello")
+    reader = Reader(uri=uri)
+    assert reader.read() == []
+    (error,) = reader.errors
+    assert "\x1b" not in error and "\n" not in error, repr(error)
+    assert "evil\\u{1b}[31m\\nforged line" in error, error
+    dumped = subprocess.run(
+        [bin_dir / "esdump", "--json", "--uri", uri], capture_output=True, text=True, check=True
+    )
+    assert dumped.stderr == f"esdump: {error}\n"

@@ -256,10 +256,96 @@ def test_an_engine_shutting_down_gets_no_new_requests(tmp_path):
         assert router.migration_advice("a", "m", tokens=PROMPT)["target_instance"] is None
 
 
-@pytest.mark.parametrize("settings,name", [
-    ({"overload_factor": float("nan")}, "overload_factor is NaN"),
-    ({"migration": {"ttft_slo_s": float("inf")}}, "migration.ttft_slo_s is inf"),
-])
-def test_non_finite_settings_are_named(settings, name):
-    with pytest.raises(ValueError, match=name + r"; every setting must be a finite number"):
-        Router(["a"], settings=settings)
+#: Every numeric router setting and its range, as the error states it.
+SETTING_RANGES = {
+    "overload_factor": "a number > 0 and <= 1000",
+    "decode_weight": "a number in [0, 1000]",
+    "affinity_min_hit_ratio": "a fraction in [0, 1]",
+    "prefix_cache_blocks": "a count in [1, 4294967294]",
+    "max_sessions": "a count in [1, 4294967294]",
+    "real_state_expiry_s": "seconds in [0, 3600]",
+    "migration.ttft_slo_s": "seconds in [0, 3600]",
+    "migration.rel_hi": "a number in [0, 1000]",
+    "migration.prefill_tokens_per_s": "tokens/s > 0 and <= 1e9",
+    "migration.big_prefill_threshold": "a token count in [0, 1e18]",
+    "migration.kv_wall_frac": "a fraction in [0, 1]",
+}
+
+
+def _nested(name, value):
+    if name.startswith("migration."):
+        return {"migration": {name.removeprefix("migration."): value}}
+    return {name: value}
+
+
+def test_every_setting_is_listed():
+    listed = set(SETTING_RANGES) | {"policy", "real_state_use", "migration"}
+    settings = Router(["a"]).settings()
+    names = set(settings) | {f"migration.{k}" for k in settings["migration"]}
+    assert names - {"policy", "real_state_use", "migration"} <= listed
+    assert names >= set(SETTING_RANGES)
+
+
+@pytest.mark.parametrize("name", sorted(SETTING_RANGES))
+@pytest.mark.parametrize(
+    "bad",
+    [float("nan"), float("inf"), float("-inf"), -1, -0.5, 1e20, 1e300, 2**64, 10**400],
+    ids=["nan", "inf", "-inf", "-1", "-0.5", "1e20", "1e300", "2**64", "10**400"],
+)
+def test_bad_settings_are_value_errors_naming_setting_and_range(name, bad):
+    # Not a PanicException (a BaseException): a ValueError with the name and range.
+    with pytest.raises(ValueError) as raised:
+        Router(["a"], settings=_nested(name, bad))
+    text = str(raised.value)
+    assert f"invalid router setting {name} = " in text, text
+    assert SETTING_RANGES[name] in text, text
+
+
+def test_a_reservation_from_another_router_is_refused_and_changes_nothing(tmp_path):
+    uri = f"file://{tmp_path}"
+    r1 = Router(["src", "b"], policy="load_only")
+    r2 = Router(["src", "b"], policy="load_only")
+    prompt = list(range(4096))
+    _, held = r1.pick("m", tokens=prompt)
+    _, r2_own = r2.pick("o", tokens=prompt)
+    with Publisher(uri=uri, engine_id="src") as src:
+        src.publish(num_running=4, pending_prefill_tokens=60_000)
+        reading = Reader(uri=uri).read()
+    for router in (r1, r2):
+        router.update_real_state(reading)
+
+    def shadows(router):
+        return [(i["instance_id"], i["shadow"]) for i in router.instances()], router.stats()
+
+    before = shadows(r1), shadows(r2)
+    with pytest.raises(ValueError, match="made by another router.*pass it to the router"):
+        r2.migrate(held, "m", tokens=prompt)
+    with pytest.raises(ValueError, match="made by another router"):
+        r2.migration_advice_for(held, "m", tokens=prompt)
+    assert (shadows(r1), shadows(r2)) == before
+    assert held.instance_id == "src" and not held.released
+    assert r1.migration_advice_for(held, "m", tokens=prompt)["migrate"] is True
+    held.complete()
+    assert r1.instances()[0]["shadow"]["num_requests"] == 0
+    assert r2.instances()[0]["shadow"]["num_requests"] == 1
+    r2_own.complete()
+
+
+def test_reader_and_publisher_durations_at_their_extremes_are_not_panics(tmp_path):
+    uri = f"file://{tmp_path}"
+    with Publisher(uri=uri, engine_id="e") as publisher:
+        publisher.publish(num_running=1)
+        longest = 2**64 - 1  # the largest value the u64 parameters take
+        reader = Reader(uri=uri, stale_after_ms=longest, max_capture_age_ms=longest)
+        assert [e.status for e in reader.read()] == ["fresh"]
+        assert [e.status for e in Reader(uri=uri, stale_after_ms=0).read()] in (
+            [["fresh"], ["stale"]]
+        )
+    for period_ms in (0, 60_001, 2**64 - 1):
+        with pytest.raises(ValueError, match="outside 1..=60000 ms"):
+            Publisher(uri=uri, engine_id="p", period_ms=period_ms)
+    for bad in (-1, 2**64):  # beyond u64: Python's OverflowError, never a panic
+        with pytest.raises(OverflowError):
+            Reader(uri=uri, stale_after_ms=bad)
+        with pytest.raises(OverflowError):
+            Publisher(uri=uri, engine_id="p", period_ms=bad)

@@ -465,6 +465,59 @@ def test_engine_id_defaults():
     assert len(long) <= 63
 
 
+def test_a_long_worker_id_is_cut_so_its_data_parallel_suffix_fits(shm_uri, module, monkeypatch):
+    # 62 characters + "-dp<i>" would be 66: too long for an engine id, and
+    # the hook would turn itself off. The worker id's end is cut instead.
+    monkeypatch.setenv("AGENTIC_WORKER_ID", "w" * 62)
+    engines = [module.Scheduler(parallel_config=ParallelConfig(i, 2)) for i in range(2)]
+    assert [hook_of(e).engine_id for e in engines] == ["w" * 59 + "-dp0", "w" * 59 + "-dp1"]
+    ids = sorted(s.engine_id for s in engine_state.Reader(uri=shm_uri).read())
+    assert ids == ["w" * 59 + "-dp0", "w" * 59 + "-dp1"]
+    for engine in engines:
+        engine.shutdown()
+    assert hook_pkg.engine_id_for(0, 1, {"AGENTIC_WORKER_ID": "w" * 62}) == "w" * 62
+
+
+def test_a_worker_id_that_is_not_utf8_turns_the_hook_off_with_one_warning(tmp_path):
+    """The variable set to bytes that are not UTF-8 (as a shell or a launcher
+    can): an error logged once, the hook off, vLLM running, nothing published
+    under the default id."""
+    script = textwrap.dedent(
+        f"""
+        import logging, os, sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="LOG %(message)s")
+        from vllm_doubles import make_module, Request
+        import engine_state.vllm as h
+        assert os.environb[b"AGENTIC_WORKER_ID"] == b"w\\xff1"
+        module = make_module()
+        assert h.install(module)
+        s = module.Scheduler()
+        assert s.__dict__.get(h.HOOK_ATTR) is None
+        s.add_request(Request("a", 10))
+        assert s.schedule().num_scheduled_tokens == {{"a": 10}}
+        try:
+            h.engine_id_for(0, 1, os.environ)
+        except ValueError as e:
+            print("environ:", e)
+        print("ok")
+        """
+    )
+    env = {k: v for k, v in os.environb.items() if not k.startswith(b"AGENTIC_")}
+    env[b"AGENTIC_WORKER_ID"] = b"w\xff1"
+    env[b"AGENTIC_ENGINE_STATE_URI"] = f"file://{tmp_path}/engines".encode()
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0 and "ok" in result.stdout, result.stdout + result.stderr
+    logged = [line for line in result.stdout.splitlines() if line.startswith("LOG ")]
+    assert len(logged) == 1, result.stdout
+    assert "not publishing" in logged[0], logged
+    assert 'AGENTIC_WORKER_ID="w\\xff1" is not UTF-8' in logged[0], logged
+    assert "environ: AGENTIC_WORKER_ID=" in result.stdout and "is not UTF-8" in result.stdout
+    assert not os.path.exists(tmp_path / "engines") or not os.listdir(tmp_path / "engines")
+
+
 def test_data_parallel_engines_get_their_own_files(shm_uri, module):
     engines = [module.Scheduler(parallel_config=ParallelConfig(i, 2)) for i in range(2)]
     ids = sorted(s.engine_id for s in engine_state.Reader(uri=shm_uri).read())

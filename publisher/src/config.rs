@@ -37,10 +37,17 @@ impl PublisherConfig {
         file_mode: Option<u32>,
     ) -> Result<PublisherConfig, Error> {
         let uri = StateUri::from_flag_or_env(uri)?;
+        // An environment value that is not UTF-8 is a configuration error,
+        // never the default.
+        let env = |name| {
+            env(name).map_err(|e| Error::Config {
+                what: e.to_string(),
+            })
+        };
         let engine_id = match engine_id {
             Some(id) => EngineId::new(id)?,
             None => EngineId::new(&engine_state_settings::engine_id(
-                env(ENGINE_ID_ENV).as_deref(),
+                env(ENGINE_ID_ENV)?.as_deref(),
                 None,
                 &hostname(),
                 std::process::id(),
@@ -48,7 +55,7 @@ impl PublisherConfig {
         };
         let period_ms = match period_ms {
             Some(ms) => ms,
-            None => match env(PERIOD_ENV) {
+            None => match env(PERIOD_ENV)? {
                 Some(text) => text.trim().parse().map_err(|_| Error::Config {
                     what: format!("{PERIOD_ENV}={text:?} is not a whole number of milliseconds"),
                 })?,
@@ -62,7 +69,7 @@ impl PublisherConfig {
         }
         let file_mode = match file_mode {
             Some(mode) => mode,
-            None => match env(FILE_MODE_ENV) {
+            None => match env(FILE_MODE_ENV)? {
                 Some(text) => u32::from_str_radix(text.trim(), 8).map_err(|_| Error::Config {
                     what: format!(
                         "{FILE_MODE_ENV}={text:?} is not an octal mode such as 600 or 644"

@@ -32,6 +32,7 @@
 
 mod error;
 mod freshness;
+mod printable;
 #[cfg(feature = "redis")]
 mod redis_fetch;
 #[cfg(feature = "redis")]
@@ -46,6 +47,7 @@ pub use crate::freshness::{
     Freshness, Observation, Status, DEFAULT_MAX_CAPTURE_AGE, DEFAULT_STALE_AFTER,
 };
 #[cfg(feature = "redis")]
+pub use crate::printable::printable;
 pub use crate::redis_fetch::{record_state, state_at_fetch};
 #[cfg(feature = "redis")]
 pub use crate::redis_source::RedisSource;

@@ -4,7 +4,8 @@ use std::fmt;
 use std::path::PathBuf;
 
 #[cfg(feature = "redis")]
-use engine_state_redis::{redact, RedisTarget};
+use engine_state_redis::RedisTarget;
+use engine_state_settings::redact;
 
 use crate::error::Error;
 
@@ -36,6 +37,16 @@ impl StateUri {
             uri: redact(uri),
             reason: why.to_owned(),
         };
+        // A file URI (or path) names a directory and nothing else: a query
+        // would become part of the directory's name, and with it any secret
+        // in it (`?password=…`) would be shown wherever the directory is.
+        let is_file = uri.starts_with("file://") || uri.starts_with('/');
+        if is_file && uri.contains('?') {
+            return Err(bad(
+                "a file URI takes no query (?…) and a directory name no '?': give the \
+                 directory alone, as in file:///dev/shm/agentic_engine_state",
+            ));
+        }
         if let Some(rest) = uri.strip_prefix("file://") {
             // file:///abs/path (empty authority) or file://localhost/abs/path
             let path = rest.strip_prefix("localhost").unwrap_or(rest);
@@ -82,10 +93,15 @@ impl StateUri {
     }
 
     /// The URI from `AGENTIC_ENGINE_STATE_URI`, or the default.
+    /// A value that is not UTF-8 is refused, not taken for unset.
     pub fn from_env() -> Result<StateUri, Error> {
-        match std::env::var(URI_ENV) {
-            Ok(value) if !value.trim().is_empty() => StateUri::parse(&value),
-            _ => StateUri::parse(DEFAULT_URI),
+        match engine_state_settings::env(URI_ENV) {
+            Ok(Some(value)) => StateUri::parse(&value),
+            Ok(None) => StateUri::parse(DEFAULT_URI),
+            Err(e) => Err(Error::BadUri {
+                uri: redact(&e.value),
+                reason: e.to_string(),
+            }),
         }
     }
 
@@ -98,20 +114,12 @@ impl StateUri {
     }
 }
 
-/// Without Redis support no URI carries a credential this crate could
-/// read; a URI it refuses is shown by its scheme alone, in case it does.
-#[cfg(not(feature = "redis"))]
-fn redact(uri: &str) -> String {
-    match uri.split_once("://") {
-        Some((scheme, _)) => format!("{scheme}://…"),
-        None => uri.to_owned(),
-    }
-}
-
 impl fmt::Display for StateUri {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            StateUri::Shm { dir } => write!(f, "file://{}", dir.display()),
+            // Parsing refuses queries, but a `Shm` built directly may hold
+            // any path: shown through the same rule as every URI.
+            StateUri::Shm { dir } => f.write_str(&redact(&format!("file://{}", dir.display()))),
             #[cfg(feature = "redis")]
             StateUri::Redis { target } => write!(f, "{target}"),
         }
@@ -155,21 +163,11 @@ mod tests {
         assert!(matches!(uri, StateUri::Redis { .. }));
         assert_eq!(uri.to_string(), "redis://user:***@10.0.0.1:6379/2");
         assert!(!format!("{uri:?}").contains("s3cret"));
-        assert_eq!(redact("rediss://:pw@h:1"), "rediss://:***@h:1");
-        assert_eq!(redact("redis://pw@h:1"), "redis://***@h:1");
-        assert_eq!(redact("redis://h:1/0"), "redis://h:1/0");
-        assert_eq!(
-            redact("redis://h:1/0?prefix=p:&password=PW&Pass=PW&x_token=PW&ttl_ms=5#insecure"),
-            "redis://h:1/0?prefix=p:&password=***&Pass=***&x_token=***&ttl_ms=5#insecure"
-        );
-        assert_eq!(
-            redact("redis+unix:///tmp/r.sock?pass=PW"),
-            "redis+unix:///tmp/r.sock?pass=***"
-        );
-        assert_eq!(
-            redact("redis://:PW@h:1/0?pwd=PW"),
-            "redis://:***@h:1/0?pwd=***"
-        );
+        assert!(!format!(
+            "{}",
+            StateUri::parse("redis://:pw@h:1/0?prefix=p:").unwrap()
+        )
+        .contains("pw"));
     }
 
     #[test]
@@ -181,10 +179,24 @@ mod tests {
             ("relative/dir", "file:///dir"),
             ("redis://", "needs a host"),
             ("redis://user:pw@/0", "needs a host"),
+            ("file:///dev/shm/x?password=pw", "takes no query"),
+            ("file:///dev/shm/x?token=pw&a=b", "takes no query"),
+            ("/dev/shm/x?secret=pw", "takes no query"),
+            ("file://localhost/x?api_key=pw#f", "takes no query"),
         ] {
             let err = StateUri::parse(uri).unwrap_err().to_string();
             assert!(err.contains(hint), "{uri:?}: {err}");
             assert!(!err.contains("pw@"), "password leaked: {err}");
+            assert!(!err.contains("=pw"), "query secret leaked: {err}");
         }
+    }
+
+    #[test]
+    fn a_directory_built_with_a_query_is_shown_redacted() {
+        let uri = StateUri::Shm {
+            dir: PathBuf::from("/tmp/x?password=hunter2"),
+        };
+        assert_eq!(uri.to_string(), "file:///tmp/x?password=***");
+        assert!(!format!("{uri:?}").contains("hunter2"));
     }
 }

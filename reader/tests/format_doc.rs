@@ -287,3 +287,20 @@ fn the_constants_table_is_the_code() {
     );
     assert!(rows[0][2].contains(&format!("0x{MAGIC:016x}")));
 }
+
+/// The JSON float cases are what serde_json (the encoder of `esdump --json`
+/// and Python's `to_dict` keys' values) prints, and read back exactly.
+#[test]
+fn the_json_floats_table_is_what_esdump_prints() {
+    let rows = table(&format_md(), "json_floats");
+    assert!(rows.len() >= 10, "{rows:?}");
+    for row in rows {
+        let value: f64 = row[0].parse().unwrap_or_else(|e| panic!("{row:?}: {e}"));
+        let printed = serde_json::to_string(&value).unwrap();
+        assert_eq!(printed, row[1], "docs/FORMAT.md json_floats row {row:?}");
+        assert_eq!(printed.parse::<f64>().unwrap(), value, "{row:?} reads back");
+    }
+    // The empty array, as the section says.
+    let empty: Vec<engine_state_reader::EngineState> = Vec::new();
+    assert_eq!(serde_json::to_string_pretty(&empty).unwrap() + "\n", "[]\n");
+}

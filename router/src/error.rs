@@ -38,6 +38,20 @@ pub enum Error {
         /// What is wrong with it and how to fix it.
         reason: String,
     },
+    /// A reservation made by another router (another `Router::new`, not a
+    /// clone) was passed to this one; nothing was changed on either.
+    #[error(
+        "the reservation of request {request_id:?} was made by another router (router id \
+         {reservation_router}, this is {router}): pass it to the router whose pick made it"
+    )]
+    ForeignReservation {
+        /// The request's id.
+        request_id: String,
+        /// The id of the router that made the reservation.
+        reservation_router: u64,
+        /// The id of the router it was passed to.
+        router: u64,
+    },
     /// The decision log file could not be opened.
     #[error(
         "could not open decision log {path}: {source}; check the directory exists and is writable"

@@ -72,6 +72,12 @@ impl Reservation {
         &self.instance_id
     }
 
+    /// The [`Router::id`](crate::Router::id) of the router that made it: only
+    /// that router (or a clone) takes it in a call.
+    pub fn router_id(&self) -> u64 {
+        self.shared.router_id
+    }
+
     /// Prompt tokens reserved.
     pub fn input_len(&self) -> u64 {
         self.load.input_len
@@ -148,6 +154,7 @@ impl Reservation {
 impl std::fmt::Debug for Reservation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Reservation")
+            .field("router_id", &self.shared.router_id)
             .field("instance_id", &self.instance_id)
             .field("input_len", &self.load.input_len)
             .field("new_prefill_tokens", &self.load.new_prefill)

@@ -19,9 +19,15 @@ use crate::settings::RouterSettings;
 use crate::shadow::{InstanceShadow, ShadowCounters};
 use crate::state::{session_key, RouterState};
 
+/// The next [`Router::id`]: ids are unique in the process, never reused.
+static NEXT_ROUTER_ID: AtomicU64 = AtomicU64::new(1);
+
 /// State shared by a router, its clones and its reservations.
 #[derive(Debug)]
 pub(crate) struct Shared {
+    /// This router's [`Router::id`]; a reservation carries it (through its
+    /// `Arc<Shared>`), and every call that takes a reservation checks it.
+    pub(crate) router_id: u64,
     pub(crate) settings: RouterSettings,
     pub(crate) real_state_expiry: Duration,
     /// Read once per decision, view or advice (real state ages by it).
@@ -113,6 +119,7 @@ pub struct Router {
 impl std::fmt::Debug for Router {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Router")
+            .field("id", &self.shared.router_id)
             .field("policy", &self.shared.settings.policy)
             .field("instances", &self.shared.lock().instances.len())
             .finish_non_exhaustive()
@@ -133,6 +140,8 @@ impl Router {
         let state = RouterState::new(&settings);
         Ok(Router {
             shared: Arc::new(Shared {
+                // Relaxed: only uniqueness is needed; pairs with no other access.
+                router_id: NEXT_ROUTER_ID.fetch_add(1, Ordering::Relaxed),
                 real_state_expiry: Duration::from_secs_f64(settings.real_state_expiry_s),
                 clock,
                 settings,
@@ -153,6 +162,13 @@ impl Router {
             router.add_instance(id.as_ref())?;
         }
         Ok(router)
+    }
+
+    /// This router's id, unique in the process (clones share it). Its
+    /// reservations carry it: a call given a reservation another router
+    /// made fails with [`Error::ForeignReservation`] and changes nothing.
+    pub fn id(&self) -> u64 {
+        self.shared.router_id
     }
 
     /// The settings it was made with.
@@ -336,7 +352,7 @@ impl Router {
         request: &Request,
         reservation: &Reservation,
     ) -> Result<MigrationAdvice, Error> {
-        self.advice(request, reserved_source(request, reservation)?)
+        self.advice(request, self.reserved_source(request, reservation)?)
     }
 
     fn advice(
@@ -381,22 +397,44 @@ impl Router {
     /// one — all under one lock hold, so no decision sees the request on both
     /// instances or on neither. The session moves too. `None`: it stays, and
     /// `reservation` is unchanged. Fails for a reservation that is released,
-    /// past `prefill_done`, or made for a prompt of another length.
+    /// past `prefill_done`, made for a prompt of another length, or made by
+    /// another router ([`Error::ForeignReservation`]); a failure changes
+    /// nothing on either router.
     pub fn migrate_reservation(
         &self,
         request: &Request,
         reservation: &mut Reservation,
     ) -> Result<Option<Decision>, Error> {
-        let source = reserved_source(request, reservation)?;
+        let source = self.reserved_source(request, reservation)?;
         let Some((decision, migrated)) = self.decide(request, Placement::Migration(source))? else {
             return Ok(None);
         };
         reservation.replace_by_migrated(migrated);
         Ok(Some(decision))
     }
+
+    /// The migration source of a request's own reservation, made by this
+    /// router. Every method that takes a reservation goes through here.
+    fn reserved_source<'a>(
+        &self,
+        request: &Request,
+        reservation: &'a Reservation,
+    ) -> Result<MigrationSource<'a>, Error> {
+        // Checked first: another router's instance uids and positions mean
+        // nothing here, and migrating it would release load this router
+        // never gave out while the other router's share leaks.
+        if reservation.router_id() != self.shared.router_id {
+            return Err(Error::ForeignReservation {
+                request_id: request.request_id.clone(),
+                reservation_router: reservation.router_id(),
+                router: self.shared.router_id,
+            });
+        }
+        reserved_source(request, reservation)
+    }
 }
 
-/// The migration source of a request's own reservation.
+/// The migration source of a request's own reservation (its router checked).
 fn reserved_source<'a>(
     request: &Request,
     reservation: &'a Reservation,

@@ -843,3 +843,66 @@ fn a_simulated_clock_stamps_the_decision_log_with_simulated_time() {
         "no wall-clock time in a simulation: {text}"
     );
 }
+
+#[test]
+fn a_reservation_from_another_router_is_refused_and_changes_nothing() {
+    // Two routers over the same instance ids: r1 placed the request, r2
+    // must not take r1's reservation (it would release load it never gave
+    // out, and r1 would leak the request).
+    let r1 = router(Policy::LoadOnly, &["src", "b"]);
+    let r2 = router(Policy::LoadOnly, &["src", "b"]);
+    let request = Request::from_tokens("m", tokens(4, 4096));
+    let (_, mut held) = r1.pick(&request).unwrap();
+    let (_, _r2_own) = r2
+        .pick(&Request::from_tokens("o", tokens(5, 4096)))
+        .unwrap();
+    // On both routers the trigger would fire for src.
+    let drowning = Snapshot {
+        num_running: 4,
+        pending_prefill_tokens: 60_000,
+        ..Snapshot::default()
+    };
+    for r in [&r1, &r2] {
+        r.update_real_state([("src", fresh(drowning))]);
+    }
+    // The shadows and counters (effective state carries the real state's age).
+    let snapshot = |r: &Router| {
+        let shadows: Vec<_> = r
+            .instances()
+            .into_iter()
+            .map(|i| (i.instance_id, i.shadow, i.cached_blocks))
+            .collect();
+        (shadows, r.stats())
+    };
+    let before = (snapshot(&r1), snapshot(&r2));
+    let refused = |err: Error| {
+        assert!(matches!(err, Error::ForeignReservation { .. }), "{err}");
+        let text = err.to_string();
+        assert!(text.contains("another router"), "{text}");
+        assert!(text.contains("pass it to the router whose pick"), "{text}");
+    };
+    refused(r2.migrate_reservation(&request, &mut held).unwrap_err());
+    refused(r2.migration_advice_for(&request, &held).unwrap_err());
+    assert_eq!(held.instance_id(), "src");
+    assert!(!held.is_released());
+    assert_eq!(
+        (snapshot(&r1), snapshot(&r2)),
+        before,
+        "a refused call changes nothing on either router"
+    );
+    // Its own router still takes it, and completing it releases it there.
+    assert!(r1.migration_advice_for(&request, &held).unwrap().migrate);
+    held.complete();
+    assert_eq!(shadow(&r1, "src"), ShadowCounters::default());
+    assert_eq!(
+        shadow(&r2, "src").num_requests,
+        1,
+        "r2 keeps its own request"
+    );
+    // A clone is the same router: its reservations are its own.
+    let clone = r1.clone();
+    let (_, held) = clone.pick(&request).unwrap();
+    assert!(r1.migration_advice_for(&request, &held).is_ok());
+    assert_eq!(r1.id(), clone.id());
+    assert_ne!(r1.id(), r2.id());
+}

@@ -181,88 +181,145 @@ impl Default for MigrationSettings {
     }
 }
 
-fn check(name: &'static str, value: f64, ok: bool, expected: &'static str) -> Result<(), Error> {
-    if ok && value.is_finite() {
+/// The accepted values of one numeric setting: `min..=max`, without `min`
+/// itself when `min_excluded`. Every bound is finite, so NaN and ±inf are
+/// refused too; the upper bounds keep every value usable in a decision (a
+/// duration must convert to a `Duration`, a score must not overflow to inf).
+#[derive(Clone, Copy, Debug)]
+struct Range {
+    min: f64,
+    min_excluded: bool,
+    max: f64,
+    /// The range in words, for the error.
+    expected: &'static str,
+}
+
+impl Range {
+    const fn closed(min: f64, max: f64, expected: &'static str) -> Range {
+        Range {
+            min,
+            min_excluded: false,
+            max,
+            expected,
+        }
+    }
+
+    const fn above(min: f64, max: f64, expected: &'static str) -> Range {
+        Range {
+            min,
+            min_excluded: true,
+            max,
+            expected,
+        }
+    }
+
+    fn contains(&self, value: f64) -> bool {
+        // NaN fails both comparisons.
+        let above_min = if self.min_excluded {
+            value > self.min
+        } else {
+            value >= self.min
+        };
+        above_min && value <= self.max
+    }
+}
+
+/// Durations: up to an hour. Long enough for any SLO or expiry a router
+/// means, short enough for `Duration::from_secs_f64`.
+const SECONDS: Range = Range::closed(0.0, 3600.0, "seconds in [0, 3600]");
+/// Factors and weights: far beyond any tuned value (1.3, 0.01, 1.5), small
+/// enough that scores stay finite.
+const FACTOR: Range = Range::closed(0.0, 1000.0, "a number in [0, 1000]");
+/// Ratios and fractions.
+const FRACTION: Range = Range::closed(0.0, 1.0, "a fraction in [0, 1]");
+/// Remembered prefix blocks or sessions (the LRU indexes its slots with
+/// `u32`, `u32::MAX` meaning none).
+const COUNT: Range = Range::closed(1.0, (u32::MAX - 1) as f64, "a count in [1, 4294967294]");
+
+impl RouterSettings {
+    /// Every numeric setting: its name (as in JSON and Python, nested ones
+    /// as `migration.<name>`), its value and its range. The one list
+    /// [`validate`](RouterSettings::validate) and
+    /// [`check_number`](RouterSettings::check_number) read.
+    fn numbers(&self) -> [(&'static str, f64, Range); 11] {
+        let m = &self.migration;
+        [
+            (
+                "overload_factor",
+                self.overload_factor,
+                Range::above(0.0, 1000.0, "a number > 0 and <= 1000"),
+            ),
+            ("decode_weight", self.decode_weight, FACTOR),
+            (
+                "affinity_min_hit_ratio",
+                self.affinity_min_hit_ratio,
+                FRACTION,
+            ),
+            (
+                "prefix_cache_blocks",
+                self.prefix_cache_blocks as f64,
+                COUNT,
+            ),
+            ("max_sessions", self.max_sessions as f64, COUNT),
+            ("real_state_expiry_s", self.real_state_expiry_s, SECONDS),
+            ("migration.ttft_slo_s", m.ttft_slo_s, SECONDS),
+            ("migration.rel_hi", m.rel_hi, FACTOR),
+            (
+                "migration.prefill_tokens_per_s",
+                m.prefill_tokens_per_s,
+                Range::above(0.0, 1e9, "tokens/s > 0 and <= 1e9"),
+            ),
+            (
+                "migration.big_prefill_threshold",
+                m.big_prefill_threshold as f64,
+                Range::closed(0.0, 1e18, "a token count in [0, 1e18]"),
+            ),
+            ("migration.kv_wall_frac", m.kv_wall_frac, FRACTION),
+        ]
+    }
+
+    /// Refuse values no decision can be made with: NaN, infinities,
+    /// negatives, zero capacities, and values beyond each setting's range
+    /// (a duration that no `Duration` holds, a factor that makes scores
+    /// infinite). The error names the setting and its range.
+    pub fn validate(&self) -> Result<(), Error> {
+        for (name, value, range) in self.numbers() {
+            refuse_outside(name, value, &range)?;
+        }
+        Ok(())
+    }
+
+    /// Check one numeric setting by its name (`"overload_factor"`,
+    /// `"migration.ttft_slo_s"`) before it is parsed: for bindings whose
+    /// values may be NaN, infinite or out of an integer type's range (Python
+    /// floats and ints), so the error names the setting and its range.
+    /// `Ok(false)`: no numeric setting has that name (the parser reports it).
+    pub fn check_number(name: &str, value: f64) -> Result<bool, Error> {
+        let numbers = RouterSettings::default().numbers();
+        let Some((name, _, range)) = numbers.iter().find(|(known, ..)| *known == name) else {
+            return Ok(false);
+        };
+        refuse_outside(name, value, range)?;
+        Ok(true)
+    }
+}
+
+fn refuse_outside(name: &'static str, value: f64, range: &Range) -> Result<(), Error> {
+    if range.contains(value) {
         Ok(())
     } else {
         Err(Error::InvalidSetting {
             name,
             value: value.to_string(),
-            expected,
+            expected: range.expected,
         })
-    }
-}
-
-impl RouterSettings {
-    /// Refuse values no decision can be made with (negative, NaN, zero capacities).
-    pub fn validate(&self) -> Result<(), Error> {
-        let m = &self.migration;
-        check(
-            "overload_factor",
-            self.overload_factor,
-            self.overload_factor > 0.0,
-            "a number > 0",
-        )?;
-        check(
-            "decode_weight",
-            self.decode_weight,
-            self.decode_weight >= 0.0,
-            "a number >= 0",
-        )?;
-        let ratio = self.affinity_min_hit_ratio;
-        check(
-            "affinity_min_hit_ratio",
-            ratio,
-            (0.0..=1.0).contains(&ratio),
-            "a number in [0, 1]",
-        )?;
-        let expiry = self.real_state_expiry_s;
-        check("real_state_expiry_s", expiry, expiry >= 0.0, "seconds >= 0")?;
-        check(
-            "migration.ttft_slo_s",
-            m.ttft_slo_s,
-            m.ttft_slo_s >= 0.0,
-            "seconds >= 0",
-        )?;
-        check(
-            "migration.rel_hi",
-            m.rel_hi,
-            m.rel_hi >= 0.0,
-            "a number >= 0",
-        )?;
-        let rate = m.prefill_tokens_per_s;
-        check(
-            "migration.prefill_tokens_per_s",
-            rate,
-            rate > 0.0,
-            "tokens/s > 0",
-        )?;
-        let wall = m.kv_wall_frac;
-        check(
-            "migration.kv_wall_frac",
-            wall,
-            (0.0..=1.0).contains(&wall),
-            "a fraction in [0, 1]",
-        )?;
-        for (name, value) in [
-            ("prefix_cache_blocks", self.prefix_cache_blocks),
-            ("max_sessions", self.max_sessions),
-        ] {
-            if value == 0 || value >= u32::MAX as usize {
-                return Err(Error::InvalidSetting {
-                    name,
-                    value: value.to_string(),
-                    expected: "a count between 1 and 4294967294",
-                });
-            }
-        }
-        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Router;
 
     #[test]
     fn defaults_are_the_documented_ones_and_valid() {
@@ -319,5 +376,79 @@ mod tests {
             ..RouterSettings::default()
         };
         assert!(bad.validate().is_err());
+    }
+
+    /// Every numeric setting, set to each bad value in turn: refused by
+    /// `validate` (so `Router::new` never panics converting it) with the
+    /// setting's name and range, and by `check_number` the same way.
+    #[test]
+    fn every_setting_refuses_nan_infinities_negatives_and_huge_values() {
+        let set = |name: &str, value: f64| {
+            let mut s = RouterSettings::default();
+            let m = &mut s.migration;
+            match name {
+                "overload_factor" => s.overload_factor = value,
+                "decode_weight" => s.decode_weight = value,
+                "affinity_min_hit_ratio" => s.affinity_min_hit_ratio = value,
+                "prefix_cache_blocks" => s.prefix_cache_blocks = value as usize,
+                "max_sessions" => s.max_sessions = value as usize,
+                "real_state_expiry_s" => s.real_state_expiry_s = value,
+                "migration.ttft_slo_s" => m.ttft_slo_s = value,
+                "migration.rel_hi" => m.rel_hi = value,
+                "migration.prefill_tokens_per_s" => m.prefill_tokens_per_s = value,
+                "migration.big_prefill_threshold" => m.big_prefill_threshold = value as u64,
+                "migration.kv_wall_frac" => m.kv_wall_frac = value,
+                other => panic!("{other} has no case here: add it"),
+            }
+            s
+        };
+        let integer = |name: &str| {
+            [
+                "prefix_cache_blocks",
+                "max_sessions",
+                "migration.big_prefill_threshold",
+            ]
+            .contains(&name)
+        };
+        for (name, _, range) in RouterSettings::default().numbers() {
+            for bad in [
+                f64::NAN,
+                f64::INFINITY,
+                f64::NEG_INFINITY,
+                -1.0,
+                1e20,
+                1e300,
+            ] {
+                let err = RouterSettings::check_number(name, bad)
+                    .unwrap_err()
+                    .to_string();
+                assert!(err.contains(name) && err.contains(range.expected), "{err}");
+                // Integer fields cannot hold NaN, inf or negatives: their
+                // huge values are checked below.
+                if !integer(name) {
+                    let err = set(name, bad).validate().unwrap_err().to_string();
+                    assert!(err.contains(name) && err.contains(range.expected), "{err}");
+                    assert!(
+                        Router::new(set(name, bad)).is_err(),
+                        "{name} = {bad}: an error, not a panic"
+                    );
+                }
+            }
+            let default = RouterSettings::default().numbers();
+            let (_, value, _) = default.iter().find(|(n, ..)| *n == name).unwrap();
+            assert!(
+                RouterSettings::check_number(name, *value).unwrap(),
+                "{name}"
+            );
+        }
+        for name in [
+            "prefix_cache_blocks",
+            "max_sessions",
+            "migration.big_prefill_threshold",
+        ] {
+            let err = set(name, u64::MAX as f64).validate().unwrap_err();
+            assert!(err.to_string().contains(name), "{err}");
+        }
+        assert!(!RouterSettings::check_number("no_such_setting", f64::NAN).unwrap());
     }
 }

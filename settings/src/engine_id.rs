@@ -3,7 +3,8 @@
 //!
 //! `AGENTIC_WORKER_ID` when set; with `-dp<index>` appended for a vLLM
 //! engine of a server that runs several data-parallel engines (they share
-//! the environment). Otherwise `<host>-<pid>`, and `<host>-dp<index>-<pid>`
+//! the environment), the worker id's end cut so that the whole is at most
+//! 63 characters (`MAX_ENGINE_ID_LEN`). Otherwise `<host>-<pid>`, and `<host>-dp<index>-<pid>`
 //! for a vLLM engine: the pid keeps several processes on one host apart.
 //! `<host>` is the hostname with every character an engine id does not allow
 //! replaced by `_`, without leading or trailing dots, at most 40 characters
@@ -36,6 +37,12 @@ pub fn engine_id(
 ) -> String {
     if let Some(worker_id) = worker_id.map(str::trim).filter(|w| !w.is_empty()) {
         return match data_parallel {
+            // A worker id that fits alone is shortened to fit the suffix:
+            // the suffix is ours, and must not make a valid id invalid. One
+            // too long by itself is left so, for the id check to refuse.
+            Some(dp) if dp.size > 1 && worker_id.len() <= MAX_ENGINE_ID_LEN => {
+                with_suffix(worker_id, &format!("-dp{}", dp.index))
+            }
             Some(dp) if dp.size > 1 => format!("{worker_id}-dp{}", dp.index),
             _ => worker_id.to_owned(),
         };
@@ -71,13 +78,19 @@ pub fn fallback_engine_id(engine_id: &str, pid: u32) -> String {
         let random = RandomState::new().build_hasher().finish() as u16;
         suffix.push_str(&format!("-{random:04x}"));
     }
+    with_suffix(engine_id, &suffix)
+}
+
+/// `base` + `suffix`, `base` cut at the end so that the whole is at most an
+/// engine id's length.
+fn with_suffix(base: &str, suffix: &str) -> String {
     let mut keep = MAX_ENGINE_ID_LEN
         .saturating_sub(suffix.len())
-        .min(engine_id.len());
-    while !engine_id.is_char_boundary(keep) {
+        .min(base.len());
+    while !base.is_char_boundary(keep) {
         keep -= 1;
     }
-    format!("{}{suffix}", &engine_id[..keep])
+    format!("{}{suffix}", &base[..keep])
 }
 
 /// The hostname as an engine id's first part.
@@ -137,6 +150,29 @@ mod tests {
         assert_eq!(engine_id(Some("w1"), DP1, "h", 1), "w1");
         let dp2 = Some(DataParallel { index: 2, size: 4 });
         assert_eq!(engine_id(Some("w1"), dp2, "h", 1), "w1-dp2");
+    }
+
+    #[test]
+    fn a_long_worker_id_is_cut_so_its_data_parallel_suffix_fits() {
+        let dp = |index| Some(DataParallel { index, size: 1024 });
+        let base = "w".repeat(62);
+        let id = engine_id(Some(&base), dp(3), "h", 1);
+        assert_eq!(id, format!("{}-dp3", "w".repeat(59)));
+        let id = engine_id(Some(&"w".repeat(63)), dp(1023), "h", 1);
+        assert_eq!(id.len(), MAX_ENGINE_ID_LEN);
+        assert!(id.ends_with("-dp1023"), "{id}");
+        for length in 1..=MAX_ENGINE_ID_LEN {
+            for index in [0, 9, 10, 1023, u32::MAX] {
+                let id = engine_id(Some(&"w".repeat(length)), dp(index), "h", 1);
+                assert!(EngineId::new(&id).is_ok(), "{length} {index}: {id}");
+                assert!(id.ends_with(&format!("-dp{index}")), "{id}");
+            }
+        }
+        // Too long by itself: left for the id check to refuse, not cut.
+        let id = engine_id(Some(&"w".repeat(64)), dp(0), "h", 1);
+        assert!(EngineId::new(&id).is_err(), "{id}");
+        // Without data parallelism a worker id is used as given.
+        assert_eq!(engine_id(Some(&base), DP1, "h", 1), base);
     }
 
     #[test]

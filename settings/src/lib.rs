@@ -1,15 +1,18 @@
 //! engine-state's settings, in one place (DESIGN §9): the environment
 //! variables every component reads, their defaults, the engine-id rule
-//! ([`engine_id`]) and, with the `cli` feature, the command-line flags the
+//! ([`engine_id`]), what in a URI is a secret ([`redact`]) and, with the
+//! `cli` feature, the command-line flags the
 //! binaries share ([`cli`]). Explicit values (flags, arguments) always win
 //! over the environment, which wins over the defaults.
 
 mod engine_id;
+mod redact;
 
 #[cfg(feature = "cli")]
 pub mod cli;
 
 pub use engine_id::{default_engine_id, engine_id, fallback_engine_id, hostname, DataParallel};
+pub use redact::{is_secret_parameter, redact};
 
 /// Environment variable naming where engine state lives (a `file://`
 /// directory or a `redis://` server).
@@ -50,7 +53,42 @@ pub const DEFAULT_AGENT_LISTEN: &str = "127.0.0.1:9464";
 /// removes a dead writer's file (its `--cleanup-grace-s`; 0: never).
 pub const CLEANUP_GRACE_ENV: &str = "AGENTIC_ENGINE_STATE_CLEANUP_GRACE_S";
 
-/// The value of the environment variable `name`, unless unset or blank.
-pub fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+/// The value of the environment variable `name`, unless unset or blank. A
+/// value that is not UTF-8 is an error, never taken for unset: a worker id
+/// or URI set to bytes this process cannot read must not silently become
+/// the default.
+pub fn env(name: &str) -> Result<Option<String>, NotUnicode> {
+    match std::env::var(name) {
+        Ok(value) => Ok(Some(value).filter(|v| !v.trim().is_empty())),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(value)) => Err(NotUnicode {
+            name: name.to_owned(),
+            value: std::os::unix::ffi::OsStrExt::as_bytes(value.as_os_str())
+                .escape_ascii()
+                .to_string(),
+        }),
+    }
 }
+
+/// An environment variable set to bytes that are not UTF-8.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NotUnicode {
+    /// The variable.
+    pub name: String,
+    /// Its bytes, escaped (`\xff`) so they can be shown.
+    pub value: String,
+}
+
+impl std::fmt::Display for NotUnicode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}=\"{}\" is not UTF-8: set it to a UTF-8 value, or unset it for the default",
+            self.name,
+            // A URI's credentials stay hidden here too.
+            redact(&self.value)
+        )
+    }
+}
+
+impl std::error::Error for NotUnicode {}

@@ -139,6 +139,16 @@ pub fn esdump_json(uri: &str) -> (serde_json::Value, String) {
     (json, stderr)
 }
 
+/// What parsing `uri` shows, for tests that no output leaks a credential:
+/// `("StateUri", Display and Debug)` when it parses, else
+/// `("StateUri::parse", the error's Display and Debug)`.
+pub fn parsed_uri_text(uri: &str) -> (&'static str, String) {
+    match engine_state_reader::StateUri::parse(uri) {
+        Ok(parsed) => ("StateUri", format!("{parsed} {parsed:?}")),
+        Err(e) => ("StateUri::parse", format!("{e} {e:?}")),
+    }
+}
+
 /// Waits (as [`wait_for`]) until `source` reads engine `id` in a state that
 /// passes `test`.
 pub fn wait_for_engine(

@@ -302,3 +302,61 @@ fn espublish_removes_its_file_on_sigterm_and_sigint() {
     assert!(stress.0.wait().unwrap().success());
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
+
+/// `--duration` beyond what a `Duration` holds was a panic (exit 101): now
+/// a clear error, like every other bad value.
+#[test]
+fn espublish_refuses_durations_it_cannot_represent() {
+    let dir = tempfile::tempdir().unwrap();
+    let uri = format!("file://{}", dir.path().display());
+    for duration in ["1e20", "inf", "NaN"] {
+        let out = Command::new(bin("espublish"))
+            .args(["--uri", &uri, "--engine-id", "d", "--duration", duration])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{duration}: {stderr}");
+        assert!(
+            stderr.contains("must be a number of seconds in 0..="),
+            "{stderr}"
+        );
+    }
+}
+
+/// An environment variable set to bytes that are not UTF-8 is an error the
+/// binaries exit with, never taken for unset (the default id or directory).
+#[test]
+fn environment_values_that_are_not_utf8_are_errors_not_defaults() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let uri = format!("file://{}", dir.path().display());
+    let not_utf8 = std::ffi::OsStr::from_bytes(b"w\xff1");
+    let espublish = Command::new(bin("espublish"))
+        .args(["--uri", &uri, "--duration", "0.2"])
+        .env("AGENTIC_WORKER_ID", not_utf8)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&espublish.stderr);
+    assert_eq!(espublish.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(r#"AGENTIC_WORKER_ID="w\xff1" is not UTF-8: set it to a UTF-8 value"#),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "nothing published"
+    );
+    let esdump = Command::new(bin("esdump"))
+        .env(
+            "AGENTIC_ENGINE_STATE_URI",
+            std::ffi::OsStr::from_bytes(b"file:///d\xfe?token=t"),
+        )
+        .output()
+        .unwrap();
+    // The shared --uri flag reads the variable through clap, which refuses it.
+    let stderr = String::from_utf8_lossy(&esdump.stderr);
+    assert_eq!(esdump.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("invalid UTF-8"), "{stderr}");
+    assert!(!stderr.contains("token=t"), "{stderr}");
+}

@@ -58,7 +58,11 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Res
             writeln!(out, "{text}")?;
             for error in &reading.errors {
                 // The message quotes the file name or registry member.
-                writeln!(err, "esdump: {}", table::printable(&error.to_string()))?;
+                writeln!(
+                    err,
+                    "esdump: {}",
+                    engine_state_reader::printable(&error.to_string())
+                )?;
             }
         } else if args.watch {
             // Home + clear screen, then the table: a flicker-free refresh in place.

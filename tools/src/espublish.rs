@@ -48,12 +48,21 @@ pub struct Args {
     pub stress: bool,
 }
 
+/// Longest `--duration`: about 31 years (longer is "until killed").
+const MAX_DURATION_S: f64 = 1e9;
+
 /// Runs espublish.
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let snapshot = parse_fields(&args.fields)?;
     let deadline = match args.duration {
-        Some(s) if s.is_finite() && s >= 0.0 => Some(Instant::now() + Duration::from_secs_f64(s)),
-        Some(s) => bail!("--duration {s} must be a non-negative number of seconds"),
+        // Bounded so the conversion and the addition cannot panic (1e20 did).
+        Some(s) if (0.0..=MAX_DURATION_S).contains(&s) => {
+            Some(Instant::now() + Duration::from_secs_f64(s))
+        }
+        Some(s) => bail!(
+            "--duration {s} must be a number of seconds in 0..={MAX_DURATION_S} \
+             (leave it out to run until killed)"
+        ),
         None => None,
     };
     let config = PublisherConfig::resolve(

@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 use std::fmt::Write;
 
-use engine_state_reader::{millis, Reading};
+use engine_state_reader::{millis, printable, Reading};
 use engine_state_shm_format::EngineId;
 
 const COLUMNS: [&str; 18] = [
@@ -96,30 +96,6 @@ pub(crate) fn shown_name(name: &str) -> Cow<'_, str> {
     }
 }
 
-/// `text` (an error message, which may quote a hostile name) with control
-/// characters and bidirectional-text overrides escaped (`\u{1b}`, `\n`,
-/// `\u{202e}`); everything else as it is.
-pub(crate) fn printable(text: &str) -> Cow<'_, str> {
-    let hostile = |c: char| {
-        c.is_control()
-            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-    };
-    if !text.chars().any(hostile) {
-        return Cow::Borrowed(text);
-    }
-    let mut out = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        if c.is_control() {
-            out.extend(c.escape_debug()); // \n, \t, \u{1b}
-        } else if hostile(c) {
-            out.extend(c.escape_unicode());
-        } else {
-            out.push(c);
-        }
-    }
-    Cow::Owned(out)
-}
-
 fn flags(flags: u64) -> String {
     let mut names = Vec::new();
     if flags & engine_state_reader::FLAG_IDLE != 0 {
@@ -203,11 +179,6 @@ mod tests {
     fn hostile_names_and_messages_are_escaped() {
         assert_eq!(shown_name("engine-0"), "engine-0");
         assert_eq!(shown_name("a\u{1b}[31mb\nc"), "a\\u{1b}[31mb\\nc");
-        assert_eq!(printable("plain text"), "plain text");
-        assert_eq!(
-            printable("/d/x\u{1b}[2J\ny \u{202e}z"),
-            "/d/x\\u{1b}[2J\\ny \\u{202e}z"
-        );
         let reading = Reading {
             engines: vec![],
             errors: vec![engine_state_reader::EngineError::new(

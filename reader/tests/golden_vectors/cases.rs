@@ -198,6 +198,19 @@ pub fn shm_cases() -> Vec<ShmCase> {
             max,
             0,
         ),
+        ShmCase::ok(
+            "tiny_floats",
+            "1 of 1,000,000 KV blocks used, heartbeat 1 µs and capture 12 µs old: floats below \
+             1e-5 in exponent form (gpu_kv_used_frac 1.0000000000287557e-6), ages 0.001 and \
+             0.012 ms (docs/FORMAT.md, JSON); fresh",
+            Snapshot {
+                captured_mono_ns: NOW_MONO_NS - 12_000,
+                gpu_blocks_total: 1_000_000,
+                gpu_blocks_free: 999_999,
+                ..busy()
+            },
+            1_000,
+        ),
         ShmCase::bad(
             "bad_magic",
             "first 8 bytes are not ENGSTATE",
