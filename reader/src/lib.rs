@@ -46,8 +46,8 @@ pub use crate::error::{EngineError, Error, FormatError};
 pub use crate::freshness::{
     Freshness, Observation, Status, DEFAULT_MAX_CAPTURE_AGE, DEFAULT_STALE_AFTER,
 };
-#[cfg(feature = "redis")]
 pub use crate::printable::printable;
+#[cfg(feature = "redis")]
 pub use crate::redis_fetch::{record_state, state_at_fetch};
 #[cfg(feature = "redis")]
 pub use crate::redis_source::RedisSource;
