@@ -62,3 +62,37 @@ impl Health {
         (true, format!("ok\n{summary}"))
     }
 }
+
+/// The `redis:` line of `/healthz` for a relay whose sink is `connected`
+/// (or not) with `last_error`. A server that refuses the relay's commands
+/// (ACL `NOPERM`: its user may connect but not run `EVAL` or `SET` on the
+/// prefix's keys) is not "unreachable": retrying will not help until
+/// someone grants them, so the line says so, with the server's words (which
+/// command) and what to grant.
+pub fn redis_line(connected: bool, last_error: Option<&str>) -> String {
+    match last_error {
+        Some(error) if engine_state_redis::is_permission_error(error) => {
+            format!("permission denied (retrying): {error}")
+        }
+        _ if connected => "connected".to_owned(),
+        Some(error) => format!("unreachable (retrying): {error}"),
+        None => "unreachable (retrying)".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_command_is_not_unreachable() {
+        assert_eq!(redis_line(true, None), "connected");
+        assert_eq!(redis_line(false, None), "unreachable (retrying)");
+        let line = redis_line(
+            false,
+            Some("cannot write engines: NoPerm: this user has no permissions to run the 'eval' command"),
+        );
+        assert!(line.starts_with("permission denied"), "{line}");
+        assert!(line.contains("'eval'"), "{line}");
+    }
+}

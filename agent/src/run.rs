@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cleanup::Cleanup;
 use crate::config::AgentConfig;
 use crate::error::Error;
-use crate::health::Health;
+use crate::health::{self, Health};
 use crate::relay::{Relay, FULL_PASS_INTERVAL};
 use crate::telemetry;
 
@@ -172,7 +172,7 @@ fn relay_loop(
             let redis = relay
                 .sink_stats()
                 .map(|stats| redis_state.update(stats, config.redis.as_ref()));
-            gauges.record(relay.reading(), redis.map(|r| r.connected), now);
+            gauges.record(relay.reading(), redis.as_ref().map(|r| r.connected), now);
             if now >= upkeep_at {
                 upkeep_at = now + UPKEEP_INTERVAL;
                 metrics.run_upkeep();
@@ -181,14 +181,14 @@ fn relay_loop(
                 cleanup.run(relay.shm_dir(), relay.reading(), now);
             }
             let relayed = match redis {
-                Some(RedisReport { connected, relayed }) => format!(
+                Some(RedisReport {
+                    connected,
+                    relayed,
+                    ref last_error,
+                }) => format!(
                     "relayed: {relayed}\nunreadable: {}\nredis: {}\n",
                     report.read_errors,
-                    if connected {
-                        "connected"
-                    } else {
-                        "unreachable (retrying)"
-                    },
+                    health::redis_line(connected, last_error.as_deref()),
                 ),
                 None => format!(
                     "unreadable: {}\nredis: none (metrics only)\n",
@@ -230,10 +230,11 @@ struct RedisState {
 }
 
 /// The sink's state at one full pass.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct RedisReport {
     connected: bool,
     relayed: u64,
+    last_error: Option<String>,
 }
 
 impl RedisState {
@@ -266,7 +267,11 @@ impl RedisState {
         metrics::counter!(telemetry::RELAY_REFUSED).absolute(stats.refused.load(Ordering::Relaxed));
         metrics::counter!(telemetry::REGISTRY_ERRORS)
             .absolute(stats.registry_errors.load(Ordering::Relaxed));
-        RedisReport { connected, relayed }
+        RedisReport {
+            connected,
+            relayed,
+            last_error: stats.last_error(),
+        }
     }
 }
 

@@ -15,12 +15,14 @@ use crate::state::{EngineState, Reading};
 
 /// Every engine published under one key prefix of one Redis server.
 ///
-/// A read is one pipeline: `SMEMBERS <prefix>engines` (at most every
-/// [`ReaderOptions::rescan_interval`]), then per engine key a
+/// A read is one pipeline: a bounded step of a scan of `<prefix>engines`
+/// (`SSCAN … COUNT 1000`; a scan starts at most every
+/// [`ReaderOptions::rescan_interval`]), then per engine whose key exists a
 /// `GETRANGE key 0 192` and a `PTTL` (see `engine_state_redis::RedisSource`).
-/// Every connection attempt and reply waits at most
+/// A read as a whole — reconnecting, and every reply — takes at most
 /// [`RedisTarget::timeout`] (`?timeout_ms=`, default
-/// [`crate::READ_TIMEOUT`], 500 ms).
+/// [`crate::READ_TIMEOUT`], 500 ms); after a failure, reads during the
+/// reconnection backoff return at once.
 ///
 /// Staleness uses no clock of another host: the time since a record was
 /// written is `ttl_ms - PTTL` (the server's clock) plus the writer's own
@@ -88,6 +90,12 @@ impl Source for RedisSource {
             } else if let Some(state) = state(&engine, now, now_ns, &self.options) {
                 out.engines.push(state);
             }
+        }
+        if let Some(error) = self.records.invalid_members() {
+            out.errors.push(EngineError::new(
+                self.records.registry().to_owned(),
+                error.clone(),
+            ));
         }
         if let Some(error) = self.records.connection_error() {
             out.errors.push(EngineError::new(

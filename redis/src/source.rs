@@ -1,34 +1,46 @@
 //! The Redis source: every engine of one key prefix, in one round trip per
 //! read (DESIGN §7, docs/REDIS.md).
 
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use engine_state_shm_format::EngineId;
-use redis::{ConnectionLike, Value};
+use redis::Value;
 
 use crate::backoff::Backoff;
 use crate::error::Error;
 use crate::fetch::{decode_fetched, heartbeat_age_at_fetch};
 use crate::schema::{engine_key, registry_key, RedisRecord, RECORD_SIZE};
-use crate::target::RedisTarget;
+use crate::target::{query_by, RedisTarget};
 
-/// How long a registered engine whose key expired is still listed (as dead)
-/// before this reader removes it from the registry.
+/// How long a registered engine whose key is missing is still listed (as
+/// dead) before this reader removes it from the registry.
 pub const PRUNE_AFTER: Duration = Duration::from_secs(30);
+
+/// How many registry members one read asks for (`SSCAN … COUNT`), and the
+/// most ids one `SREM` prunes: what bounds the registry's share of a read
+/// whatever the registry's size (docs/REDIS.md, "A registry flood").
+pub const SCAN_STEP: usize = 1000;
 
 /// Every engine published under one key prefix of one Redis server, as this
 /// reader last saw it. The reader crate's `RedisSource` turns it into engine
 /// states (ages, staleness).
 ///
-/// A refresh is one pipeline: `SMEMBERS <prefix>engines` (at most every
-/// `rescan_interval`), then per engine key a
-/// `GETRANGE key 0 192` (at most one byte more than a record: a huge foreign
-/// value costs no more than a record, and is that engine's error) and a
-/// `PTTL`. Only when the registry names a new engine does a refresh take a
-/// second round trip (to fetch it at once). Every connection attempt and
-/// reply waits at most [`RedisTarget::timeout`] (`?timeout_ms=`, default
-/// [`crate::READ_TIMEOUT`], 500 ms).
+/// A refresh is one pipeline: one step of a scan of the registry
+/// (`SSCAN <prefix>engines cursor COUNT 1000`, [`SCAN_STEP`]; a scan starts
+/// at most every `rescan_interval` and goes on with one step per refresh
+/// until its cursor is back at 0), then per engine whose key held a value
+/// at the last refresh a `GETRANGE key 0 192` (at most one byte more than a
+/// record: a huge foreign value costs no more than a record, and is that
+/// engine's error) and a `PTTL`. Members the step names that are new, or
+/// whose key was missing, are fetched in a second round trip (so a new
+/// engine shows up at once); a member whose key is missing is not fetched
+/// again until the scan comes back to it, and is pruned after
+/// [`PRUNE_AFTER`]. So a read costs O(engines with keys + [`SCAN_STEP`])
+/// whatever the registry holds. Connecting and every reply of a refresh
+/// share one deadline, [`RedisTarget::timeout`] (`?timeout_ms=`, default
+/// [`crate::READ_TIMEOUT`], 500 ms) from the refresh's start.
 ///
 /// Staleness uses no clock of another host: the time since a record was
 /// written is `ttl_ms - PTTL` (the server's clock) plus the writer's own
@@ -42,15 +54,39 @@ pub struct RedisSource {
     rescan_interval: Duration,
     registry: String,
     con: Option<redis::Connection>,
-    engines: Vec<RegisteredEngine>,
-    /// `GETRANGE` and `PTTL` of every engine key (rebuilt when the registry
-    /// changes).
+    /// Every valid member seen in the registry, by id (a map: a rescan of
+    /// 100 000 members must not be quadratic).
+    engines: BTreeMap<Arc<str>, RegisteredEngine>,
+    /// The engines fetched on every refresh, in the order of `packed`.
+    fetched: Vec<Arc<str>>,
+    /// `GETRANGE` and `PTTL` of every engine of `fetched`.
     packed: Vec<u8>,
-    last_scan: Option<Instant>,
+    /// `fetched` and `packed` must be rebuilt (an engine's key appeared or
+    /// went away, or the engine left the registry).
+    repack: bool,
+    /// The registry scan in progress, if any.
+    scan: Option<RegistryScan>,
+    last_scan_start: Option<Instant>,
+    /// Members to fetch once (new, or their key was missing).
+    probe: Vec<Arc<str>>,
     prune: Vec<Arc<str>>,
+    /// What the last complete scan found that is not an engine id.
+    invalid_members: Option<Error>,
     retry_at: Instant,
     backoff: Backoff,
     connection_error: Option<Error>,
+}
+
+/// One pass over the registry, a [`SCAN_STEP`] at a time.
+#[derive(Default)]
+struct RegistryScan {
+    /// The `SSCAN` cursor (0: start, or done once a step returned it).
+    cursor: u64,
+    /// Valid members seen so far: who is not seen by the end left.
+    seen: HashSet<Arc<str>>,
+    /// Members that are not engine ids: how many, and the first.
+    invalid: usize,
+    first_invalid: Option<(String, String)>,
 }
 
 /// An engine the registry names, and what its key held at the last refresh.
@@ -61,8 +97,8 @@ struct RegisteredEngine {
     last_record: Option<LastRecord>,
     missing_since: Option<Instant>,
     fault: Option<Error>,
-    /// The registry member is not a valid engine id (its fault is permanent).
-    invalid_id: bool,
+    /// Fetched at least once (an engine not yet fetched is not listed).
+    fetched_once: bool,
 }
 
 /// The last record read of an engine and when its heartbeat happened.
@@ -78,8 +114,8 @@ struct LastRecord {
 pub struct EngineView<'a> {
     /// The engine id (the registry member).
     pub id: &'a Arc<str>,
-    /// Why the engine cannot be read (a foreign value, a key without expiry,
-    /// an invalid id); then the other fields say nothing.
+    /// Why the engine cannot be read (a foreign value, a key without
+    /// expiry); then the other fields say nothing.
     pub fault: Option<&'a Error>,
     /// The last record read (None: none yet, or the key expired before one was).
     pub record: Option<&'a RedisRecord>,
@@ -101,26 +137,34 @@ impl std::fmt::Debug for RedisSource {
 }
 
 impl RedisSource {
-    /// Connects and reads the registry; connection and authentication
-    /// failures are errors here (later they only make engines stale). The
-    /// registry is read again at most every `rescan_interval`.
+    /// Connects and reads the registry (its first [`SCAN_STEP`] members);
+    /// connection and authentication failures are errors here (later they
+    /// only make engines stale), all within one [`RedisTarget::timeout`].
+    /// The registry is scanned again at most every `rescan_interval`.
     pub fn open(target: RedisTarget, rescan_interval: Duration) -> Result<RedisSource, Error> {
         let target = target.for_reading();
-        let con = target.connect()?;
+        let now = Instant::now();
+        let deadline = now + target.timeout();
+        let con = target.connect_by(deadline)?;
         let mut source = RedisSource {
             registry: registry_key(target.prefix()),
             target,
             rescan_interval,
             con: Some(con),
-            engines: Vec::new(),
+            engines: BTreeMap::new(),
+            fetched: Vec::new(),
             packed: Vec::new(),
-            last_scan: None,
+            repack: false,
+            scan: None,
+            last_scan_start: None,
+            probe: Vec::new(),
             prune: Vec::new(),
-            retry_at: Instant::now(),
+            invalid_members: None,
+            retry_at: now,
             backoff: Backoff::default(),
             connection_error: None,
         };
-        source.fetch(Instant::now())?;
+        source.fetch(now, deadline)?;
         Ok(source)
     }
 
@@ -129,15 +173,18 @@ impl RedisSource {
         &self.target
     }
 
-    /// Every engine the registry names, sorted by id.
+    /// Every engine the registry names that has been fetched, sorted by id.
     pub fn engines(&self) -> impl Iterator<Item = EngineView<'_>> {
-        self.engines.iter().map(|engine| EngineView {
-            id: &engine.id,
-            fault: engine.fault.as_ref(),
-            record: engine.last_record.as_ref().map(|r| &r.record),
-            heartbeat_at: engine.last_record.map(|r| r.heartbeat_at),
-            expired: engine.missing_since.is_some(),
-        })
+        self.engines
+            .values()
+            .filter(|e| e.fetched_once)
+            .map(|engine| EngineView {
+                id: &engine.id,
+                fault: engine.fault.as_ref(),
+                record: engine.last_record.as_ref().map(|r| &r.record),
+                heartbeat_at: engine.last_record.map(|r| r.heartbeat_at),
+                expired: engine.missing_since.is_some(),
+            })
     }
 
     /// Why the last refresh could not reach the server (None: it could).
@@ -145,64 +192,102 @@ impl RedisSource {
         self.connection_error.as_ref()
     }
 
-    /// Brings the engines up to date, or records why that failed.
+    /// Registry members that are not engine ids (one error for all of them,
+    /// naming how many and the first), as of the last complete scan: they
+    /// are never fetched or listed.
+    pub fn invalid_members(&self) -> Option<&Error> {
+        self.invalid_members.as_ref()
+    }
+
+    /// The registry key (`<prefix>engines`), under which
+    /// [`RedisSource::invalid_members`] is reported.
+    pub fn registry(&self) -> &str {
+        &self.registry
+    }
+
+    /// Brings the engines up to date, or records why that failed. Connecting
+    /// and every reply share one deadline, [`RedisTarget::timeout`] from now;
+    /// after a failure the backoff counts from when the wait ended.
     pub fn refresh(&mut self, now: Instant) {
+        let deadline = now + self.target.timeout();
         if self.con.is_none() {
             if now < self.retry_at {
                 return;
             }
-            match self.target.connect() {
+            match self.target.connect_by(deadline) {
                 Ok(con) => self.con = Some(con),
-                Err(error) => return self.failed(now, error),
+                Err(error) => return self.failed(error),
             }
         }
-        match self.fetch(now) {
+        match self.fetch(now, deadline) {
             Ok(()) => {
                 self.backoff.succeeded();
                 self.connection_error = None;
             }
-            Err(error) => self.failed(now, error),
+            Err(error) => self.failed(error),
         }
     }
 
-    fn failed(&mut self, now: Instant, error: Error) {
+    fn failed(&mut self, error: Error) {
         self.con = None;
-        self.retry_at = now + self.backoff.failed();
+        // From now, after the wait that failed: a backoff measured from
+        // before it would have passed already, and the next read would
+        // wait again.
+        self.retry_at = Instant::now() + self.backoff.failed();
         self.connection_error = Some(error);
     }
 
-    /// One round trip (two when the registry names a new engine).
-    fn fetch(&mut self, now: Instant) -> Result<(), Error> {
-        let scan = self
-            .last_scan
-            .is_none_or(|t| now.duration_since(t) >= self.rescan_interval);
+    /// One round trip (two when the registry step names members to fetch).
+    fn fetch(&mut self, now: Instant, deadline: Instant) -> Result<(), Error> {
+        if self.scan.is_none()
+            && self
+                .last_scan_start
+                .is_none_or(|t| now.duration_since(t) >= self.rescan_interval)
+        {
+            self.scan = Some(RegistryScan::default());
+            self.last_scan_start = Some(now);
+        }
+        if self.repack {
+            self.repack_fetched();
+        }
         let mut request = Vec::with_capacity(self.packed.len() + 64);
         let mut count = 0;
-        if scan {
-            request.extend(
-                redis::cmd("SMEMBERS")
-                    .arg(&self.registry)
-                    .get_packed_command(),
-            );
+        if let Some(scan) = &self.scan {
+            redis::cmd("SSCAN")
+                .arg(&self.registry)
+                .arg(scan.cursor)
+                .arg("COUNT")
+                .arg(SCAN_STEP)
+                .write_packed_command(&mut request);
             count += 1;
         }
         let pruning = !self.prune.is_empty();
         if pruning {
             let mut srem = redis::cmd("SREM");
             srem.arg(&self.registry);
-            for id in self.prune.drain(..) {
+            let from = self.prune.len().saturating_sub(SCAN_STEP);
+            for id in self.prune.drain(from..) {
                 srem.arg(&*id);
             }
-            request.extend(srem.get_packed_command());
+            srem.write_packed_command(&mut request);
             count += 1;
         }
         request.extend_from_slice(&self.packed);
-        count += self.value_commands();
+        count += 2 * self.fetched.len();
+        // Members a failed refresh did not get to fetch.
+        let probing = self.take_probes();
+        count += self.pack_probes(&probing, &mut request);
         if count == 0 {
             return Ok(());
         }
-        let mut replies = self.query(&request, count)?.into_iter();
-        let members = if scan {
+        let mut replies = match self.query(&request, count, deadline) {
+            Ok(replies) => replies.into_iter(),
+            Err(error) => {
+                self.probe = probing;
+                return Err(error);
+            }
+        };
+        let step = if self.scan.is_some() {
             Some(replies.next().unwrap_or(Value::Nil))
         } else {
             None
@@ -210,30 +295,80 @@ impl RedisSource {
         if pruning {
             replies.next(); // the SREM's reply
         }
-        self.apply_values(replies, now)?;
-        if let Some(members) = members {
-            self.last_scan = Some(now);
-            if self.apply_members(members)? {
-                let packed = std::mem::take(&mut self.packed);
-                let replies = self.query(&packed, self.value_commands());
-                self.packed = packed;
-                self.apply_values(replies?.into_iter(), now)?;
+        let fetched = std::mem::take(&mut self.fetched);
+        let applied = self.apply_values(&fetched, &mut replies, now);
+        self.fetched = fetched;
+        applied?;
+        self.apply_values(&probing, &mut replies, now)?;
+        if let Some(step) = step {
+            self.apply_step(step)?;
+            if !self.probe.is_empty() {
+                let probing = self.take_probes();
+                let mut request = Vec::new();
+                let count = self.pack_probes(&probing, &mut request);
+                let mut replies = match self.query(&request, count, deadline) {
+                    Ok(replies) => replies.into_iter(),
+                    Err(error) => {
+                        self.probe = probing;
+                        return Err(error);
+                    }
+                };
+                self.apply_values(&probing, &mut replies, now)?;
             }
         }
         Ok(())
     }
 
-    fn value_commands(&self) -> usize {
-        2 * self.engines.len()
+    /// `GETRANGE` (one byte more than a record tells "too large" from "a
+    /// record") and `PTTL` of `key`.
+    fn pack_fetch(key: &str, out: &mut Vec<u8>) {
+        redis::cmd("GETRANGE")
+            .arg(key)
+            .arg(0)
+            .arg(RECORD_SIZE)
+            .write_packed_command(out);
+        redis::cmd("PTTL").arg(key).write_packed_command(out);
     }
 
-    fn query(&mut self, request: &[u8], count: usize) -> Result<Vec<Value>, Error> {
+    /// The members to fetch once that are still registered.
+    fn take_probes(&mut self) -> Vec<Arc<str>> {
+        let mut probing = std::mem::take(&mut self.probe);
+        probing.retain(|id| self.engines.contains_key(id));
+        probing
+    }
+
+    /// Packs the fetches of `ids` (all registered); returns how many
+    /// commands that is.
+    fn pack_probes(&self, ids: &[Arc<str>], out: &mut Vec<u8>) -> usize {
+        for id in ids {
+            Self::pack_fetch(&self.engines[id].key, out);
+        }
+        2 * ids.len()
+    }
+
+    fn repack_fetched(&mut self) {
+        self.repack = false;
+        self.fetched.clear();
+        self.packed.clear();
+        for engine in self.engines.values() {
+            if engine.fetched_once && engine.missing_since.is_none() {
+                self.fetched.push(engine.id.clone());
+                Self::pack_fetch(&engine.key, &mut self.packed);
+            }
+        }
+    }
+
+    fn query(
+        &mut self,
+        request: &[u8],
+        count: usize,
+        deadline: Instant,
+    ) -> Result<Vec<Value>, Error> {
         let con = self.con.as_mut().expect("connected before fetch");
-        let replies = con
-            .req_packed_commands(request, 0, count)
+        let replies = query_by(con, request, count, deadline)
             .map_err(|e| self.target.error("cannot read engines", &e))?;
         // WRONGTYPE concerns one engine's key (a hash where a record should
-        // be): that engine's error, not the read's.
+        // be) or the registry (reported by `apply_step`): not the read's.
         if let Some(Value::ServerError(e)) = replies
             .iter()
             .find(|v| matches!(v, Value::ServerError(e) if e.code() != "WRONGTYPE"))
@@ -244,13 +379,16 @@ impl RedisSource {
         Ok(replies)
     }
 
-    /// Applies `GETRANGE` and `PTTL` replies to the engines they were asked for.
+    /// Applies the `GETRANGE` and `PTTL` replies of `ids` (two each, in
+    /// order), and notes which engines' keys appeared or went away, and
+    /// which to prune.
     fn apply_values(
         &mut self,
-        mut replies: impl Iterator<Item = Value>,
+        ids: &[Arc<str>],
+        replies: &mut impl Iterator<Item = Value>,
         now: Instant,
     ) -> Result<(), Error> {
-        for i in 0..self.engines.len() {
+        for id in ids {
             let value = replies.next();
             let pttl = match replies.next() {
                 Some(Value::Int(ms)) => ms,
@@ -259,81 +397,101 @@ impl RedisSource {
             let Some(value) = value else {
                 return Err(self.protocol_error(&None));
             };
-            self.engines[i].apply(value, pttl, now);
-        }
-        let prune = &mut self.prune;
-        self.engines.retain(|e| {
-            let expired_long_ago = e
-                .missing_since
-                .is_some_and(|t| now.duration_since(t) >= PRUNE_AFTER);
-            if expired_long_ago {
-                prune.push(e.id.clone());
+            let Some(engine) = self.engines.get_mut(id) else {
+                continue; // pruned earlier in this pipeline
+            };
+            let was_fetched = engine.fetched_once && engine.missing_since.is_none();
+            engine.apply(value, pttl, now);
+            let is_fetched = engine.missing_since.is_none();
+            if was_fetched != is_fetched {
+                self.repack = true;
             }
-            !expired_long_ago
-        });
+            if engine
+                .missing_since
+                .is_some_and(|t| now.duration_since(t) >= PRUNE_AFTER)
+            {
+                self.engines.remove(id);
+                self.prune.push(id.clone());
+                self.repack = true;
+            }
+        }
         Ok(())
     }
 
-    /// Applies an `SMEMBERS` reply; true when it named an engine not known before.
-    fn apply_members(&mut self, members: Value) -> Result<bool, Error> {
-        if let Value::ServerError(e) = members {
+    /// Applies one `SSCAN` reply: new members and members whose key was
+    /// missing are fetched next; at the end of the scan, engines it did not
+    /// see have left the registry.
+    fn apply_step(&mut self, step: Value) -> Result<(), Error> {
+        if let Value::ServerError(e) = step {
             // WRONGTYPE: the registry key holds something else; no engine
             // can be found, so the read as a whole fails.
             let error: redis::RedisError = e.into();
             return Err(self.target.error("cannot read the engine registry", &error));
         }
-        let (Value::Set(members) | Value::Array(members)) = members else {
-            return Err(self.protocol_error(&Some(members)));
+        let Value::Array(parts) = &step else {
+            return Err(self.protocol_error(&Some(step)));
         };
-        let mut ids: Vec<String> = members
-            .into_iter()
-            .filter_map(|m| match m {
-                Value::BulkString(bytes) => String::from_utf8(bytes).ok(),
-                Value::SimpleString(s) => Some(s),
-                _ => None,
-            })
-            .filter(|id| !self.prune.iter().any(|p| **p == **id))
-            .collect();
-        ids.sort_unstable();
-        ids.dedup();
-        let mut old = std::mem::take(&mut self.engines);
-        let mut added = false;
-        for id in ids {
-            if let Some(i) = old.iter().position(|e| *e.id == *id) {
-                self.engines.push(old.swap_remove(i));
+        let (Some(cursor), Some(Value::Array(members) | Value::Set(members))) =
+            (parts.first().and_then(text), parts.get(1))
+        else {
+            return Err(self.protocol_error(&Some(step.clone())));
+        };
+        let Ok(cursor) = cursor.parse::<u64>() else {
+            return Err(self.protocol_error(&Some(step.clone())));
+        };
+        let scan = self
+            .scan
+            .as_mut()
+            .expect("a step is only sent during a scan");
+        for member in members.iter().filter_map(text) {
+            if let Err(e) = EngineId::new(&member) {
+                scan.invalid += 1;
+                scan.first_invalid
+                    .get_or_insert_with(|| (member, e.to_string()));
                 continue;
             }
-            added = true;
-            let fault = EngineId::new(&id).err().map(|e| Error::ForeignValue {
-                key: self.registry.clone(),
-                what: format!("member {id:?} is not an engine id: {e}"),
-            });
-            self.engines.push(RegisteredEngine {
-                key: engine_key(self.target.prefix(), &id),
-                id: Arc::from(id),
-                last_record: None,
-                missing_since: None,
-                invalid_id: fault.is_some(),
-                fault,
-            });
-        }
-        self.engines.sort_unstable_by(|a, b| a.id.cmp(&b.id));
-        let changed = added || !old.is_empty();
-        if changed {
-            self.packed.clear();
-            for engine in &self.engines {
-                // One byte more than a record tells "too large" from "a record".
-                redis::cmd("GETRANGE")
-                    .arg(&engine.key)
-                    .arg(0)
-                    .arg(RECORD_SIZE)
-                    .write_packed_command(&mut self.packed);
-                redis::cmd("PTTL")
-                    .arg(&engine.key)
-                    .write_packed_command(&mut self.packed);
+            if scan.seen.contains(member.as_str()) {
+                continue; // SSCAN may return a member twice
+            }
+            let id: Arc<str> = Arc::from(member);
+            scan.seen.insert(id.clone());
+            match self.engines.get(&id) {
+                Some(engine) if engine.missing_since.is_none() && engine.fetched_once => {}
+                Some(_) => self.probe.push(id),
+                None => {
+                    self.engines.insert(
+                        id.clone(),
+                        RegisteredEngine {
+                            key: engine_key(self.target.prefix(), &id),
+                            id: id.clone(),
+                            last_record: None,
+                            missing_since: None,
+                            fault: None,
+                            fetched_once: false,
+                        },
+                    );
+                    self.probe.push(id);
+                }
             }
         }
-        Ok(added)
+        scan.cursor = cursor;
+        if cursor == 0 {
+            let scan = self.scan.take().expect("scanning");
+            let before = self.engines.len();
+            self.engines.retain(|id, _| scan.seen.contains(id));
+            if self.engines.len() != before {
+                self.repack = true;
+            }
+            self.invalid_members = scan.first_invalid.map(|(member, why)| Error::ForeignValue {
+                key: self.registry.clone(),
+                what: format!(
+                    "{} member(s) are not engine ids and are skipped, e.g. {member:?}: {why}; \
+                     remove them with SREM",
+                    scan.invalid
+                ),
+            });
+        }
+        Ok(())
     }
 
     fn protocol_error(&self, got: &Option<Value>) -> Error {
@@ -345,13 +503,20 @@ impl RedisSource {
     }
 }
 
+/// A registry member or cursor as text (None: not a string).
+fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
 impl RegisteredEngine {
     /// Applies one `GETRANGE key 0 RECORD_SIZE` reply and the key's `PTTL`
     /// (-2: no such key, -1: no expiry).
     fn apply(&mut self, value: Value, pttl: i64, now: Instant) {
-        if self.invalid_id {
-            return;
-        }
+        self.fetched_once = true;
         if pttl == -2 {
             // Expired on the server's clock (GETRANGE reads a missing key as
             // ""): the writer stopped.

@@ -2,7 +2,7 @@
 //! how to connect to it (DESIGN §7, docs/REDIS.md).
 
 use std::fmt;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use engine_state_shm_format::heartbeat::DEFAULT_STALE_AFTER;
 
@@ -191,6 +191,18 @@ impl RedisTarget {
     /// a paused server (whose kernel still accepts connections) fails with
     /// "timed out". The connection keeps that timeout for every reply.
     pub fn connect(&self) -> Result<redis::Connection, Error> {
+        let con = self.connect_by(Instant::now() + self.timeout())?;
+        con.set_read_timeout(Some(self.timeout()))
+            .and_then(|()| con.set_write_timeout(Some(self.timeout())))
+            .map_err(|e| self.error("cannot set timeouts", &e))?;
+        Ok(con)
+    }
+
+    /// [`RedisTarget::connect`] finished by `deadline` (connect, `PING`):
+    /// the reader's [`crate::RedisSource`] connects and reads within one
+    /// deadline per read. The socket timeouts are left at what was left;
+    /// [`query_by`] sets them again before each wait.
+    pub fn connect_by(&self, deadline: Instant) -> Result<redis::Connection, Error> {
         #[cfg(feature = "tls")]
         {
             // rustls needs one process-wide crypto provider; ring is the one
@@ -205,24 +217,23 @@ impl RedisTarget {
         let settings = info.redis_settings().clone().set_skip_set_lib_name();
         let client = redis::Client::open(info.set_redis_settings(settings))
             .map_err(|e| self.error("cannot use the URI", &e))?;
-        let timeout = self.timeout();
-        let started = std::time::Instant::now();
+        let left = time_left(deadline).map_err(|e| self.error("cannot connect", &e))?;
         let mut con = client
-            .get_connection_with_timeout(timeout)
+            .get_connection_with_timeout(left)
             .map_err(|e| self.error("cannot connect", &e))?;
-        // The PING gets what is left of the timeout, so that connecting as a
-        // whole takes at most `timeout`, not twice that.
-        let left = timeout
-            .saturating_sub(started.elapsed())
-            .max(Duration::from_millis(1));
-        con.set_read_timeout(Some(left))
-            .and_then(|()| con.set_write_timeout(Some(timeout)))
-            .map_err(|e| self.error("cannot set timeouts", &e))?;
-        redis::cmd("PING")
-            .query::<()>(&mut con)
-            .map_err(|e| self.error("cannot talk to the server", &e))?;
-        con.set_read_timeout(Some(timeout))
-            .map_err(|e| self.error("cannot set timeouts", &e))?;
+        // The PING gets what is left of the deadline, so that connecting as
+        // a whole takes at most `timeout`, not twice that.
+        query_by(
+            &mut con,
+            &redis::cmd("PING").get_packed_command(),
+            1,
+            deadline,
+        )
+        .and_then(|mut replies| match replies.pop() {
+            Some(redis::Value::ServerError(e)) => Err(e.into()),
+            _ => Ok(()),
+        })
+        .map_err(|e| self.error("cannot talk to the server", &e))?;
         Ok(con)
     }
 
@@ -248,7 +259,7 @@ impl RedisTarget {
             || text.contains("NOAUTH")
         {
             "check the user and password in the URI (redis://user:password@host:port/db)"
-        } else if code == "NOPERM" || text.contains("NOPERM") {
+        } else if code == "NOPERM" || is_permission_error(&text) {
             "give this Redis user read and write access to the prefix's keys, and EVAL for \
              publishers (ACL, e.g. ~PREFIX* +@read +@write +eval)"
         } else if timed_out {
@@ -266,6 +277,66 @@ impl RedisTarget {
             hint,
         }
     }
+}
+
+/// Sends `request` (`count` commands) and reads their replies, all by
+/// `deadline`: before the send and before each reply the socket's timeouts
+/// are set to what is left of it, so that a server that stops answering
+/// (paused, overloaded) costs the whole pipeline at most the deadline, not
+/// the timeout once per reply (redis-rs' `req_packed_commands` waits the
+/// full socket timeout for each reply of a pipeline). Stops at the first
+/// failure: the connection is then out of step and must be dropped.
+///
+/// Setting a socket timeout is a system call; a pipeline of 2 000 replies
+/// mostly served from the read buffer would pay it 2 000 times. So it is
+/// set again only when [`TIMEOUT_REFRESH`] has passed since it was last set:
+/// a wait then ends at most that long after the deadline.
+pub fn query_by(
+    con: &mut redis::Connection,
+    request: &[u8],
+    count: usize,
+    deadline: Instant,
+) -> redis::RedisResult<Vec<redis::Value>> {
+    let set_timeouts = |con: &redis::Connection| -> redis::RedisResult<Instant> {
+        let left = time_left(deadline)?;
+        con.set_read_timeout(Some(left))?;
+        con.set_write_timeout(Some(left))?;
+        Ok(Instant::now())
+    };
+    let mut set_at = set_timeouts(con)?;
+    con.send_packed_command(request)?;
+    let mut replies = Vec::with_capacity(count);
+    for _ in 0..count {
+        if set_at.elapsed() >= TIMEOUT_REFRESH {
+            set_at = set_timeouts(con)?;
+        }
+        replies.push(con.recv_response()?);
+    }
+    Ok(replies)
+}
+
+/// How stale the socket timeouts [`query_by`] sets may get: the most a wait
+/// may end after the read's deadline (scheduling slack aside).
+pub const TIMEOUT_REFRESH: Duration = Duration::from_millis(1);
+
+/// What is left until `deadline` (at least 1 ms: a zero socket timeout means
+/// "none"), or a timeout error when it has passed.
+fn time_left(deadline: Instant) -> redis::RedisResult<Duration> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(std::io::Error::from(std::io::ErrorKind::TimedOut).into());
+    }
+    Ok(left.max(Duration::from_millis(1)))
+}
+
+/// Whether an error's text is the server refusing a command by its ACL
+/// (`NOPERM`): the user may connect but not run that command or touch those
+/// keys. Retrying does not help; granting does (the hint of
+/// [`RedisTarget::error`] says what).
+pub fn is_permission_error(text: &str) -> bool {
+    // The server's code, or how redis-rs prints its kind ("NoPerm: this
+    // user has no permissions to run the 'eval' command").
+    text.contains("NOPERM") || text.contains("NoPerm:")
 }
 
 fn password_of(url: &str) -> Option<String> {

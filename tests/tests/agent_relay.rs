@@ -228,6 +228,54 @@ fn agent_with_a_wrong_password_fails_clearly_without_leaking_it() {
     assert!(!stderr.contains("wrong-pass-456"), "{stderr}");
 }
 
+/// A Redis user that may connect but not write (ACL: no `EVAL`, no `SET`)
+/// is not "unreachable": `/healthz` says the server denied a command, which
+/// one, and what to grant — and never shows the password.
+#[test]
+fn healthz_says_permission_denied_for_a_redis_user_without_the_commands() {
+    let redis = RedisServer::start();
+    let mut admin = redis.connection();
+    let _: () = redis::cmd("ACL")
+        .arg(
+            &[
+                "SETUSER",
+                "reader-only",
+                "on",
+                ">acl-pw-789",
+                "~*",
+                "+ping",
+                "+@read",
+            ][..],
+        )
+        .query(&mut admin)
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let _engine = steady_publisher(dir.path());
+    let uri = format!(
+        "redis://reader-only:acl-pw-789@127.0.0.1:{}/0",
+        redis.port()
+    );
+    let agent = agent(dir.path(), &uri, &[]);
+    let mut health = (0, String::new());
+    wait_for(
+        || {
+            health = http_get(agent.addr(), "/healthz");
+            health.1.contains("redis: permission denied")
+        },
+        "/healthz to say the relay's commands are denied",
+    );
+    let (code, text) = health;
+    // Still 200: the relay loop runs (as during an outage); the text says
+    // what to fix.
+    assert_eq!(code, 200, "{text}");
+    assert!(
+        text.contains("no permissions to run the 'eval' command") && text.contains("+eval"),
+        "{text}"
+    );
+    assert!(!text.contains("unreachable"), "{text}");
+    assert!(!text.contains("acl-pw-789"), "password shown: {text}");
+}
+
 /// A Python publisher of engine "steady": step 1, 2, … every 10 ms, from a thread.
 fn steady_publisher(dir: &std::path::Path) -> Proc {
     let script = "import threading, time\n\

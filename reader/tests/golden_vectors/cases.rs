@@ -443,6 +443,23 @@ pub fn redis_cases() -> Vec<RedisCase> {
                 -2,
             )
         },
+        ok(
+            "expired_after_getrange",
+            "a whole record, then PTTL -2 (the key expired between the two commands): dead, \
+             no snapshot, both ages stale_after, whatever the value",
+            active,
+            -2,
+        ),
+        ok(
+            "capture_after_heartbeat",
+            "captured_mono_ns 5 ms after heartbeat_mono_ns: the difference is floored at 0 \
+             before it is added, so capture_age = heartbeat_age (500.25 ms); fresh",
+            RedisRecord {
+                heartbeat_mono_ns: active.snapshot.captured_mono_ns - 5_000_000,
+                ..active
+            },
+            1500,
+        ),
     ]
 }
 

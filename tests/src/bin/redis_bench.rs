@@ -6,10 +6,12 @@
 //! 3. the agent relaying 1024 engines published at 20 Hz: its CPU use and
 //!    relay lag;
 //! 4. records the agent writes per engine and period for engines that run a
-//!    real `Publisher` (heartbeat thread ticking between publishes).
+//!    real `Publisher` (heartbeat thread ticking between publishes);
+//! 5. reading 8 engines whose registry also holds 100 000 junk members
+//!    (half not engine ids, half valid ids with no key: a registry flood).
 //!
 //! Starts its own redis-server on a free port. Usage:
-//! `redis_bench [--seconds N] [--poll-us N] [--only e2e|read|load|beats]`
+//! `redis_bench [--seconds N] [--poll-us N] [--only e2e|read|load|beats|flood]`
 //! (default 10 s per latency run; the agent runs with its defaults unless
 //! `--poll-us` is given; `--only` runs one of the parts).
 
@@ -34,9 +36,9 @@ fn part(name: &str) -> bool {
     let only = std::env::args().skip_while(|a| a != "--only").nth(1);
     match only.as_deref() {
         None => true,
-        Some(only @ ("e2e" | "read" | "load" | "beats")) => only == name,
+        Some(only @ ("e2e" | "read" | "load" | "beats" | "flood")) => only == name,
         Some(other) => {
-            eprintln!("redis_bench: --only takes e2e, read, load or beats, not {other:?}");
+            eprintln!("redis_bench: --only takes e2e, read, load, beats or flood, not {other:?}");
             std::process::exit(2)
         }
     }
@@ -74,6 +76,56 @@ fn main() {
     if part("beats") {
         heartbeat_records(&redis, seconds, &agent_flags);
     }
+    if part("flood") {
+        flood_part(&redis);
+    }
+}
+
+/// A registry flood: 8 engines and 100 000 junk members (docs/REDIS.md, "A
+/// registry flood"); reads 1 ms apart, so that several whole scans of the
+/// registry (100 reads each) are measured.
+fn flood_part(redis: &RedisServer) {
+    const JUNK: usize = 100_000;
+    println!("\n## one read of 8 engines with {JUNK} junk registry members (SSCAN steps of 1000)");
+    let prefix = "flood:";
+    fill(redis, prefix, 8);
+    let mut con = redis.connection();
+    for chunk in (0..JUNK).collect::<Vec<_>>().chunks(1000) {
+        let junk: Vec<String> = chunk
+            .iter()
+            .map(|i| {
+                if i % 2 == 0 {
+                    format!("junk {i}")
+                } else {
+                    format!("junk{i}")
+                }
+            })
+            .collect();
+        let _: () = redis::cmd("SADD")
+            .arg(registry_key(prefix))
+            .arg(&junk)
+            .query(&mut con)
+            .unwrap();
+    }
+    let uri = redis.uri(&format!("?prefix={prefix}"));
+    let mut source = open(&StateUri::parse(&uri).unwrap(), ReaderOptions::default()).unwrap();
+    let mut reading = Reading::default();
+    let mut times = Vec::with_capacity(1000);
+    for _ in 0..1000 {
+        let t = Instant::now();
+        source.read_into(&mut reading).unwrap();
+        times.push(t.elapsed().as_nanos() as u64);
+        // (`fill`'s records are never rewritten: they turn stale after
+        // 2 s, which is not what this measures.)
+        let real = reading
+            .engines
+            .iter()
+            .filter(|e| e.engine_id.starts_with("engine-") && e.snapshot.captured_mono_ns != 0)
+            .count();
+        assert_eq!(real, 8, "every real engine read");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    report("8 engines + 100000 junk members", &times);
 }
 
 /// Records per engine and period that the agent writes for engines running
