@@ -363,3 +363,69 @@ fn dead_writers_file_of_the_wrong_size_is_taken_over() {
     .unwrap_err();
     assert!(matches!(err, Error::NotEngineState { .. }), "{err:?}");
 }
+
+/// Stores `value` into the sequence word of the file at `path` through a
+/// writable mapping of its own, as a stray 8-byte write of another process
+/// would.
+fn poke_seq(path: &std::path::Path, value: u64) {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    crate::mapping::Mapping::read_write(&file, path)
+        .unwrap()
+        .word(crate::layout::SEQ_OFFSET)
+        .store(value, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// A stray odd (or smaller even) value stored into a live file's sequence
+/// word: readers see the file torn (or an old snapshot as new). Its
+/// writer's check says it is not in place — at once when the value is
+/// beyond any it stored, at the second check when it is the odd value of
+/// a publish in progress — and a publish that finds it says so as well;
+/// `create_after` renames a readable new generation over it.
+#[test]
+fn stray_store_into_a_live_files_sequence_is_not_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("poked");
+    let mut writer = create(dir.path(), "poked");
+    let beat = writer.heartbeat();
+    writer.publish(&Snapshot::default()).unwrap(); // seq 4
+    assert!(beat.in_place() && beat.in_place(), "our own sequence");
+
+    // Far beyond what was stored.
+    poke_seq(&path, 7);
+    let reader = ShmFile::open(&path).unwrap();
+    assert_eq!(reader.read().unwrap_err().last_seq, 7, "torn for readers");
+    assert!(!beat.in_place(), "a sequence the writer never stored");
+
+    // The odd value of a publish in progress: told apart at the next check.
+    let writer2 =
+        ShmWriter::create_after(&beat, &WriterOptions::default(), &Snapshot::default()).unwrap();
+    drop(writer);
+    let beat = writer2.heartbeat();
+    poke_seq(&path, 1);
+    assert!(beat.in_place(), "could be a publish in progress");
+    assert!(!beat.in_place(), "the same odd value one check later");
+
+    // A publish that finds a value it did not store reports it, and leaves
+    // the word even (readable) until the file is replaced.
+    let mut writer3 =
+        ShmWriter::create_after(&beat, &WriterOptions::default(), &Snapshot::default()).unwrap();
+    drop(writer2);
+    let beat = writer3.heartbeat();
+    poke_seq(&path, 1);
+    writer3.publish(&Snapshot::default()).unwrap();
+    let reader = ShmFile::open(&path).unwrap();
+    assert_eq!(reader.read().unwrap().1, 4, "even again after the publish");
+    assert!(!beat.in_place(), "the publish saw the stray value");
+    let again =
+        ShmWriter::create_after(&beat, &WriterOptions::default(), &Snapshot::default()).unwrap();
+    assert!(again.heartbeat().in_place());
+    assert_eq!(
+        ShmFile::open(&path).unwrap().generation(),
+        again.generation()
+    );
+    drop(writer3);
+}

@@ -362,6 +362,58 @@ fn set_len(path: &std::path::Path, len: u64) {
         .unwrap();
 }
 
+/// An odd value stored into the sequence word of a live `espublish`'s file
+/// by a third process's writable mapping (a stray 8-byte write): readers
+/// saw the engine torn for as long as the publisher lived (every later
+/// publish went on from the odd value). Now the publisher notices a
+/// sequence it did not store and renames a new generation over the file.
+#[test]
+fn a_stray_odd_sequence_in_a_live_writers_file_is_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let uri = format!("file://{}", dir.path().display());
+    let path = dir.path().join("poked");
+    let mut writer = espublish(&uri, "poked");
+    let mut source = test_reader(&uri, Duration::from_millis(500));
+    let mut generation = 0;
+    wait_for(
+        || {
+            let reading = source.read().unwrap();
+            let seen = reading.get("poked").filter(|e| e.is_fresh());
+            generation = seen.map_or(0, |e| e.generation);
+            seen.is_some()
+        },
+        "the engine fresh",
+    );
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    // SAFETY: a shared mapping of the whole 4096-byte file, which nobody
+    // truncates during the test; the word is 8-aligned and only accessed
+    // atomically, as the writer does.
+    let map = unsafe { memmap2::MmapMut::map_mut(&file) }.unwrap();
+    // SAFETY: as above; the reference does not outlive `map`.
+    let seq = unsafe {
+        &*(map
+            .as_ptr()
+            .add(engine_state_shm_format::layout::SEQ_OFFSET)
+            .cast::<std::sync::atomic::AtomicU64>())
+    };
+    seq.store(1_000_001, std::sync::atomic::Ordering::Relaxed);
+    drop(map);
+    wait_for(
+        || {
+            running(&mut writer, "espublish (the poked engine's writer)");
+            let reading = source.read().unwrap();
+            reading.get("poked").is_some_and(|e| {
+                e.is_fresh() && e.generation > generation && e.snapshot.num_running == 5
+            })
+        },
+        "the engine fresh again in a new generation after a stray odd sequence",
+    );
+}
+
 /// `truncate -s 0`, then a grow to twice the size, of a live `espublish`'s
 /// file: the publisher neither dies (its stores into the truncated mapping
 /// fault and are absorbed by the `SIGBUS` handler) nor stays invisible (it
