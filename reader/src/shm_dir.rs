@@ -70,6 +70,14 @@ struct Entry {
     seen_seq: u64,
     /// The heartbeat stamp the last read reported.
     seen_heartbeat_ns: u64,
+    /// The (sequence, heartbeat) words of a torn file whose writer is dead
+    /// or silent (heartbeat late), as the read that found it torn saw
+    /// them: while both are unchanged, reads report it torn without
+    /// spinning the seqlock's retry bound again (tens of µs a file, every
+    /// read, for good). A new inode in a listing is a new entry.
+    torn_words: Option<(u64, u64)>,
+    /// Reads that spun the whole retry bound and found the file torn.
+    torn_spins: u64,
 }
 
 /// No snapshot read yet (odd, so never equal to a published sequence).
@@ -308,6 +316,16 @@ impl ShmDir {
         Ok(())
     }
 
+    /// Reads (of any engine mapped now) that spun the seqlock's whole retry
+    /// bound ([`engine_state_shm_format::seqlock::READ_SPINS`] +
+    /// `READ_YIELDS` attempts) and found the file torn. A torn file whose
+    /// writer is dead or silent costs one such read, not one per read:
+    /// until its sequence or heartbeat word changes (or a listing finds
+    /// another inode under its name), reads report it torn from the cache.
+    pub fn torn_spins(&self) -> u64 {
+        self.engines.iter().map(|e| e.torn_spins).sum()
+    }
+
     /// The header of an engine's file as it was at open (writer pid, period).
     pub fn header(&self, engine_id: &str) -> Option<&Header> {
         self.raw(engine_id).map(|raw| raw.header)
@@ -357,6 +375,8 @@ impl Entry {
             next_reopen: Instant::now(),
             seen_seq: NOT_SEEN,
             seen_heartbeat_ns: 0,
+            torn_words: None,
+            torn_spins: 0,
         }
     }
 
@@ -367,13 +387,26 @@ impl Entry {
             self.reopen_if_replaced(dir);
             retired = self.file.is_retired();
         }
-        let (snapshot, torn) = match self.file.read() {
-            Ok((snapshot, seq)) => {
-                self.seen_seq = seq;
-                (snapshot, false)
+        // A live file's read pays one predictable branch for the cache.
+        let (snapshot, torn_seq) = match self.torn_words {
+            Some((seq, heartbeat))
+                if self.file.seq() == seq && self.file.heartbeat_mono_ns() == heartbeat =>
+            {
+                (Snapshot::default(), Some(seq))
             }
-            Err(_) => (Snapshot::default(), true),
+            _ => match self.file.read() {
+                Ok((snapshot, seq)) => {
+                    self.seen_seq = seq;
+                    self.torn_words = None;
+                    (snapshot, None)
+                }
+                Err(torn) => {
+                    self.torn_spins += 1;
+                    (Snapshot::default(), Some(torn.last_seq))
+                }
+            },
         };
+        let torn = torn_seq.is_some();
         self.seen_heartbeat_ns = self.file.heartbeat_mono_ns();
         let heartbeat_ns = now.saturating_sub(self.seen_heartbeat_ns);
         // A live writer stamps every period, so the pid (a system call) is only
@@ -384,6 +417,12 @@ impl Entry {
         {
             self.writer_alive = writer_alive(self.file.header());
             self.next_pid_check_ns = now + PID_CHECK_INTERVAL_NS;
+        }
+        if let Some(seq) = torn_seq {
+            // Nothing will change while the writer is dead or silent; a
+            // writer that comes back stores a heartbeat or a sequence.
+            let stopped = self.writer_alive == Some(false) || heartbeat_ns > self.late_after_ns;
+            self.torn_words = stopped.then_some((seq, self.seen_heartbeat_ns));
         }
         let heartbeat_age = Duration::from_nanos(heartbeat_ns);
         let capture_age = Duration::from_nanos(now.saturating_sub(snapshot.captured_mono_ns));
