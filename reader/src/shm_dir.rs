@@ -30,6 +30,11 @@ const REOPEN_BACKOFF: Duration = Duration::from_millis(20);
 /// that its writer retired (replaced by a restarted engine) is reopened at once.
 /// A file truncated under its mapping reads [`crate::Status::Torn`] until the next
 /// listing, which opens it again and reports it in [`Reading::errors`].
+/// A listing that fails for want of file descriptors (`EMFILE`, `ENFILE`)
+/// keeps the engines already mapped and is reported in [`Reading::errors`]
+/// under the source's URI ([`Error::Directory`]); other listing errors fail
+/// the read. A torn file whose writer is dead or silent is spun once and
+/// then reported torn until it changes ([`ShmDir::torn_spins`]).
 /// [`ShmDir::read_changed_at`] is cheaper still: two loads from one cache line
 /// per engine (sequence and heartbeat words), and a full read only of the
 /// engines that published (or heartbeat) since, or whose file was replaced.
@@ -39,6 +44,10 @@ pub struct ShmDir {
     options: ReaderOptions,
     engines: Vec<Entry>,
     bad: Vec<Bad>,
+    /// The last listing failed for want of file descriptors (the process's
+    /// or the system's): the mapped engines are still read, and this is
+    /// reported with them until a listing succeeds.
+    listing_error: Option<EngineError>,
     /// Monotonic ns of the last listing (0: never).
     last_scan_ns: u64,
 }
@@ -97,6 +106,7 @@ impl ShmDir {
             options,
             engines: Vec::new(),
             bad: Vec::new(),
+            listing_error: None,
             last_scan_ns: 0,
         };
         source.rescan()?;
@@ -179,6 +189,7 @@ impl ShmDir {
         bad.sort_unstable_by(|a, b| a.error.name.cmp(&b.error.name));
         self.engines = engines;
         self.bad = bad;
+        self.listing_error = None;
         self.last_scan_ns = monotonic_ns().max(1);
         Ok(())
     }
@@ -193,7 +204,19 @@ impl ShmDir {
     fn rescan_if_due(&mut self, real_now_ns: u64) -> Result<(), Error> {
         let interval = self.options.rescan_interval.as_nanos() as u64;
         if self.last_scan_ns == 0 || real_now_ns.saturating_sub(self.last_scan_ns) >= interval {
-            self.rescan()?;
+            match self.rescan() {
+                // Out of descriptors: the engines already mapped need none
+                // and are still right, so they are read and the error is
+                // reported beside them (named by the source's URI); the
+                // next read lists again.
+                Err(Error::Directory { dir, io })
+                    if io.raw_os_error().is_some_and(is_out_of_fds) =>
+                {
+                    let uri = self.uri();
+                    self.listing_error = Some(EngineError::new(uri, Error::Directory { dir, io }));
+                }
+                other => other?,
+            }
         }
         Ok(())
     }
@@ -266,6 +289,7 @@ impl ShmDir {
             each(entry.read(&self.dir, now_mono_ns, &self.options));
         }
         errors.extend(self.bad.iter().map(|b| b.error.clone()));
+        errors.extend(self.listing_error.clone());
         Ok(())
     }
 
@@ -477,6 +501,11 @@ impl Entry {
             _ => {}
         }
     }
+}
+
+/// `EMFILE` (this process) or `ENFILE` (the system) — no descriptor to list with.
+fn is_out_of_fds(errno: i32) -> bool {
+    errno == Errno::EMFILE as i32 || errno == Errno::ENFILE as i32
 }
 
 /// Whether the writer process still exists, when that can be known: only in
