@@ -18,7 +18,9 @@
 //! exists, creates a new file in a new generation carrying the latest
 //! snapshot, put in place atomically (`link` where nothing is left,
 //! `rename` over its own damaged file). It hands the
-//! new writer to the publishing thread through [`Handoff`]: `publish` pays
+//! new writer to the publishing thread through [`Handoff`] (a directory
+//! swapped for a symbolic link is refused, the reason logged once, and
+//! retried every period until the directory is back): `publish` pays
 //! one atomic load per call for this (no lock, no system call) and swaps
 //! writers the first time it sees one ready. A gap is reported once on
 //! stderr when noticed and once when over, and counted in

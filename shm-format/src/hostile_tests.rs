@@ -429,3 +429,44 @@ fn stray_store_into_a_live_files_sequence_is_not_in_place() {
     );
     drop(writer3);
 }
+
+/// A live writer's directory swapped for a symbolic link to elsewhere: the
+/// file is not in place (its path now resolves elsewhere), and the
+/// replacement refuses to write through the link, with an error that says
+/// what to do. A directory configured as a link from the start is followed.
+#[test]
+fn directory_swapped_for_a_symbolic_link_is_not_written_through() {
+    let base = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let dir = base.path().join("d");
+    std::fs::create_dir(&dir).unwrap();
+    let writer = create(&dir, "eng");
+    let beat = writer.heartbeat();
+    std::fs::rename(&dir, base.path().join("moved")).unwrap();
+    std::os::unix::fs::symlink(elsewhere.path(), &dir).unwrap();
+    assert!(!beat.in_place());
+    let err = ShmWriter::create_after(&beat, &WriterOptions::default(), &Snapshot::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("replaced by a symbolic link, which is not followed")
+            && err.contains("put the directory back"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_dir(elsewhere.path()).unwrap().count(),
+        0,
+        "nothing written there"
+    );
+
+    // Configured as a link: replacing a truncated file through it is fine.
+    let link = base.path().join("configured");
+    std::os::unix::fs::symlink(elsewhere.path(), &link).unwrap();
+    let linked = create(&link, "eng");
+    let beat = linked.heartbeat();
+    set_len(&elsewhere.path().join("eng"), 0);
+    let again =
+        ShmWriter::create_after(&beat, &WriterOptions::default(), &Snapshot::default()).unwrap();
+    assert!(again.heartbeat().in_place());
+    drop(writer);
+}

@@ -64,6 +64,8 @@ pub struct ShmWriter {
     seq: u64,
     /// What the heartbeat's check needs to know of `seq`.
     seq_record: Arc<SeqRecord>,
+    /// See [`Heartbeat::dir_was_link`].
+    dir_was_link: bool,
     // Held for the writer's life; released (closing the file) on drop.
     _lock: Flock<File>,
     pub(crate) retired: bool,
@@ -82,6 +84,9 @@ pub struct Heartbeat {
     generation: u64,
     written: Written,
     seq_record: Arc<SeqRecord>,
+    /// The directory was a symbolic link when the writer was created (then
+    /// it was configured as one, and following it is what was asked for).
+    dir_was_link: bool,
 }
 
 /// Shared by a writer's publishing thread and its [`Heartbeat`] handles, so
@@ -307,12 +312,28 @@ impl ShmWriter {
     /// until this returns; if it was retired, this fails and touches
     /// nothing. Anything else on the path is treated as by
     /// [`ShmWriter::create`].
+    ///
+    /// A directory that was swapped for a symbolic link since `previous`
+    /// was created is refused (nothing is written through it): readers of
+    /// the directory never follow a link to an engine's file, and a link
+    /// swapped in points wherever its maker chose.
     pub fn create_after(
         previous: &Heartbeat,
         options: &WriterOptions,
         first: &Snapshot,
     ) -> Result<ShmWriter, Error> {
         let dir = previous.path.parent().unwrap_or(Path::new("."));
+        if !previous.dir_was_link && is_link(dir) {
+            return Err(Error::io(
+                "recreate the engine's file in",
+                dir,
+                io::Error::other(
+                    "the directory was replaced by a symbolic link, which is not followed; \
+                     put the directory back (or restart the engine with the link's target as \
+                     its directory)",
+                ),
+            ));
+        }
         ShmWriter::create_in(dir, &previous.engine_id, options, first, Some(previous))
     }
 
@@ -324,6 +345,7 @@ impl ShmWriter {
         replacing: Option<&Heartbeat>,
     ) -> Result<ShmWriter, Error> {
         let meta = std::fs::metadata(dir).map_err(|e| Error::io("read directory", dir, e))?;
+        let dir_was_link = replacing.map_or_else(|| is_link(dir), |beat| beat.dir_was_link);
         if !meta.is_dir() {
             return Err(Error::io(
                 "use as a directory",
@@ -397,6 +419,7 @@ impl ShmWriter {
                 written: Written::new(header, engine_id),
                 seq,
                 seq_record: Arc::new(SeqRecord::new(seq)),
+                dir_was_link,
                 _lock: lock,
                 retired: false,
             });
@@ -459,6 +482,7 @@ impl ShmWriter {
             generation: self.generation,
             written: self.written,
             seq_record: self.seq_record.clone(),
+            dir_was_link: self.dir_was_link,
         }
     }
 
@@ -615,6 +639,11 @@ fn header_generation(file: &File) -> Option<u64> {
     let read = std::os::unix::fs::FileExt::read_at(file, &mut bytes, 0).ok()?;
     let header: Header = bytemuck::cast(bytes);
     (read == HEADER_SIZE && header.magic == MAGIC).then_some(header.generation)
+}
+
+/// Whether `path` itself is a symbolic link (`lstat`).
+fn is_link(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
 }
 
 fn tmp_path(dir: &Path, engine_id: &EngineId) -> PathBuf {
