@@ -235,6 +235,12 @@ fn espublish(uri: &str, id: &str) -> Proc {
     proc
 }
 
+/// The last screen `esdump --watch` drew into the file `screen`.
+fn last_frame_of(screen: &std::path::Path) -> String {
+    let text = std::fs::read_to_string(screen).unwrap();
+    text.rsplit("\x1b[2J").next().unwrap_or_default().to_owned()
+}
+
 /// Whether the child is still running (and not, e.g., killed by SIGBUS).
 fn running(proc: &mut Proc, what: &str) {
     if let Some(status) = proc.0.try_wait().unwrap() {
@@ -294,10 +300,7 @@ fn truncating_a_mapped_file_kills_no_reader() {
     let mut agent = relaying_esagent(&uri, &redis_uri);
     let mut remote = test_reader(&redis_uri, Duration::from_millis(500));
     let last_python = || python_lines.lock().unwrap().last().cloned();
-    let last_frame = || {
-        let text = std::fs::read_to_string(&screen_path).unwrap();
-        text.rsplit("\x1b[2J").next().unwrap_or_default().to_owned()
-    };
+    let last_frame = || last_frame_of(&screen_path);
     wait_for(
         || {
             last_frame().contains("victim")
@@ -411,6 +414,48 @@ fn a_stray_odd_sequence_in_a_live_writers_file_is_replaced() {
             })
         },
         "the engine fresh again in a new generation after a stray odd sequence",
+    );
+}
+
+/// `esdump --watch` while its directory is removed and created again: it
+/// said nothing and exited (the listing failed). Now it says so on the
+/// screen, keeps watching, and shows the engine again once it is back.
+#[test]
+fn esdump_watch_survives_its_directory_disappearing() {
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join("state");
+    std::fs::create_dir(&dir).unwrap();
+    let uri = format!("file://{}", dir.display());
+    let writer = espublish(&uri, "comes-back");
+    let screen_path = base.path().join("screen");
+    let screen = std::fs::File::create(&screen_path).unwrap();
+    let mut esdump = Proc::spawn(
+        Command::new(bin("esdump"))
+            .args(["--watch", "--interval", "20", "--uri", &uri])
+            .stdout(screen),
+    );
+    let last_frame = || last_frame_of(&screen_path);
+    wait_for(
+        || last_frame().contains("comes-back"),
+        "the engine on screen",
+    );
+    drop(writer); // SIGKILL: its file stays
+    std::fs::remove_dir_all(&dir).unwrap();
+    wait_for(
+        || {
+            running(&mut esdump, "esdump --watch");
+            last_frame().contains("cannot read it now (still watching)")
+        },
+        "esdump saying the directory cannot be read",
+    );
+    std::fs::create_dir(&dir).unwrap();
+    let _writer = espublish(&uri, "comes-back");
+    wait_for(
+        || {
+            running(&mut esdump, "esdump --watch");
+            last_frame().contains("comes-back")
+        },
+        "the engine on screen again",
     );
 }
 
