@@ -470,3 +470,25 @@ fn directory_swapped_for_a_symbolic_link_is_not_written_through() {
     assert!(again.heartbeat().in_place());
     drop(writer);
 }
+
+/// A socket (which `open` refuses with `ENXIO`) and a device node (whose
+/// open can have effects of its own) are refused from an `lstat`, without
+/// being opened.
+#[test]
+fn sockets_and_device_nodes_are_refused_without_an_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let err = ShmFile::open(&socket).unwrap_err();
+    assert!(matches!(err, Error::RefusedEntry { .. }), "{err:?}");
+    assert!(
+        err.to_string()
+            .starts_with("not a regular file (a socket): "),
+        "{err}"
+    );
+    let err = ShmFile::open("/dev/null").unwrap_err().to_string();
+    assert!(
+        err.starts_with("not a regular file (a character device): "),
+        "{err}"
+    );
+}
