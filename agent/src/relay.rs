@@ -342,6 +342,16 @@ impl RecordSender {
                 *last
             }
             last => {
+                if last.is_some() {
+                    // A new run of an engine this relay relayed: the key
+                    // holds our own record of its previous file (replaced
+                    // after a truncation, or an engine restart), which the
+                    // owner check would take for another live writer's.
+                    // Deleted first (owner-checked, as a clean close: only
+                    // our record), so the new run takes the key over
+                    // quietly.
+                    self.batch.push((engine.engine_id.clone(), SinkOp::Delete));
+                }
                 // A new engine or a new run of it (a new file): its
                 // header, once.
                 let current = SentRecord {

@@ -1,6 +1,7 @@
 //! Keeping a shared-memory engine visible when its file is removed under it
 //! (`rm -rf` of the directory, a cleanup script, a tmpfs remount), replaced,
-//! or truncated (`truncate -s 0`, a buggy tool).
+//! truncated (`truncate -s 0`, a buggy tool), or written into (a stray
+//! store into its sequence word, which would keep it torn for readers).
 //!
 //! A removed file stays mapped, so publishing into it "succeeds" while no
 //! reader can see it; a truncated one is refused by readers (wrong size),
@@ -12,11 +13,14 @@
 //! compares the path's (device, inode, size, type; one `lstat`) with its
 //! file's and the mapping's header and engine id with what was written at
 //! creation (a file cut to a few bytes and grown back keeps its magic but
-//! not those) — and, as soon as the directory
+//! not those) and the sequence word with the values it stored — and, as
+//! soon as the directory
 //! exists, creates a new file in a new generation carrying the latest
 //! snapshot, put in place atomically (`link` where nothing is left,
 //! `rename` over its own damaged file). It hands the
-//! new writer to the publishing thread through [`Handoff`]: `publish` pays
+//! new writer to the publishing thread through [`Handoff`] (a directory
+//! swapped for a symbolic link is refused, the reason logged once, and
+//! retried every period until the directory is back): `publish` pays
 //! one atomic load per call for this (no lock, no system call) and swaps
 //! writers the first time it sees one ready. A gap is reported once on
 //! stderr when noticed and once when over, and counted in
@@ -186,9 +190,9 @@ impl Keeper {
             self.lost = Some((Instant::now(), None));
             self.handoff.files_lost.fetch_add(1, Ordering::Relaxed);
             eprintln!(
-                "engine-state publisher: the file of engine {} ({}) was removed, replaced or \
-                 truncated: readers no longer see it; it is recreated (new generation) once {} \
-                 exists",
+                "engine-state publisher: the file of engine {} ({}) was removed, replaced, \
+                 truncated or written into by another process: readers no longer see it (or \
+                 see it torn); it is recreated (new generation) once {} exists",
                 self.engine_id,
                 self.dir.join(self.engine_id.as_str()).display(),
                 self.dir.display()

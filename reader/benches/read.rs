@@ -257,6 +257,61 @@ fn bench_scan(c: &mut Criterion) {
     group.finish();
 }
 
+/// Child mode: create `n` files `torn-NNNN` in `dir` whose sequence is odd
+/// (a write that never ended), then exit without retiring them: torn files
+/// of a dead writer, as a crash mid-write leaves them.
+fn torn_files_main(spec: &str) {
+    use std::os::unix::fs::FileExt;
+    let (dir, n) = spec.rsplit_once(':').unwrap();
+    let writers: Vec<ShmWriter> = (0..n.parse::<usize>().unwrap())
+        .map(|i| {
+            let id = EngineId::new(&format!("torn-{i:04}")).unwrap();
+            let writer =
+                ShmWriter::create(Path::new(dir), &id, &WriterOptions::default(), &snapshot(0))
+                    .unwrap();
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(writer.path())
+                .unwrap()
+                .write_all_at(
+                    &3u64.to_le_bytes(),
+                    engine_state_shm_format::layout::SEQ_OFFSET as u64,
+                )
+                .unwrap();
+            writer
+        })
+        .collect();
+    std::mem::forget(writers); // no retiring: the files stay ACTIVE
+    std::process::exit(0);
+}
+
+/// A scan of 8 live engines among 1,000 torn files of dead writers: each
+/// torn file costs the seqlock's whole retry bound once, not at every read.
+fn bench_torn_dead(c: &mut Criterion) {
+    let (dir, _writers, _) = engines_dir(8);
+    let status = Command::new(std::env::current_exe().unwrap())
+        .env(
+            "ES_BENCH_TORN_FILES",
+            format!("{}:1000", dir.path().display()),
+        )
+        .status()
+        .unwrap();
+    assert!(status.success(), "the torn files' writer failed");
+    let mut source = ShmDir::open(dir.path(), no_rescan()).unwrap();
+    let mut reading = Reading::default();
+    source.read_into(&mut reading).unwrap();
+    assert_eq!(reading.engines.len(), 1008);
+    let mut group = c.benchmark_group("scan_with_torn_dead_files");
+    group.throughput(Throughput::Elements(1008));
+    group.bench_function("shm_dir_8_live_1000_torn", |b| {
+        b.iter(|| {
+            source.read_into(&mut reading).unwrap();
+            black_box(reading.engines.len())
+        })
+    });
+    group.finish();
+}
+
 /// Single-read percentiles: criterion reports central values only.
 fn percentiles() {
     fn report(name: &str, mut samples: Vec<u64>, overhead: u64) {
@@ -391,9 +446,13 @@ fn main() {
         writer_main(&spec);
         return;
     }
+    if let Ok(spec) = std::env::var("ES_BENCH_TORN_FILES") {
+        torn_files_main(&spec);
+    }
     let mut c = Criterion::default().configure_from_args();
     bench_one_engine(&mut c);
     bench_scan(&mut c);
+    bench_torn_dead(&mut c);
     c.final_summary();
     if std::env::args().any(|a| a == "--bench") {
         percentiles();

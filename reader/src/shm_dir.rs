@@ -30,6 +30,11 @@ const REOPEN_BACKOFF: Duration = Duration::from_millis(20);
 /// that its writer retired (replaced by a restarted engine) is reopened at once.
 /// A file truncated under its mapping reads [`crate::Status::Torn`] until the next
 /// listing, which opens it again and reports it in [`Reading::errors`].
+/// A listing that fails for want of file descriptors (`EMFILE`, `ENFILE`)
+/// keeps the engines already mapped and is reported in [`Reading::errors`]
+/// under the source's URI ([`Error::Directory`]); other listing errors fail
+/// the read. A torn file whose writer is dead or silent is spun once and
+/// then reported torn until it changes ([`ShmDir::torn_spins`]).
 /// [`ShmDir::read_changed_at`] is cheaper still: two loads from one cache line
 /// per engine (sequence and heartbeat words), and a full read only of the
 /// engines that published (or heartbeat) since, or whose file was replaced.
@@ -39,6 +44,10 @@ pub struct ShmDir {
     options: ReaderOptions,
     engines: Vec<Entry>,
     bad: Vec<Bad>,
+    /// The last listing failed for want of file descriptors (the process's
+    /// or the system's): the mapped engines are still read, and this is
+    /// reported with them until a listing succeeds.
+    listing_error: Option<EngineError>,
     /// Monotonic ns of the last listing (0: never).
     last_scan_ns: u64,
 }
@@ -70,6 +79,14 @@ struct Entry {
     seen_seq: u64,
     /// The heartbeat stamp the last read reported.
     seen_heartbeat_ns: u64,
+    /// The (sequence, heartbeat) words of a torn file whose writer is dead
+    /// or silent (heartbeat late), as the read that found it torn saw
+    /// them: while both are unchanged, reads report it torn without
+    /// spinning the seqlock's retry bound again (tens of µs a file, every
+    /// read, for good). A new inode in a listing is a new entry.
+    torn_words: Option<(u64, u64)>,
+    /// Reads that spun the whole retry bound and found the file torn.
+    torn_spins: u64,
 }
 
 /// No snapshot read yet (odd, so never equal to a published sequence).
@@ -89,6 +106,7 @@ impl ShmDir {
             options,
             engines: Vec::new(),
             bad: Vec::new(),
+            listing_error: None,
             last_scan_ns: 0,
         };
         source.rescan()?;
@@ -171,6 +189,7 @@ impl ShmDir {
         bad.sort_unstable_by(|a, b| a.error.name.cmp(&b.error.name));
         self.engines = engines;
         self.bad = bad;
+        self.listing_error = None;
         self.last_scan_ns = monotonic_ns().max(1);
         Ok(())
     }
@@ -185,7 +204,19 @@ impl ShmDir {
     fn rescan_if_due(&mut self, real_now_ns: u64) -> Result<(), Error> {
         let interval = self.options.rescan_interval.as_nanos() as u64;
         if self.last_scan_ns == 0 || real_now_ns.saturating_sub(self.last_scan_ns) >= interval {
-            self.rescan()?;
+            match self.rescan() {
+                // Out of descriptors: the engines already mapped need none
+                // and are still right, so they are read and the error is
+                // reported beside them (named by the source's URI); the
+                // next read lists again.
+                Err(Error::Directory { dir, io })
+                    if io.raw_os_error().is_some_and(is_out_of_fds) =>
+                {
+                    let uri = self.uri();
+                    self.listing_error = Some(EngineError::new(uri, Error::Directory { dir, io }));
+                }
+                other => other?,
+            }
         }
         Ok(())
     }
@@ -258,6 +289,7 @@ impl ShmDir {
             each(entry.read(&self.dir, now_mono_ns, &self.options));
         }
         errors.extend(self.bad.iter().map(|b| b.error.clone()));
+        errors.extend(self.listing_error.clone());
         Ok(())
     }
 
@@ -306,6 +338,16 @@ impl ShmDir {
             }
         }
         Ok(())
+    }
+
+    /// Reads (of any engine mapped now) that spun the seqlock's whole retry
+    /// bound ([`engine_state_shm_format::seqlock::READ_SPINS`] +
+    /// `READ_YIELDS` attempts) and found the file torn. A torn file whose
+    /// writer is dead or silent costs one such read, not one per read:
+    /// until its sequence or heartbeat word changes (or a listing finds
+    /// another inode under its name), reads report it torn from the cache.
+    pub fn torn_spins(&self) -> u64 {
+        self.engines.iter().map(|e| e.torn_spins).sum()
     }
 
     /// The header of an engine's file as it was at open (writer pid, period).
@@ -357,6 +399,8 @@ impl Entry {
             next_reopen: Instant::now(),
             seen_seq: NOT_SEEN,
             seen_heartbeat_ns: 0,
+            torn_words: None,
+            torn_spins: 0,
         }
     }
 
@@ -367,13 +411,26 @@ impl Entry {
             self.reopen_if_replaced(dir);
             retired = self.file.is_retired();
         }
-        let (snapshot, torn) = match self.file.read() {
-            Ok((snapshot, seq)) => {
-                self.seen_seq = seq;
-                (snapshot, false)
+        // A live file's read pays one predictable branch for the cache.
+        let (snapshot, torn_seq) = match self.torn_words {
+            Some((seq, heartbeat))
+                if self.file.seq() == seq && self.file.heartbeat_mono_ns() == heartbeat =>
+            {
+                (Snapshot::default(), Some(seq))
             }
-            Err(_) => (Snapshot::default(), true),
+            _ => match self.file.read() {
+                Ok((snapshot, seq)) => {
+                    self.seen_seq = seq;
+                    self.torn_words = None;
+                    (snapshot, None)
+                }
+                Err(torn) => {
+                    self.torn_spins += 1;
+                    (Snapshot::default(), Some(torn.last_seq))
+                }
+            },
         };
+        let torn = torn_seq.is_some();
         self.seen_heartbeat_ns = self.file.heartbeat_mono_ns();
         let heartbeat_ns = now.saturating_sub(self.seen_heartbeat_ns);
         // A live writer stamps every period, so the pid (a system call) is only
@@ -384,6 +441,12 @@ impl Entry {
         {
             self.writer_alive = writer_alive(self.file.header());
             self.next_pid_check_ns = now + PID_CHECK_INTERVAL_NS;
+        }
+        if let Some(seq) = torn_seq {
+            // Nothing will change while the writer is dead or silent; a
+            // writer that comes back stores a heartbeat or a sequence.
+            let stopped = self.writer_alive == Some(false) || heartbeat_ns > self.late_after_ns;
+            self.torn_words = stopped.then_some((seq, self.seen_heartbeat_ns));
         }
         let heartbeat_age = Duration::from_nanos(heartbeat_ns);
         let capture_age = Duration::from_nanos(now.saturating_sub(snapshot.captured_mono_ns));
@@ -438,6 +501,11 @@ impl Entry {
             _ => {}
         }
     }
+}
+
+/// `EMFILE` (this process) or `ENFILE` (the system) — no descriptor to list with.
+fn is_out_of_fds(errno: i32) -> bool {
+    errno == Errno::EMFILE as i32 || errno == Errno::ENFILE as i32
 }
 
 /// Whether the writer process still exists, when that can be known: only in

@@ -363,3 +363,132 @@ fn dead_writers_file_of_the_wrong_size_is_taken_over() {
     .unwrap_err();
     assert!(matches!(err, Error::NotEngineState { .. }), "{err:?}");
 }
+
+/// Stores `value` into the sequence word of the file at `path` through a
+/// writable mapping of its own, as a stray 8-byte write of another process
+/// would.
+fn poke_seq(path: &std::path::Path, value: u64) {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    crate::mapping::Mapping::read_write(&file, path)
+        .unwrap()
+        .word(crate::layout::SEQ_OFFSET)
+        .store(value, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// A stray odd (or smaller even) value stored into a live file's sequence
+/// word: readers see the file torn (or an old snapshot as new). Its
+/// writer's check says it is not in place — at once when the value is
+/// beyond any it stored, at the second check when it is the odd value of
+/// a publish in progress — and a publish that finds it says so as well;
+/// `create_after` renames a readable new generation over it.
+#[test]
+fn stray_store_into_a_live_files_sequence_is_not_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("poked");
+    let mut writer = create(dir.path(), "poked");
+    let beat = writer.heartbeat();
+    writer.publish(&Snapshot::default()).unwrap(); // seq 4
+    assert!(beat.in_place() && beat.in_place(), "our own sequence");
+
+    // Far beyond what was stored.
+    poke_seq(&path, 7);
+    let reader = ShmFile::open(&path).unwrap();
+    assert_eq!(reader.read().unwrap_err().last_seq, 7, "torn for readers");
+    assert!(!beat.in_place(), "a sequence the writer never stored");
+
+    // The odd value of a publish in progress: told apart at the next check.
+    let writer2 =
+        ShmWriter::create_after(&beat, &WriterOptions::default(), &Snapshot::default()).unwrap();
+    drop(writer);
+    let beat = writer2.heartbeat();
+    poke_seq(&path, 1);
+    assert!(beat.in_place(), "could be a publish in progress");
+    assert!(!beat.in_place(), "the same odd value one check later");
+
+    // A publish that finds a value it did not store reports it, and leaves
+    // the word even (readable) until the file is replaced.
+    let mut writer3 =
+        ShmWriter::create_after(&beat, &WriterOptions::default(), &Snapshot::default()).unwrap();
+    drop(writer2);
+    let beat = writer3.heartbeat();
+    poke_seq(&path, 1);
+    writer3.publish(&Snapshot::default()).unwrap();
+    let reader = ShmFile::open(&path).unwrap();
+    assert_eq!(reader.read().unwrap().1, 4, "even again after the publish");
+    assert!(!beat.in_place(), "the publish saw the stray value");
+    let again =
+        ShmWriter::create_after(&beat, &WriterOptions::default(), &Snapshot::default()).unwrap();
+    assert!(again.heartbeat().in_place());
+    assert_eq!(
+        ShmFile::open(&path).unwrap().generation(),
+        again.generation()
+    );
+    drop(writer3);
+}
+
+/// A live writer's directory swapped for a symbolic link to elsewhere: the
+/// file is not in place (its path now resolves elsewhere), and the
+/// replacement refuses to write through the link, with an error that says
+/// what to do. A directory configured as a link from the start is followed.
+#[test]
+fn directory_swapped_for_a_symbolic_link_is_not_written_through() {
+    let base = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let dir = base.path().join("d");
+    std::fs::create_dir(&dir).unwrap();
+    let writer = create(&dir, "eng");
+    let beat = writer.heartbeat();
+    std::fs::rename(&dir, base.path().join("moved")).unwrap();
+    std::os::unix::fs::symlink(elsewhere.path(), &dir).unwrap();
+    assert!(!beat.in_place());
+    let err = ShmWriter::create_after(&beat, &WriterOptions::default(), &Snapshot::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("replaced by a symbolic link, which is not followed")
+            && err.contains("put the directory back"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_dir(elsewhere.path()).unwrap().count(),
+        0,
+        "nothing written there"
+    );
+
+    // Configured as a link: replacing a truncated file through it is fine.
+    let link = base.path().join("configured");
+    std::os::unix::fs::symlink(elsewhere.path(), &link).unwrap();
+    let linked = create(&link, "eng");
+    let beat = linked.heartbeat();
+    set_len(&elsewhere.path().join("eng"), 0);
+    let again =
+        ShmWriter::create_after(&beat, &WriterOptions::default(), &Snapshot::default()).unwrap();
+    assert!(again.heartbeat().in_place());
+    drop(writer);
+}
+
+/// A socket (which `open` refuses with `ENXIO`) and a device node (whose
+/// open can have effects of its own) are refused from an `lstat`, without
+/// being opened.
+#[test]
+fn sockets_and_device_nodes_are_refused_without_an_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let err = ShmFile::open(&socket).unwrap_err();
+    assert!(matches!(err, Error::RefusedEntry { .. }), "{err:?}");
+    assert!(
+        err.to_string()
+            .starts_with("not a regular file (a socket): "),
+        "{err}"
+    );
+    let err = ShmFile::open("/dev/null").unwrap_err().to_string();
+    assert!(
+        err.starts_with("not a regular file (a character device): "),
+        "{err}"
+    );
+}

@@ -60,6 +60,27 @@ pub fn write<const N: usize>(seq: &AtomicU64, words: &[AtomicU64; N], values: &[
         s % 2 == 0,
         "seqlock writer found an odd sequence: two writers?"
     );
+    write_after(seq, words, values, s);
+}
+
+/// [`write`] from the sequence `last` the writer stored last, kept by the
+/// writer itself rather than loaded from `seq`: a stray store into `seq`
+/// (another process's, through a writable mapping of the file) then leaves
+/// it `last + 2`, even, instead of shifting every later write to odd final
+/// values, which readers would take for a write in progress forever.
+/// `last` must be even.
+#[inline]
+pub fn write_after<const N: usize>(
+    seq: &AtomicU64,
+    words: &[AtomicU64; N],
+    values: &[u64; N],
+    last: u64,
+) {
+    debug_assert!(
+        last % 2 == 0,
+        "a seqlock write must start from an even sequence"
+    );
+    let s = last;
     // Mark the write as in progress. Readers that see this odd value retry.
     seq.store(s.wrapping_add(1), Ordering::Relaxed);
     // Pairs with the reader's `fence(Acquire)` after its word loads: a reader

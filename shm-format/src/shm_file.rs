@@ -170,7 +170,27 @@ impl ShmFile {
 /// descriptor itself (not of the path, which may have changed meanwhile)
 /// refuses anything that is not a regular file. `O_NONBLOCK` changes nothing
 /// for a regular file: the reader only maps it and `pread`s its first bytes.
+///
+/// Before the open, an `lstat` refuses what is no regular file without
+/// opening it: opening a device node can have effects of its own (a tape
+/// rewinds, a modem line hangs up), and a socket cannot be opened at all
+/// (`ENXIO`), which would be reported as an I/O error rather than what it
+/// is. (Swapped in between `lstat` and `open`, an entry is still refused
+/// by the `fstat`.)
 fn open_regular(path: &Path) -> Result<File, Error> {
+    let refused = |kind: FileType| Error::RefusedEntry {
+        path: path.to_owned(),
+        what: if kind.is_symlink() {
+            "symbolic link, not followed".to_owned()
+        } else {
+            format!("not a regular file ({})", kind_name(kind))
+        },
+    };
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if !meta.is_file() => return Err(refused(meta.file_type())),
+        // Gone or unreadable: the open below says which.
+        _ => {}
+    }
     let file = OpenOptions::new()
         .read(true)
         .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
@@ -187,10 +207,7 @@ fn open_regular(path: &Path) -> Result<File, Error> {
         .map_err(|e| Error::io("stat", path, e))?
         .file_type();
     if !kind.is_file() {
-        return Err(Error::RefusedEntry {
-            path: path.to_owned(),
-            what: format!("not a regular file ({})", kind_name(kind)),
-        });
+        return Err(refused(kind));
     }
     Ok(file)
 }

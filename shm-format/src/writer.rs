@@ -6,7 +6,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -59,6 +59,13 @@ pub struct ShmWriter {
     fork_generation: u64,
     /// What was written at creation into the bytes that never change after it.
     written: Written,
+    /// The sequence this writer stored last (even): the next publish starts
+    /// from it, not from what the word holds (see [`seqlock::write_after`]).
+    seq: u64,
+    /// What the heartbeat's check needs to know of `seq`.
+    seq_record: Arc<SeqRecord>,
+    /// See [`Heartbeat::dir_was_link`].
+    dir_was_link: bool,
     // Held for the writer's life; released (closing the file) on drop.
     _lock: Flock<File>,
     pub(crate) retired: bool,
@@ -76,6 +83,40 @@ pub struct Heartbeat {
     engine_id: EngineId,
     generation: u64,
     written: Written,
+    seq_record: Arc<SeqRecord>,
+    /// The directory was a symbolic link when the writer was created (then
+    /// it was configured as one, and following it is what was asked for).
+    dir_was_link: bool,
+}
+
+/// Shared by a writer's publishing thread and its [`Heartbeat`] handles, so
+/// that the heartbeat's check can tell a sequence this writer stored from
+/// one another process stored into the file (a stray 8-byte write through a
+/// writable mapping). An odd one would otherwise keep the file torn for
+/// every reader as long as the writer lives; an even one would make a
+/// reader take old payload words for a new snapshot.
+#[derive(Debug)]
+struct SeqRecord {
+    /// The final (even) sequence of the publish in progress, else of the
+    /// last one. Stored only by `publish`.
+    target: AtomicU64,
+    /// Set by a publish that found in the word a value this writer did not
+    /// store there.
+    foreign: AtomicBool,
+    /// The odd sequence the last check found (0: none): a publish in
+    /// progress lasts nanoseconds, so the same odd value at two checks,
+    /// periods apart, was not stored by a publish.
+    odd_seen: AtomicU64,
+}
+
+impl SeqRecord {
+    fn new(seq: u64) -> SeqRecord {
+        SeqRecord {
+            target: AtomicU64::new(seq),
+            foreign: AtomicBool::new(false),
+            odd_seen: AtomicU64::new(0),
+        }
+    }
 }
 
 /// The bytes a writer wrote at creation and never changes afterwards: the
@@ -138,11 +179,14 @@ impl Heartbeat {
 
     /// Whether readers still see this file at its path: false when it was
     /// removed (alone or with its directory), replaced by another file or a
-    /// symbolic link (readers never follow one), or truncated or grown by
+    /// symbolic link (readers never follow one), truncated or grown by
     /// another process (readers refuse a file that is not [`FILE_SIZE`]
     /// bytes, and one truncated to any size and grown back has lost part of
-    /// what was written at creation). One `lstat` and about twenty loads;
-    /// for a heartbeat thread, every few periods.
+    /// what was written at creation), or when its sequence word holds a
+    /// value this writer did not store (see [`Heartbeat::seq_is_ours`]).
+    /// One `lstat` and about twenty loads; for a heartbeat thread, every
+    /// few periods (a stray odd sequence is told from a publish in progress
+    /// at the second check that sees it).
     pub fn in_place(&self) -> bool {
         // `lstat`, not `stat`: a link to this very file has its own inode.
         let Ok(meta) = std::fs::symlink_metadata(&self.path) else {
@@ -157,7 +201,38 @@ impl Heartbeat {
         // The size is right now, but the file may have been truncated and
         // grown back: its bytes past the cut are zeros (or this mapping's
         // were all replaced by zero pages when it faulted meanwhile).
-        !self.map.truncated() && self.intact()
+        !self.map.truncated() && self.intact() && self.seq_is_ours()
+    }
+
+    /// Whether the sequence word holds a value this writer stored: at least
+    /// the last one it completed before the publish in progress (if any),
+    /// at most that publish's final one, not the same odd value as at the
+    /// previous check, and no publish found a value it did not store.
+    fn seq_is_ours(&self) -> bool {
+        let record = &*self.seq_record;
+        // Relaxed: set by `publish`, read on its own.
+        if record.foreign.load(Ordering::Relaxed) {
+            return false;
+        }
+        // Acquire: pairs with the Release store of `target` in `publish`,
+        // which follows the previous publish's final store of `target - 2`
+        // into the word: the load below sees that store or a later one.
+        let low = record.target.load(Ordering::Acquire).saturating_sub(2);
+        let seq = self.map.word(SEQ_OFFSET).load(Ordering::Relaxed);
+        // Pairs with the `fence(Release)` in `publish` between its store of
+        // `target` and that publish's stores into the word: if the load
+        // above saw one of those, the load below sees its `target`.
+        fence(Ordering::Acquire);
+        let high = self.seq_record.target.load(Ordering::Relaxed);
+        if seq == 0 || seq < low || seq > high {
+            return false;
+        }
+        // Relaxed: only heartbeat threads use it (one at a time: the
+        // publisher's).
+        let before = record
+            .odd_seen
+            .swap(if seq % 2 == 1 { seq } else { 0 }, Ordering::Relaxed);
+        seq % 2 == 0 || before != seq
     }
 
     /// Whether the mapping still holds what this writer wrote at creation
@@ -237,12 +312,28 @@ impl ShmWriter {
     /// until this returns; if it was retired, this fails and touches
     /// nothing. Anything else on the path is treated as by
     /// [`ShmWriter::create`].
+    ///
+    /// A directory that was swapped for a symbolic link since `previous`
+    /// was created is refused (nothing is written through it): readers of
+    /// the directory never follow a link to an engine's file, and a link
+    /// swapped in points wherever its maker chose.
     pub fn create_after(
         previous: &Heartbeat,
         options: &WriterOptions,
         first: &Snapshot,
     ) -> Result<ShmWriter, Error> {
         let dir = previous.path.parent().unwrap_or(Path::new("."));
+        if !previous.dir_was_link && is_link(dir) {
+            return Err(Error::io(
+                "recreate the engine's file in",
+                dir,
+                io::Error::other(
+                    "the directory was replaced by a symbolic link, which is not followed; \
+                     put the directory back (or restart the engine with the link's target as \
+                     its directory)",
+                ),
+            ));
+        }
         ShmWriter::create_in(dir, &previous.engine_id, options, first, Some(previous))
     }
 
@@ -254,6 +345,7 @@ impl ShmWriter {
         replacing: Option<&Heartbeat>,
     ) -> Result<ShmWriter, Error> {
         let meta = std::fs::metadata(dir).map_err(|e| Error::io("read directory", dir, e))?;
+        let dir_was_link = replacing.map_or_else(|| is_link(dir), |beat| beat.dir_was_link);
         if !meta.is_dir() {
             return Err(Error::io(
                 "use as a directory",
@@ -314,6 +406,8 @@ impl ShmWriter {
             }
             drop(old_lock);
             let meta = lock.metadata().map_err(|e| Error::io("stat", &path, e))?;
+            // Relaxed: our own store (the first snapshot's, in `create_filled`).
+            let seq = map.word(SEQ_OFFSET).load(Ordering::Relaxed);
             return Ok(ShmWriter {
                 map: Arc::new(map),
                 path,
@@ -323,6 +417,9 @@ impl ShmWriter {
                 dev: meta.dev(),
                 fork_generation: fork_generation(),
                 written: Written::new(header, engine_id),
+                seq,
+                seq_record: Arc::new(SeqRecord::new(seq)),
+                dir_was_link,
                 _lock: lock,
                 retired: false,
             });
@@ -344,11 +441,23 @@ impl ShmWriter {
             return Err(WrongProcess);
         }
         let words: [u64; SNAPSHOT_WORDS] = snapshot.to_words();
-        seqlock::write(
-            self.map.word(SEQ_OFFSET),
-            self.map.words(PAYLOAD_OFFSET),
-            &words,
-        );
+        let seq = self.map.word(SEQ_OFFSET);
+        // Relaxed: only this thread stores the word, unless another process
+        // wrote into the file, which is what this load looks for.
+        if seq.load(Ordering::Relaxed) != self.seq {
+            // Relaxed: read on its own by the heartbeat's check.
+            self.seq_record.foreign.store(true, Ordering::Relaxed);
+        }
+        let target = self.seq.wrapping_add(2);
+        // Release: pairs with the Acquire load of `target` in
+        // `Heartbeat::seq_is_ours` (our store of `self.seq` came before).
+        self.seq_record.target.store(target, Ordering::Release);
+        // Pairs with the `fence(Acquire)` in `Heartbeat::seq_is_ours`: a
+        // check that sees either store of this write into the word sees
+        // `target` too. (No instruction on x86.)
+        fence(Ordering::Release);
+        seqlock::write_after(seq, self.map.words(PAYLOAD_OFFSET), &words, self.seq);
+        self.seq = target;
         Ok(())
     }
 
@@ -372,6 +481,8 @@ impl ShmWriter {
             engine_id: self.engine_id.clone(),
             generation: self.generation,
             written: self.written,
+            seq_record: self.seq_record.clone(),
+            dir_was_link: self.dir_was_link,
         }
     }
 
@@ -528,6 +639,11 @@ fn header_generation(file: &File) -> Option<u64> {
     let read = std::os::unix::fs::FileExt::read_at(file, &mut bytes, 0).ok()?;
     let header: Header = bytemuck::cast(bytes);
     (read == HEADER_SIZE && header.magic == MAGIC).then_some(header.generation)
+}
+
+/// Whether `path` itself is a symbolic link (`lstat`).
+fn is_link(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
 }
 
 fn tmp_path(dir: &Path, engine_id: &EngineId) -> PathBuf {

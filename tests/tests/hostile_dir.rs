@@ -235,6 +235,12 @@ fn espublish(uri: &str, id: &str) -> Proc {
     proc
 }
 
+/// The last screen `esdump --watch` drew into the file `screen`.
+fn last_frame_of(screen: &std::path::Path) -> String {
+    let text = std::fs::read_to_string(screen).unwrap();
+    text.rsplit("\x1b[2J").next().unwrap_or_default().to_owned()
+}
+
 /// Whether the child is still running (and not, e.g., killed by SIGBUS).
 fn running(proc: &mut Proc, what: &str) {
     if let Some(status) = proc.0.try_wait().unwrap() {
@@ -294,10 +300,7 @@ fn truncating_a_mapped_file_kills_no_reader() {
     let mut agent = relaying_esagent(&uri, &redis_uri);
     let mut remote = test_reader(&redis_uri, Duration::from_millis(500));
     let last_python = || python_lines.lock().unwrap().last().cloned();
-    let last_frame = || {
-        let text = std::fs::read_to_string(&screen_path).unwrap();
-        text.rsplit("\x1b[2J").next().unwrap_or_default().to_owned()
-    };
+    let last_frame = || last_frame_of(&screen_path);
     wait_for(
         || {
             last_frame().contains("victim")
@@ -360,6 +363,100 @@ fn set_len(path: &std::path::Path, len: u64) {
         .unwrap()
         .set_len(len)
         .unwrap();
+}
+
+/// An odd value stored into the sequence word of a live `espublish`'s file
+/// by a third process's writable mapping (a stray 8-byte write): readers
+/// saw the engine torn for as long as the publisher lived (every later
+/// publish went on from the odd value). Now the publisher notices a
+/// sequence it did not store and renames a new generation over the file.
+#[test]
+fn a_stray_odd_sequence_in_a_live_writers_file_is_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let uri = format!("file://{}", dir.path().display());
+    let path = dir.path().join("poked");
+    let mut writer = espublish(&uri, "poked");
+    let mut source = test_reader(&uri, Duration::from_millis(500));
+    let mut generation = 0;
+    wait_for(
+        || {
+            let reading = source.read().unwrap();
+            let seen = reading.get("poked").filter(|e| e.is_fresh());
+            generation = seen.map_or(0, |e| e.generation);
+            seen.is_some()
+        },
+        "the engine fresh",
+    );
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    // SAFETY: a shared mapping of the whole 4096-byte file, which nobody
+    // truncates during the test; the word is 8-aligned and only accessed
+    // atomically, as the writer does.
+    let map = unsafe { memmap2::MmapMut::map_mut(&file) }.unwrap();
+    // SAFETY: as above; the reference does not outlive `map`.
+    let seq = unsafe {
+        &*(map
+            .as_ptr()
+            .add(engine_state_shm_format::layout::SEQ_OFFSET)
+            .cast::<std::sync::atomic::AtomicU64>())
+    };
+    seq.store(1_000_001, std::sync::atomic::Ordering::Relaxed);
+    drop(map);
+    wait_for(
+        || {
+            running(&mut writer, "espublish (the poked engine's writer)");
+            let reading = source.read().unwrap();
+            reading.get("poked").is_some_and(|e| {
+                e.is_fresh() && e.generation > generation && e.snapshot.num_running == 5
+            })
+        },
+        "the engine fresh again in a new generation after a stray odd sequence",
+    );
+}
+
+/// `esdump --watch` while its directory is removed and created again: it
+/// said nothing and exited (the listing failed). Now it says so on the
+/// screen, keeps watching, and shows the engine again once it is back.
+#[test]
+fn esdump_watch_survives_its_directory_disappearing() {
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join("state");
+    std::fs::create_dir(&dir).unwrap();
+    let uri = format!("file://{}", dir.display());
+    let writer = espublish(&uri, "comes-back");
+    let screen_path = base.path().join("screen");
+    let screen = std::fs::File::create(&screen_path).unwrap();
+    let mut esdump = Proc::spawn(
+        Command::new(bin("esdump"))
+            .args(["--watch", "--interval", "20", "--uri", &uri])
+            .stdout(screen),
+    );
+    let last_frame = || last_frame_of(&screen_path);
+    wait_for(
+        || last_frame().contains("comes-back"),
+        "the engine on screen",
+    );
+    drop(writer); // SIGKILL: its file stays
+    std::fs::remove_dir_all(&dir).unwrap();
+    wait_for(
+        || {
+            running(&mut esdump, "esdump --watch");
+            last_frame().contains("cannot read it now (still watching)")
+        },
+        "esdump saying the directory cannot be read",
+    );
+    std::fs::create_dir(&dir).unwrap();
+    let _writer = espublish(&uri, "comes-back");
+    wait_for(
+        || {
+            running(&mut esdump, "esdump --watch");
+            last_frame().contains("comes-back")
+        },
+        "the engine on screen again",
+    );
 }
 
 /// `truncate -s 0`, then a grow to twice the size, of a live `espublish`'s

@@ -20,6 +20,16 @@ fn start(uri: &str, id: &str) -> Result<Publisher, engine_state_publisher::Error
     Publisher::start(PublisherConfig::resolve(Some(uri), Some(id), Some(20), None).unwrap())
 }
 
+/// `esagent` relaying `dir` to `redis_uri` every 20 ms; its HTTP address.
+fn relaying_esagent(dir: &std::path::Path, redis_uri: &str) -> (Proc, String) {
+    esagent_process(
+        Command::new(bin("esagent"))
+            .args(["--uri", &format!("file://{}", dir.display())])
+            .args(["--redis", redis_uri, "--period-ms", "20"])
+            .args(["--listen", "127.0.0.1:0"]),
+    )
+}
+
 fn running(source: &mut dyn Source, id: &str) -> Option<u64> {
     let reading = source.read().unwrap();
     reading.get(id).map(|e| e.snapshot.num_running)
@@ -159,18 +169,7 @@ fn esagent_does_not_overwrite_a_direct_publisher_and_reports_it_once() {
             ..Snapshot::default()
         })
         .unwrap();
-    let (mut agent, addr) = esagent_process(
-        Command::new(bin("esagent"))
-            .args(["--uri", &format!("file://{}", dir.path().display())])
-            .args([
-                "--redis",
-                &uri,
-                "--period-ms",
-                "20",
-                "--listen",
-                "127.0.0.1:0",
-            ]),
-    );
+    let (mut agent, addr) = relaying_esagent(dir.path(), &uri);
     let refused = || {
         let metrics = http_get(&addr, "/metrics").1;
         metrics.lines().find_map(|line| {
@@ -281,4 +280,65 @@ fn two_relays_of_one_engine_id_with_the_same_writer_pid_do_not_share_the_key() {
     relay_b.shutdown(Duration::from_secs(5));
     assert_eq!(running(&mut *source, "pod-engine"), Some(1));
     drop(writer_a);
+}
+
+/// A truncation makes the publisher rename a new file (a new run) over its
+/// own: the relay's key then holds the relay's own record of the old file,
+/// which the owner check took for another live process's ("written by
+/// another live process", and the new run refused until the key expired).
+/// Now the relay takes its own key over quietly.
+#[test]
+fn esagent_takes_over_its_own_record_after_a_truncation_quietly() {
+    let redis = RedisServer::start();
+    // The key is held (plain SETs, no owner check) for (ttl - timeout) / 2
+    // = 250 ms after a write and expires 3 s after it; the publisher checks
+    // its file every 4 periods (800 ms): the new run's first record is
+    // owner-checked against the old record, still there.
+    let uri = redis.uri("?prefix=own:&ttl_ms=3000&timeout_ms=2500");
+    let dir = tempfile::tempdir().unwrap();
+    let shm_uri = format!("file://{}", dir.path().display());
+    let mut local = Publisher::start(
+        PublisherConfig::resolve(Some(&shm_uri), Some("self"), Some(200), None).unwrap(),
+    )
+    .unwrap();
+    local
+        .publish(Snapshot {
+            num_running: 3,
+            ..Snapshot::default()
+        })
+        .unwrap();
+    let (mut agent, _addr) = relaying_esagent(dir.path(), &uri);
+    let mut source = test_reader(&uri, Duration::from_secs(5));
+    let mut generation = 0;
+    wait_for(
+        || {
+            let reading = source.read().unwrap();
+            generation = reading.get("self").map_or(0, |e| e.generation);
+            generation != 0
+        },
+        "the relayed engine in Redis",
+    );
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join("self"))
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    wait_for(
+        || {
+            let reading = source.read().unwrap();
+            reading
+                .get("self")
+                .is_some_and(|e| e.generation != generation && e.is_fresh())
+        },
+        "the new file's run relayed to Redis",
+    );
+    nix::sys::signal::kill(agent.pid(), nix::sys::signal::Signal::SIGTERM).unwrap();
+    assert!(agent.0.wait().unwrap().success());
+    let stderr = stderr_of(&mut agent);
+    assert!(
+        !stderr.contains("is written by another live process"),
+        "{stderr}"
+    );
+    local.close();
 }

@@ -25,7 +25,9 @@ pub struct Args {
     /// Print one JSON array (one object per engine) instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Refresh in place like `top` until interrupted (Ctrl-C).
+    /// Refresh in place like `top` until interrupted (Ctrl-C). A source that
+    /// cannot be read for a while (its directory removed) is said so on the
+    /// screen; the watch goes on.
     #[arg(long)]
     pub watch: bool,
     /// Refresh interval of --watch, in milliseconds.
@@ -52,8 +54,22 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Res
     let mut reading = Reading::default();
     let mut refreshes = 0u64;
     loop {
-        source.read_into(&mut reading)?;
-        if args.json {
+        if let Err(e) = source.read_into(&mut reading) {
+            if !args.watch {
+                return Err(e.into());
+            }
+            // The directory may be gone for a moment (a cleanup, a tmpfs
+            // remount, a redeploy): say so on the screen and keep watching;
+            // the engines show again once it is back.
+            write!(
+                out,
+                "\x1b[H\x1b[2J{}  every {} ms  (Ctrl-C to quit)\n\nesdump: cannot read it now \
+                 (still watching): {}\n",
+                source.uri(),
+                args.interval,
+                table::printable(&e.to_string())
+            )?;
+        } else if args.json {
             let text = serde_json::to_string_pretty(&reading.engines).context("encoding JSON")?;
             writeln!(out, "{text}")?;
             for error in &reading.errors {
