@@ -32,6 +32,7 @@
 
 mod error;
 mod freshness;
+mod liveness;
 #[cfg(feature = "redis")]
 mod redis_fetch;
 #[cfg(feature = "redis")]
@@ -43,7 +44,8 @@ mod uri;
 
 pub use crate::error::{EngineError, Error, FormatError};
 pub use crate::freshness::{
-    Freshness, Observation, Status, DEFAULT_MAX_CAPTURE_AGE, DEFAULT_STALE_AFTER,
+    max_ahead, Ages, ClockAhead, Freshness, Observation, Stamp, Status, CLOCK_AHEAD_SLACK,
+    DEFAULT_MAX_CAPTURE_AGE, DEFAULT_STALE_AFTER,
 };
 #[cfg(feature = "redis")]
 pub use crate::redis_fetch::{record_state, state_at_fetch};

@@ -6,13 +6,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use engine_state_shm_format::{heartbeat, monotonic_ns, pid_namespace, Header, ShmFile, Snapshot};
-use nix::errno::Errno;
-use nix::sys::signal::kill;
-use nix::unistd::Pid;
+use engine_state_shm_format::{heartbeat, monotonic_ns, Header, ShmFile, Snapshot};
 
 use crate::error::{EngineError, Error, FormatError};
-use crate::freshness::Observation;
+use crate::freshness::{max_ahead, Ages, ClockAhead, Observation};
+use crate::liveness::writer_alive;
 use crate::source::{ReaderOptions, Source};
 use crate::state::{EngineState, Reading};
 
@@ -53,6 +51,10 @@ pub struct RawEngine<'a> {
     pub heartbeat_mono_ns: u64,
     /// The file's generation.
     pub generation: u64,
+    /// The last read found a stamp too far ahead of the reader's clock
+    /// ([`ClockAhead`]): its ages are unknown, and a relay must not keep
+    /// the engine alive elsewhere.
+    pub clock_ahead: bool,
 }
 
 #[derive(Debug)]
@@ -62,6 +64,11 @@ struct Entry {
     writer_alive: Option<bool>,
     /// A heartbeat older than this (ns) makes the reader check the writer's pid.
     late_after_ns: u64,
+    /// A stamp further ahead of the reader's clock than this (ns) is not
+    /// believed ([`max_ahead`] of the file's period).
+    max_ahead_ns: u64,
+    /// What the last read found too far ahead, if anything.
+    clock_ahead: Option<ClockAhead>,
     /// Monotonic ns before which the pid is not checked again.
     next_pid_check_ns: u64,
     next_reopen: Instant,
@@ -146,7 +153,7 @@ impl ShmDir {
                 // A mapping whose file was truncated under it is dropped and
                 // the file opened again (which reports its size).
                 if kept.file.inode() == inode && !kept.file.is_truncated() {
-                    kept.writer_alive = writer_alive(kept.file.header());
+                    kept.check_writer(monotonic_ns());
                     engines.push(kept);
                     continue;
                 }
@@ -256,6 +263,9 @@ impl ShmDir {
         self.rescan_if_due(real_now_ns)?;
         for entry in &mut self.engines {
             each(entry.read(&self.dir, now_mono_ns, &self.options));
+            if let Some(ahead) = entry.clock_ahead {
+                errors.push(entry.clock_ahead_error(&self.dir, ahead));
+            }
         }
         errors.extend(self.bad.iter().map(|b| b.error.clone()));
         Ok(())
@@ -326,6 +336,7 @@ impl ShmDir {
             header: entry.file.header(),
             heartbeat_mono_ns: entry.seen_heartbeat_ns,
             generation: entry.file.generation(),
+            clock_ahead: entry.clock_ahead.is_some(),
         })
     }
 }
@@ -348,16 +359,27 @@ impl Entry {
         // the pid check interval) before suspecting the writer.
         let period = Duration::from_micros(u64::from(file.header().publish_period_us));
         let late_after = heartbeat::late_after(period, Duration::from_nanos(PID_CHECK_INTERVAL_NS));
-        Entry {
+        let mut entry = Entry {
             id: Arc::from(file.engine_id().as_str()),
-            writer_alive: writer_alive(file.header()),
+            writer_alive: None,
             late_after_ns: late_after.as_nanos() as u64,
+            max_ahead_ns: max_ahead(period).as_nanos() as u64,
+            clock_ahead: None,
             next_pid_check_ns: 0,
             file,
             next_reopen: Instant::now(),
             seen_seq: NOT_SEEN,
             seen_heartbeat_ns: 0,
-        }
+        };
+        entry.check_writer(monotonic_ns());
+        entry
+    }
+
+    /// Whether the writer lives, asked now (at open and at listings): a
+    /// writer whose heartbeat is late is also checked for being a zombie.
+    fn check_writer(&mut self, now: u64) {
+        let late = now.saturating_sub(self.file.heartbeat_mono_ns()) > self.late_after_ns;
+        self.writer_alive = writer_alive(self.file.header(), late);
     }
 
     #[inline]
@@ -375,6 +397,13 @@ impl Entry {
             Err(_) => (Snapshot::default(), true),
         };
         self.seen_heartbeat_ns = self.file.heartbeat_mono_ns();
+        let ages = Ages::at(
+            now,
+            self.seen_heartbeat_ns,
+            snapshot.captured_mono_ns,
+            self.max_ahead_ns,
+        );
+        self.clock_ahead = ages.clock_ahead;
         let heartbeat_ns = now.saturating_sub(self.seen_heartbeat_ns);
         // A live writer stamps every period, so the pid (a system call) is only
         // checked when the heartbeat is late, and then at most every 10 ms.
@@ -382,11 +411,14 @@ impl Entry {
             && self.writer_alive == Some(true)
             && now >= self.next_pid_check_ns
         {
-            self.writer_alive = writer_alive(self.file.header());
+            self.writer_alive = writer_alive(self.file.header(), true);
             self.next_pid_check_ns = now + PID_CHECK_INTERVAL_NS;
         }
-        let heartbeat_age = Duration::from_nanos(heartbeat_ns);
-        let capture_age = Duration::from_nanos(now.saturating_sub(snapshot.captured_mono_ns));
+        let Ages {
+            heartbeat_age,
+            capture_age,
+            ..
+        } = ages;
         let observation = Observation {
             torn,
             retired,
@@ -394,6 +426,7 @@ impl Entry {
             heartbeat_age,
             capture_age,
             idle: snapshot.is_idle(),
+            clock_ahead: ages.clock_ahead.is_some(),
         };
         EngineState {
             engine_id: self.id.clone(),
@@ -404,6 +437,18 @@ impl Entry {
             generation: self.file.generation(),
             read_mono_ns: now,
         }
+    }
+
+    /// The per-engine error of a read that found `ahead`.
+    #[cold]
+    fn clock_ahead_error(&self, dir: &Path, ahead: ClockAhead) -> EngineError {
+        EngineError::new(
+            &*self.id,
+            Error::ClockAhead {
+                name: dir.join(&*self.id),
+                ahead,
+            },
+        )
     }
 
     /// Whether the file is retired and a replacement was opened now (see
@@ -437,27 +482,5 @@ impl Entry {
             }
             _ => {}
         }
-    }
-}
-
-/// Whether the writer process still exists, when that can be known: only in
-/// the writer's own pid namespace (engines and routers often run in separate
-/// containers that share `/dev/shm`; there the heartbeat alone decides), and
-/// only for a pid a process can have: 0 or above `i32::MAX` (a corrupt or
-/// hostile header) is unknown, never `kill(0 or -1, 0)`, which would ask
-/// about a whole process group or every process (docs/FORMAT.md; the Go
-/// reader's `writerAlive` is the same rule).
-pub(crate) fn writer_alive(header: &Header) -> Option<bool> {
-    if header.writer_pid_ns == 0 || header.writer_pid_ns != pid_namespace() {
-        return None;
-    }
-    let pid = match i32::try_from(header.writer_pid) {
-        Ok(pid) if pid > 0 => pid,
-        _ => return None,
-    };
-    match kill(Pid::from_raw(pid), None) {
-        Ok(()) | Err(Errno::EPERM) => Some(true),
-        Err(Errno::ESRCH) => Some(false),
-        Err(_) => None,
     }
 }
