@@ -71,7 +71,9 @@ impl Reader {
 
     /// The per-engine errors of the last `read()` (bad or foreign files,
     /// FIFOs and other non-regular files, symbolic links, non-UTF-8 names;
-    /// an unreachable or timed-out Redis server).
+    /// an unreachable or timed-out Redis server; an engine whose stamp is
+    /// too far ahead of this host's clock, which `read()` also returns,
+    /// status "stale").
     #[getter]
     fn errors(&self, py: Python<'_>) -> Vec<String> {
         // Another thread may be inside read(): wait for it without the GIL.

@@ -133,6 +133,92 @@ fn fifo_and_symbolic_link_neither_hang_nor_escape_the_directory() {
     );
 }
 
+/// Files whose stamps are an hour ahead of this host's clock, and at
+/// 2^64 - 1 (forged, or written by a writer in another time namespace): the
+/// real readers in other processes (esdump, a Python `Reader`) read them
+/// stale with a `clock_ahead` error, not fresh with ages 0 for an hour (or
+/// forever). The pid namespace word is 0 (`ShmWriter` records ours, so it
+/// is cleared): the heartbeat alone decides, as across containers. Go and
+/// the C ABI read the same cases from format/vectors.
+#[test]
+fn stamps_ahead_of_the_clock_never_read_fresh() {
+    let dir = tempfile::tempdir().unwrap();
+    let _good = writer(dir.path(), "good");
+    let hour = 3_600_000_000_000;
+    let now = monotonic_ns();
+    let mut writers = Vec::new();
+    for (id, stamp) in [("hour-ahead", now + hour), ("at-max", u64::MAX)] {
+        let mut w = writer(dir.path(), id);
+        w.publish(&Snapshot {
+            captured_mono_ns: stamp,
+            num_running: 5,
+            ..Snapshot::default()
+        })
+        .unwrap();
+        w.stamp_heartbeat(stamp);
+        // Another pid namespace: no pid check.
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.path().join(id))
+            .unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&file, &0u64.to_le_bytes(), 32).unwrap();
+        writers.push(w);
+    }
+    let uri = format!("file://{}", dir.path().display());
+
+    let (json, stderr) = esdump_json(&uri);
+    let status = |id: &str| {
+        json.as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["engine_id"] == id)
+            .unwrap_or_else(|| panic!("{id} not read: {json}"))["status"]
+            .clone()
+    };
+    assert_eq!(status("good"), "fresh");
+    for id in ["hour-ahead", "at-max"] {
+        assert_eq!(status(id), "stale", "{id}: {json}");
+        assert!(
+            stderr.contains(&format!("/{id}: its heartbeat_mono_ns is ")),
+            "{id}: {stderr}"
+        );
+    }
+    assert!(
+        stderr.contains("ahead of this reader's CLOCK_MONOTONIC"),
+        "{stderr}"
+    );
+
+    let out = run_within(
+        Command::new(python()).args(["-c", PY_READ_ONCE, &uri]),
+        Duration::from_secs(20),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let engines: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("engine "))
+        .collect();
+    assert_eq!(
+        engines,
+        [
+            "engine at-max stale",
+            "engine good fresh",
+            "engine hour-ahead stale"
+        ],
+        "{stdout}"
+    );
+    for id in ["hour-ahead", "at-max"] {
+        assert!(
+            stdout.contains(&format!("/{id}: its heartbeat_mono_ns is ")),
+            "{id}: {stdout}"
+        );
+    }
+}
+
 /// `esagent` relaying `uri` to `redis_uri`, as a process: what these tests
 /// check is that it neither stalls nor dies (of a `SIGBUS`, say).
 fn relaying_esagent(uri: &str, redis_uri: &str) -> Proc {
