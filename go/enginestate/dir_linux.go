@@ -28,6 +28,10 @@ func DefaultOptions() Options {
 const (
 	// pidCheckInterval: least time between two pid checks of one writer.
 	pidCheckInterval = 10 * time.Millisecond
+	// zombieCheckInterval: least time between two /proc lookups (is it a
+	// zombie?) of one writer whose heartbeat is late: three system calls,
+	// so not at every pid check (the Rust reader's ZOMBIE_CHECK_INTERVAL_NS).
+	zombieCheckInterval = 100 * time.Millisecond
 	// reopenBackoff: how long a retired mapping waits before the path is
 	// looked at again for a replacement.
 	reopenBackoff = 20 * time.Millisecond
@@ -65,7 +69,9 @@ type entry struct {
 	aheadStamp   Stamp
 	aheadBy      uint64
 	nextPidCheck uint64
-	nextReopen   uint64
+	// nextZombieCheck: a late writer is not looked up in /proc before this.
+	nextZombieCheck uint64
+	nextReopen      uint64
 }
 
 type badEntry struct {
@@ -303,8 +309,12 @@ func (e *entry) read(dir string, now uint64, opts *Options, out *EngineState) {
 	// A live writer stamps every period, so the pid (a system call) is
 	// only checked when the heartbeat is late, and then at most every 10 ms.
 	if heartbeatAge > e.lateAfter && e.writer == Alive && now >= e.nextPidCheck {
-		e.writer = writerAlive(&e.file.header, true)
+		zombieCheck := now >= e.nextZombieCheck
+		e.writer = writerAlive(&e.file.header, zombieCheck)
 		e.nextPidCheck = now + uint64(pidCheckInterval)
+		if zombieCheck {
+			e.nextZombieCheck = now + uint64(zombieCheckInterval)
+		}
 	}
 	captureAge := age(now, out.Snapshot.CapturedMonoNs)
 	e.aheadStamp, e.aheadBy = ahead(now, o.heartbeat, out.Snapshot.CapturedMonoNs, e.maxAhead)

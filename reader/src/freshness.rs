@@ -65,6 +65,32 @@ pub struct ClockAhead {
     pub limit: Duration,
 }
 
+impl ClockAhead {
+    /// The stamp (the heartbeat first) more than `max_ahead_ns` ahead of
+    /// `now`, if any: the details of [`Ages::clock_ahead`], for the error
+    /// (not on the read path).
+    #[cold]
+    pub fn of(
+        now: u64,
+        heartbeat_mono_ns: u64,
+        captured_mono_ns: u64,
+        max_ahead_ns: u64,
+    ) -> Option<ClockAhead> {
+        [
+            (Stamp::Heartbeat, heartbeat_mono_ns),
+            (Stamp::Capture, captured_mono_ns),
+        ]
+        .into_iter()
+        .map(|(stamp, at)| (stamp, at.saturating_sub(now)))
+        .find(|&(_, ahead)| ahead > max_ahead_ns)
+        .map(|(stamp, ahead)| ClockAhead {
+            stamp,
+            ahead: Duration::from_nanos(ahead),
+            limit: Duration::from_nanos(max_ahead_ns),
+        })
+    }
+}
+
 /// A writer's stamps measured against a reader's `now` (docs/FORMAT.md,
 /// "Liveness and staleness"): the ages, floored at 0, and whether a stamp
 /// is too far ahead to be believed.
@@ -74,8 +100,9 @@ pub struct Ages {
     pub heartbeat_age: Duration,
     /// `now - captured_mono_ns`, floored at 0.
     pub capture_age: Duration,
-    /// A stamp more than the bound ahead of `now`: the engine is never fresh.
-    pub clock_ahead: Option<ClockAhead>,
+    /// A stamp is more than the bound ahead of `now` (which one, and by how
+    /// much: [`ClockAhead::of`]): the engine is never fresh.
+    pub clock_ahead: bool,
 }
 
 impl Ages {
@@ -83,22 +110,11 @@ impl Ages {
     /// [`max_ahead`] in ns (computed once per file: this runs per read).
     #[inline]
     pub fn at(now: u64, heartbeat_mono_ns: u64, captured_mono_ns: u64, max_ahead_ns: u64) -> Ages {
-        let ahead = |stamp: u64| stamp.saturating_sub(now);
-        let clock_ahead = if ahead(heartbeat_mono_ns) > max_ahead_ns {
-            Some((Stamp::Heartbeat, ahead(heartbeat_mono_ns)))
-        } else if ahead(captured_mono_ns) > max_ahead_ns {
-            Some((Stamp::Capture, ahead(captured_mono_ns)))
-        } else {
-            None
-        };
         Ages {
             heartbeat_age: Duration::from_nanos(now.saturating_sub(heartbeat_mono_ns)),
             capture_age: Duration::from_nanos(now.saturating_sub(captured_mono_ns)),
-            clock_ahead: clock_ahead.map(|(stamp, ahead)| ClockAhead {
-                stamp,
-                ahead: Duration::from_nanos(ahead),
-                limit: Duration::from_nanos(max_ahead_ns),
-            }),
+            clock_ahead: heartbeat_mono_ns.saturating_sub(now) > max_ahead_ns
+                || captured_mono_ns.saturating_sub(now) > max_ahead_ns,
         }
     }
 }
@@ -290,7 +306,8 @@ mod tests {
         let hour = 3_600_000_000_000;
         // Within the bound: a writer that stamped after the reader's clock read.
         let ages = Ages::at(now, now + limit, now + limit, limit);
-        assert_eq!(ages.clock_ahead, None);
+        assert!(!ages.clock_ahead);
+        assert_eq!(ClockAhead::of(now, now + limit, now + limit, limit), None);
         assert_eq!(
             (ages.heartbeat_age, ages.capture_age),
             (Duration::ZERO, Duration::ZERO)
@@ -303,7 +320,8 @@ mod tests {
             (now, u64::MAX, Stamp::Capture),
         ] {
             let ages = Ages::at(now, heartbeat, capture, limit);
-            let ahead = ages.clock_ahead.expect("ahead");
+            assert!(ages.clock_ahead);
+            let ahead = ClockAhead::of(now, heartbeat, capture, limit).expect("ahead");
             assert_eq!(ahead.stamp, stamp);
             assert_eq!(ahead.limit, Duration::from_nanos(limit));
             let observation = Observation {

@@ -17,6 +17,12 @@ use crate::state::{EngineState, Reading};
 /// Least time between two pid checks of one writer, in ns.
 const PID_CHECK_INTERVAL_NS: u64 = 10_000_000;
 
+/// Least time between two `/proc` lookups (is it a zombie?) of one writer
+/// whose heartbeat is late, in ns: three system calls and procfs
+/// formatting, so not at every pid check; a zombie is still dead within
+/// two periods plus 100 ms, long before `stale_after`.
+const ZOMBIE_CHECK_INTERVAL_NS: u64 = 100_000_000;
+
 /// How long a retired mapping waits before the reader looks for its replacement again.
 const REOPEN_BACKOFF: Duration = Duration::from_millis(20);
 
@@ -71,6 +77,8 @@ struct Entry {
     clock_ahead: Option<ClockAhead>,
     /// Monotonic ns before which the pid is not checked again.
     next_pid_check_ns: u64,
+    /// Monotonic ns before which a late writer is not looked up in `/proc`.
+    next_zombie_check_ns: u64,
     next_reopen: Instant,
     /// The sequence of the last snapshot read from this file ([`NOT_SEEN`]:
     /// none yet).
@@ -366,6 +374,7 @@ impl Entry {
             max_ahead_ns: max_ahead(period).as_nanos() as u64,
             clock_ahead: None,
             next_pid_check_ns: 0,
+            next_zombie_check_ns: 0,
             file,
             next_reopen: Instant::now(),
             seen_seq: NOT_SEEN,
@@ -403,7 +412,16 @@ impl Entry {
             snapshot.captured_mono_ns,
             self.max_ahead_ns,
         );
-        self.clock_ahead = ages.clock_ahead;
+        self.clock_ahead = if ages.clock_ahead {
+            ClockAhead::of(
+                now,
+                self.seen_heartbeat_ns,
+                snapshot.captured_mono_ns,
+                self.max_ahead_ns,
+            )
+        } else {
+            None
+        };
         let heartbeat_ns = now.saturating_sub(self.seen_heartbeat_ns);
         // A live writer stamps every period, so the pid (a system call) is only
         // checked when the heartbeat is late, and then at most every 10 ms.
@@ -411,8 +429,12 @@ impl Entry {
             && self.writer_alive == Some(true)
             && now >= self.next_pid_check_ns
         {
-            self.writer_alive = writer_alive(self.file.header(), true);
+            let zombie_check = now >= self.next_zombie_check_ns;
+            self.writer_alive = writer_alive(self.file.header(), zombie_check);
             self.next_pid_check_ns = now + PID_CHECK_INTERVAL_NS;
+            if zombie_check {
+                self.next_zombie_check_ns = now + ZOMBIE_CHECK_INTERVAL_NS;
+            }
         }
         let Ages {
             heartbeat_age,
@@ -426,7 +448,7 @@ impl Entry {
             heartbeat_age,
             capture_age,
             idle: snapshot.is_idle(),
-            clock_ahead: ages.clock_ahead.is_some(),
+            clock_ahead: ages.clock_ahead,
         };
         EngineState {
             engine_id: self.id.clone(),
