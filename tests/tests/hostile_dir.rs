@@ -70,6 +70,30 @@ const PY_READ_ONCE: &str = "import sys\nfrom engine_state import Reader\n\
     for s in r.read(): print('engine', s.engine_id, s.status)\n\
     for e in r.errors: print('error', e)\n";
 
+/// A Python `Reader`'s one read of `uri` ([`PY_READ_ONCE`]), in its own
+/// process, asserted to succeed: its standard output.
+fn python_read_once(uri: &str) -> String {
+    let out = run_within(
+        Command::new(python()).args(["-c", PY_READ_ONCE, uri]),
+        Duration::from_secs(20),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// The `engine <id> <status>` lines of [`python_read_once`]'s output.
+fn engine_lines(stdout: &str) -> Vec<&str> {
+    stdout
+        .lines()
+        .filter(|l| l.starts_with("engine "))
+        .collect()
+}
+
 #[test]
 fn fifo_and_symbolic_link_neither_hang_nor_escape_the_directory() {
     let dir = tempfile::tempdir().unwrap();
@@ -108,20 +132,8 @@ fn fifo_and_symbolic_link_neither_hang_nor_escape_the_directory() {
         "{stderr}"
     );
 
-    let out = run_within(
-        Command::new(python()).args(["-c", PY_READ_ONCE, &uri]),
-        Duration::from_secs(20),
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let engines: Vec<&str> = stdout
-        .lines()
-        .filter(|l| l.starts_with("engine "))
-        .collect();
+    let stdout = python_read_once(&uri);
+    let engines = engine_lines(&stdout);
     assert_eq!(engines, ["engine good fresh"], "{stdout}");
     assert!(
         stdout.contains("error not a regular file (a FIFO)"),
@@ -188,20 +200,8 @@ fn stamps_ahead_of_the_clock_never_read_fresh() {
         "{stderr}"
     );
 
-    let out = run_within(
-        Command::new(python()).args(["-c", PY_READ_ONCE, &uri]),
-        Duration::from_secs(20),
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let engines: Vec<&str> = stdout
-        .lines()
-        .filter(|l| l.starts_with("engine "))
-        .collect();
+    let stdout = python_read_once(&uri);
+    let engines = engine_lines(&stdout);
     assert_eq!(
         engines,
         [
