@@ -323,6 +323,14 @@ impl RecordSender {
         let Some(raw) = shm.raw(&engine.engine_id) else {
             return false; // not an engine of this directory's reader
         };
+        // A stamp too far ahead of this host's clock (a forged file, a writer
+        // in another time namespace) has no age: relaying it, clamped to
+        // `now` below, would make the key look freshly stamped at every pass
+        // and keep it alive forever. Not refreshed, the key expires, and Redis
+        // readers see the engine dead (the full pass reports the file's error).
+        if raw.clock_ahead {
+            return false;
+        }
         // The writer's own stamp, as the reader read it; one taken after
         // `now` (another CPU) counts as `now`, as its age does.
         let heartbeat_mono_ns = raw.heartbeat_mono_ns.min(now);
@@ -454,6 +462,43 @@ mod tests {
                 .contains("cannot create the engine-state directory"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_stamp_ahead_of_the_clock_is_never_relayed() {
+        let dir = tempfile::tempdir().unwrap();
+        let hour = 3_600_000_000_000;
+        let now = monotonic_ns();
+        let writer = |id: &str, heartbeat: u64, captured: u64| {
+            let snap = Snapshot {
+                captured_mono_ns: captured,
+                num_running: 3,
+                ..Snapshot::default()
+            };
+            let id = EngineId::new(id).unwrap();
+            let w = ShmWriter::create(dir.path(), &id, &WriterOptions::default(), &snap).unwrap();
+            w.stamp_heartbeat(heartbeat);
+            w
+        };
+        let _hour_ahead = writer("hour-ahead", now + hour, now + hour);
+        let _at_max = writer("at-max", u64::MAX, u64::MAX);
+        let _capture_ahead = writer("capture-ahead", now, now + hour);
+        let mut relay = relay(dir.path());
+        // Without the check, each of these was relayed with its stamp
+        // clamped to `now`, and again at every pass as `now` advanced.
+        assert_eq!(relay.poll(), 0, "a poll relays none of them");
+        for pass in 0..3 {
+            let report = relay.tick();
+            assert_eq!(report.engines, 3);
+            assert_eq!(report.queued, 0, "pass {pass}: {report:?}");
+            assert_eq!(report.read_errors, 3, "each is reported: {report:?}");
+            for e in &relay.reading().engines {
+                assert_eq!(e.status, Status::Stale, "{e:?}");
+            }
+            std::thread::sleep(Duration::from_millis(60)); // > a relay step
+        }
+        assert!(relay.sender.last_sent.is_empty(), "no key was ever written");
+        assert!(relay.sender.batch.is_empty());
     }
 
     #[test]

@@ -115,6 +115,10 @@ enum EsCode
   ES_CODE_NO_EXPIRY = 106,
   // Per-engine: a system call on the engine's file failed.
   ES_CODE_IO = 107,
+  // Per-engine: a stamp of the engine is too far ahead of this reader's
+  // clock to tell its age. The engine is read all the same, status
+  // `ES_STATUS_STALE`: this error says why.
+  ES_CODE_CLOCK_AHEAD = 108,
   // Anything else.
   ES_CODE_OTHER = 199,
 };
@@ -134,7 +138,9 @@ enum EsStatus
  {
   // Alive and recent: use it.
   ES_STATUS_FRESH = 0,
-  // Heartbeat or capture too old (or the writer is unreachable).
+  // Heartbeat or capture too old (or the writer is unreachable), or a
+  // stamp too far ahead of the reader's clock (`ES_CODE_CLOCK_AHEAD`
+  // among the read's per-engine errors).
   ES_STATUS_STALE = 1,
   // The writer process is gone, or the file or key was retired.
   ES_STATUS_DEAD = 2,

@@ -55,6 +55,10 @@ pub enum EsCode {
     NoExpiry = 106,
     /// Per-engine: a system call on the engine's file failed.
     Io = 107,
+    /// Per-engine: a stamp of the engine is too far ahead of this reader's
+    /// clock to tell its age. The engine is read all the same, status
+    /// `ES_STATUS_STALE`: this error says why.
+    ClockAhead = 108,
     /// Anything else.
     Other = 199,
 }
@@ -67,6 +71,7 @@ impl EsCode {
         match error {
             Error::BadUri { .. } => EsCode::BadUri,
             Error::Directory { .. } => EsCode::Directory,
+            Error::ClockAhead { .. } => EsCode::ClockAhead,
             Error::Format(format) => match format {
                 FormatError::NotEngineState { .. } => EsCode::NotEngineState,
                 FormatError::UnknownVersion { .. } => EsCode::UnknownVersion,
@@ -110,6 +115,7 @@ impl EsCode {
             EsCode::ForeignValue => "ES_CODE_FOREIGN_VALUE\0",
             EsCode::NoExpiry => "ES_CODE_NO_EXPIRY\0",
             EsCode::Io => "ES_CODE_IO\0",
+            EsCode::ClockAhead => "ES_CODE_CLOCK_AHEAD\0",
             EsCode::Other => "ES_CODE_OTHER\0",
         }
     }
@@ -128,7 +134,7 @@ pub extern "C" fn es_code_name(code: i32) -> *const c_char {
 
 impl EsCode {
     /// Every code.
-    pub(crate) const ALL: [EsCode; 20] = [
+    pub(crate) const ALL: [EsCode; 21] = [
         EsCode::Ok,
         EsCode::NullArgument,
         EsCode::BufferTooSmall,
@@ -148,6 +154,7 @@ impl EsCode {
         EsCode::ForeignValue,
         EsCode::NoExpiry,
         EsCode::Io,
+        EsCode::ClockAhead,
         EsCode::Other,
     ];
 }

@@ -20,7 +20,9 @@ const _: () = assert!(ES_MAX_ENGINE_ID_LEN == engine_state_shm_format::MAX_ENGIN
 pub enum EsStatus {
     /// Alive and recent: use it.
     Fresh = 0,
-    /// Heartbeat or capture too old (or the writer is unreachable).
+    /// Heartbeat or capture too old (or the writer is unreachable), or a
+    /// stamp too far ahead of the reader's clock (`ES_CODE_CLOCK_AHEAD`
+    /// among the read's per-engine errors).
     Stale = 1,
     /// The writer process is gone, or the file or key was retired.
     Dead = 2,

@@ -28,6 +28,10 @@ func DefaultOptions() Options {
 const (
 	// pidCheckInterval: least time between two pid checks of one writer.
 	pidCheckInterval = 10 * time.Millisecond
+	// zombieCheckInterval: least time between two /proc lookups (is it a
+	// zombie?) of one writer whose heartbeat is late: three system calls,
+	// so not at every pid check (the Rust reader's ZOMBIE_CHECK_INTERVAL_NS).
+	zombieCheckInterval = 100 * time.Millisecond
 	// reopenBackoff: how long a retired mapping waits before the path is
 	// looked at again for a replacement.
 	reopenBackoff = 20 * time.Millisecond
@@ -57,9 +61,17 @@ type entry struct {
 	file   *File
 	writer Liveness
 	// lateAfter: a heartbeat older than this makes the reader check the pid.
-	lateAfter    time.Duration
+	lateAfter time.Duration
+	// maxAhead: a stamp further ahead of the reader's clock (ns) is not
+	// believed (MaxAhead of the file's period).
+	maxAhead uint64
+	// aheadStamp, aheadBy: what the last read found too far ahead, if any.
+	aheadStamp   Stamp
+	aheadBy      uint64
 	nextPidCheck uint64
-	nextReopen   uint64
+	// nextZombieCheck: a late writer is not looked up in /proc before this.
+	nextZombieCheck uint64
+	nextReopen      uint64
 }
 
 type badEntry struct {
@@ -115,6 +127,9 @@ func (d *Dir) ReadAt(out *Reading, nowMonoNs uint64) error {
 	for _, e := range d.engines {
 		out.Engines = append(out.Engines, EngineState{})
 		e.read(d.path, nowMonoNs, &d.opts, &out.Engines[len(out.Engines)-1])
+		if e.aheadStamp != "" {
+			out.Errors = append(out.Errors, e.clockAheadError(d.path))
+		}
 	}
 	for _, b := range d.bad {
 		out.Errors = append(out.Errors, b.err)
@@ -195,7 +210,7 @@ func (d *Dir) Rescan() error {
 		if kept, ok := oldEngines[de.name]; ok {
 			delete(oldEngines, de.name)
 			if kept.file.Inode() == de.inode && !kept.file.Truncated() {
-				kept.writer = writerAlive(&kept.file.header)
+				kept.checkWriter(MonotonicNs())
 				engines = append(engines, kept)
 				continue
 			}
@@ -260,7 +275,25 @@ func newEntry(f *File) *entry {
 	if late < pidCheckInterval {
 		late = pidCheckInterval
 	}
-	return &entry{id: f.EngineID(), file: f, writer: writerAlive(&f.header), lateAfter: late}
+	period := time.Duration(f.Header().PublishPeriodUs) * time.Microsecond
+	e := &entry{id: f.EngineID(), file: f, lateAfter: late, maxAhead: uint64(MaxAhead(period))}
+	e.checkWriter(MonotonicNs())
+	return e
+}
+
+// checkWriter asks whether the writer lives (at open and at listings); a
+// writer whose heartbeat is late is also checked for being a zombie.
+func (e *entry) checkWriter(now uint64) {
+	var heartbeat uint64 // 0 (late) when the mapping faults
+	e.file.m.guard(func() { heartbeat = e.file.m.load(HeartbeatOffset) })
+	e.writer = writerAlive(&e.file.header, age(now, heartbeat) > e.lateAfter)
+}
+
+// clockAheadError is the per-engine error of a read that found a stamp too
+// far ahead.
+func (e *entry) clockAheadError(dir string) EngineError {
+	return EngineError{e.id, &Error{Class: ClockAhead, Name: filepath.Join(dir, e.id), Stamp: e.aheadStamp,
+		Ahead: age(e.aheadBy, 0), Limit: time.Duration(e.maxAhead)}}
 }
 
 func (e *entry) read(dir string, now uint64, opts *Options, out *EngineState) {
@@ -276,10 +309,15 @@ func (e *entry) read(dir string, now uint64, opts *Options, out *EngineState) {
 	// A live writer stamps every period, so the pid (a system call) is
 	// only checked when the heartbeat is late, and then at most every 10 ms.
 	if heartbeatAge > e.lateAfter && e.writer == Alive && now >= e.nextPidCheck {
-		e.writer = writerAlive(&e.file.header)
+		zombieCheck := now >= e.nextZombieCheck
+		e.writer = writerAlive(&e.file.header, zombieCheck)
 		e.nextPidCheck = now + uint64(pidCheckInterval)
+		if zombieCheck {
+			e.nextZombieCheck = now + uint64(zombieCheckInterval)
+		}
 	}
 	captureAge := age(now, out.Snapshot.CapturedMonoNs)
+	e.aheadStamp, e.aheadBy = ahead(now, o.heartbeat, out.Snapshot.CapturedMonoNs, e.maxAhead)
 	out.Status = opts.Freshness.Classify(Observation{
 		Torn:         o.torn,
 		Retired:      o.state == StateRetired,
@@ -287,6 +325,7 @@ func (e *entry) read(dir string, now uint64, opts *Options, out *EngineState) {
 		HeartbeatAge: heartbeatAge,
 		CaptureAge:   captureAge,
 		Idle:         out.Snapshot.IsIdle(),
+		ClockAhead:   e.aheadStamp != "",
 	})
 	out.EngineID = e.id
 	out.HeartbeatAge = heartbeatAge
@@ -318,24 +357,6 @@ func (e *entry) reopenIfReplaced(dir string, now uint64) bool {
 	e.file.Close()
 	*e = *newEntry(file)
 	return true
-}
-
-// writerAlive: whether the writer process still exists, when that can be
-// known: only in the writer's own pid namespace (engines and routers often
-// run in separate containers that share /dev/shm; there the heartbeat
-// alone decides).
-func writerAlive(h *Header) Liveness {
-	ns := pidNamespace()
-	if h.WriterPIDNs == 0 || h.WriterPIDNs != ns || h.WriterPID == 0 || h.WriterPID > 1<<31-1 {
-		return Unknown
-	}
-	switch err := syscall.Kill(int(h.WriterPID), 0); err {
-	case nil, syscall.EPERM:
-		return Alive
-	case syscall.ESRCH:
-		return Gone
-	}
-	return Unknown
 }
 
 var (

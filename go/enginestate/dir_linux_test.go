@@ -206,16 +206,16 @@ func TestAReplacementOfARetiredFileIsPickedUp(t *testing.T) {
 // namespace is unknown (the heartbeat decides).
 func TestWriterLiveness(t *testing.T) {
 	h := Header{WriterPID: uint32(os.Getpid()), WriterPIDNs: PIDNamespace()}
-	if PIDNamespace() == 0 || writerAlive(&h) != Alive {
-		t.Errorf("this process: %v (namespace %d)", writerAlive(&h), PIDNamespace())
+	if PIDNamespace() == 0 || writerAlive(&h, true) != Alive {
+		t.Errorf("this process: %v (namespace %d)", writerAlive(&h, true), PIDNamespace())
 	}
 	h.WriterPID = 1<<31 - 1
-	if writerAlive(&h) != Gone {
-		t.Errorf("no such pid: %v", writerAlive(&h))
+	if writerAlive(&h, true) != Gone {
+		t.Errorf("no such pid: %v", writerAlive(&h, true))
 	}
 	h.WriterPIDNs++
-	if writerAlive(&h) != Unknown {
-		t.Errorf("another namespace: %v", writerAlive(&h))
+	if writerAlive(&h, true) != Unknown {
+		t.Errorf("another namespace: %v", writerAlive(&h, true))
 	}
 }
 

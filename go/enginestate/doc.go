@@ -15,7 +15,9 @@
 //     Status (fresh, stale, dead, torn). Only fresh state should enter a
 //     router's max(shadow, real) merge.
 //   - Reading: the engines of one read, sorted by id, and per-engine errors
-//     (a bad file never stops the others from being read).
+//     (a bad file never stops the others from being read; an engine whose
+//     stamp is too far ahead of this host's clock is both read, stale, and
+//     an error of class ClockAhead).
 //   - StateAtFetch, DecodeRecord: one Redis record, judged the way the
 //     Rust reader does (ages from the key's PTTL, no cross-host clocks).
 //   - FormatJSON: the output of `esdump --json`, byte for byte.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"time"
 )
 
 // Class says what kind of bad input an error is about; the classes of the
@@ -26,6 +27,9 @@ const (
 	ForeignValue Class = "foreign_value"
 	// NoExpiry: a Redis record whose key's expiry does not match its ttl_ms.
 	NoExpiry Class = "no_expiry"
+	// ClockAhead: an engine whose stamp is too far ahead of the reader's
+	// clock to tell its age; the engine is also read, stale.
+	ClockAhead Class = "clock_ahead"
 	// IO: a system call failed (permission denied, ...).
 	IO Class = "io"
 )
@@ -40,6 +44,10 @@ type Error struct {
 	Found, Supported uint32
 	// Size is the file's size for WrongSize.
 	Size int64
+	// Stamp, Ahead and Limit describe a ClockAhead error: which stamp, how
+	// far ahead of the reader's clock, and the bound (MaxAhead).
+	Stamp        Stamp
+	Ahead, Limit time.Duration
 	// What details the problem (CorruptHeader, RefusedEntry, ForeignValue,
 	// NoExpiry) or names the action that failed (IO).
 	What string
@@ -66,6 +74,12 @@ func (e *Error) Error() string {
 	case e.Class == RefusedEntry:
 		return fmt.Sprintf("%s: %s; engine-state opens only regular files named after an engine id, and "+
 			"never follows links: remove it from the engine-state directory", e.What, e.Name)
+	case e.Class == ClockAhead:
+		return fmt.Sprintf("%s: its %s is %d ms ahead of this reader's CLOCK_MONOTONIC, more than the %d ms a "+
+			"writer's stamp can be (one publish period plus 1 s), so its age cannot be told and it reads stale; "+
+			"the writer runs under another clock (a container in its own time namespace) or the file was written "+
+			"by hand: run the engine in this host's time namespace, or remove the file",
+			e.Name, e.Stamp, e.Ahead.Milliseconds(), e.Limit.Milliseconds())
 	case e.Class == ForeignValue:
 		return fmt.Sprintf("Redis key %q does not hold an engine-state record (%s); delete it, or give this "+
 			"fleet its own key prefix (?prefix=... in the URI)", e.Name, e.What)

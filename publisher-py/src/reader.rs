@@ -73,10 +73,12 @@ impl Reader {
 
     /// The per-engine errors of the last `read()` (bad or foreign files,
     /// FIFOs and other non-regular files, symbolic links, non-UTF-8 names;
-    /// an unreachable or timed-out Redis server). Control characters and
-    /// bidirectional overrides in them (a hostile file name is quoted) are
-    /// escaped as esdump shows them (`\u{1b}`, `\n`), so printing or logging
-    /// them cannot drive a terminal or forge log lines.
+    /// an unreachable or timed-out Redis server; an engine whose stamp is
+    /// too far ahead of this host's clock, which `read()` also returns,
+    /// status "stale"). Control characters and bidirectional overrides in
+    /// them (a hostile file name is quoted) are escaped as esdump shows them
+    /// (`\u{1b}`, `\n`), so printing or logging them cannot drive a terminal
+    /// or forge log lines.
     #[getter]
     fn errors(&self, py: Python<'_>) -> Vec<String> {
         // Another thread may be inside read(): wait for it without the GIL.

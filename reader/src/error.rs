@@ -31,6 +31,25 @@ pub enum Error {
     /// One engine's shared-memory file is unusable (an [`EngineError`]'s cause).
     #[error(transparent)]
     Format(#[from] FormatError),
+    /// One engine's stamp is too far ahead of this reader's clock to tell
+    /// its age (an [`EngineError`]'s cause; the engine is also read, stale).
+    #[error(
+        "{}: its {} is {} ms ahead of this reader's CLOCK_MONOTONIC, more than the {} ms a \
+         writer's stamp can be (one publish period plus 1 s), so its age cannot be told and it \
+         reads stale; the writer runs under another clock (a container in its own time \
+         namespace) or the file was written by hand: run the engine in this host's time \
+         namespace, or remove the file",
+        name.display(),
+        ahead.stamp.field(),
+        ahead.ahead.as_millis(),
+        ahead.limit.as_millis()
+    )]
+    ClockAhead {
+        /// The engine's file.
+        name: PathBuf,
+        /// Which stamp, how far ahead, and the bound.
+        ahead: crate::freshness::ClockAhead,
+    },
     /// Redis failed (unreachable, refused, wrong password, ...), or one
     /// engine's key holds no usable record (an [`EngineError`]'s cause: a
     /// foreign value, a key without expiry, another layout version).

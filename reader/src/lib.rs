@@ -32,6 +32,7 @@
 
 mod error;
 mod freshness;
+mod liveness;
 mod printable;
 #[cfg(feature = "redis")]
 mod redis_fetch;
@@ -44,7 +45,8 @@ mod uri;
 
 pub use crate::error::{EngineError, Error, FormatError};
 pub use crate::freshness::{
-    Freshness, Observation, Status, DEFAULT_MAX_CAPTURE_AGE, DEFAULT_STALE_AFTER,
+    max_ahead, Ages, ClockAhead, Freshness, Observation, Stamp, Status, CLOCK_AHEAD_SLACK,
+    DEFAULT_MAX_CAPTURE_AGE, DEFAULT_STALE_AFTER,
 };
 pub use crate::printable::printable;
 #[cfg(feature = "redis")]

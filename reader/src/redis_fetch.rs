@@ -40,6 +40,8 @@ pub fn record_state(
         heartbeat_age,
         capture_age,
         idle: snapshot.is_idle(),
+        // Ages come from the server's TTL, not from this host's clock.
+        clock_ahead: false,
     };
     EngineState {
         engine_id,

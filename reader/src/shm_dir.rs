@@ -6,18 +6,24 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use engine_state_shm_format::{heartbeat, monotonic_ns, pid_namespace, Header, ShmFile, Snapshot};
+use engine_state_shm_format::{heartbeat, monotonic_ns, Header, ShmFile, Snapshot};
+
 use nix::errno::Errno;
-use nix::sys::signal::kill;
-use nix::unistd::Pid;
 
 use crate::error::{EngineError, Error, FormatError};
-use crate::freshness::Observation;
+use crate::freshness::{max_ahead, Ages, ClockAhead, Observation};
+use crate::liveness::writer_alive;
 use crate::source::{ReaderOptions, Source};
 use crate::state::{EngineState, Reading};
 
 /// Least time between two pid checks of one writer, in ns.
 const PID_CHECK_INTERVAL_NS: u64 = 10_000_000;
+
+/// Least time between two `/proc` lookups (is it a zombie?) of one writer
+/// whose heartbeat is late, in ns: three system calls and procfs
+/// formatting, so not at every pid check; a zombie is still dead within
+/// two periods plus 100 ms, long before `stale_after`.
+const ZOMBIE_CHECK_INTERVAL_NS: u64 = 100_000_000;
 
 /// How long a retired mapping waits before the reader looks for its replacement again.
 const REOPEN_BACKOFF: Duration = Duration::from_millis(20);
@@ -62,6 +68,10 @@ pub struct RawEngine<'a> {
     pub heartbeat_mono_ns: u64,
     /// The file's generation.
     pub generation: u64,
+    /// The last read found a stamp too far ahead of the reader's clock
+    /// ([`ClockAhead`]): its ages are unknown, and a relay must not keep
+    /// the engine alive elsewhere.
+    pub clock_ahead: bool,
 }
 
 #[derive(Debug)]
@@ -71,8 +81,15 @@ struct Entry {
     writer_alive: Option<bool>,
     /// A heartbeat older than this (ns) makes the reader check the writer's pid.
     late_after_ns: u64,
+    /// A stamp further ahead of the reader's clock than this (ns) is not
+    /// believed ([`max_ahead`] of the file's period).
+    max_ahead_ns: u64,
+    /// What the last read found too far ahead, if anything.
+    clock_ahead: Option<ClockAhead>,
     /// Monotonic ns before which the pid is not checked again.
     next_pid_check_ns: u64,
+    /// Monotonic ns before which a late writer is not looked up in `/proc`.
+    next_zombie_check_ns: u64,
     next_reopen: Instant,
     /// The sequence of the last snapshot read from this file ([`NOT_SEEN`]:
     /// none yet).
@@ -164,7 +181,7 @@ impl ShmDir {
                 // A mapping whose file was truncated under it is dropped and
                 // the file opened again (which reports its size).
                 if kept.file.inode() == inode && !kept.file.is_truncated() {
-                    kept.writer_alive = writer_alive(kept.file.header());
+                    kept.check_writer(monotonic_ns());
                     engines.push(kept);
                     continue;
                 }
@@ -287,6 +304,9 @@ impl ShmDir {
         self.rescan_if_due(real_now_ns)?;
         for entry in &mut self.engines {
             each(entry.read(&self.dir, now_mono_ns, &self.options));
+            if let Some(ahead) = entry.clock_ahead {
+                errors.push(entry.clock_ahead_error(&self.dir, ahead));
+            }
         }
         errors.extend(self.bad.iter().map(|b| b.error.clone()));
         errors.extend(self.listing_error.clone());
@@ -368,6 +388,7 @@ impl ShmDir {
             header: entry.file.header(),
             heartbeat_mono_ns: entry.seen_heartbeat_ns,
             generation: entry.file.generation(),
+            clock_ahead: entry.clock_ahead.is_some(),
         })
     }
 }
@@ -390,18 +411,30 @@ impl Entry {
         // the pid check interval) before suspecting the writer.
         let period = Duration::from_micros(u64::from(file.header().publish_period_us));
         let late_after = heartbeat::late_after(period, Duration::from_nanos(PID_CHECK_INTERVAL_NS));
-        Entry {
+        let mut entry = Entry {
             id: Arc::from(file.engine_id().as_str()),
-            writer_alive: writer_alive(file.header()),
+            writer_alive: None,
             late_after_ns: late_after.as_nanos() as u64,
+            max_ahead_ns: max_ahead(period).as_nanos() as u64,
+            clock_ahead: None,
             next_pid_check_ns: 0,
+            next_zombie_check_ns: 0,
             file,
             next_reopen: Instant::now(),
             seen_seq: NOT_SEEN,
             seen_heartbeat_ns: 0,
             torn_words: None,
             torn_spins: 0,
-        }
+        };
+        entry.check_writer(monotonic_ns());
+        entry
+    }
+
+    /// Whether the writer lives, asked now (at open and at listings): a
+    /// writer whose heartbeat is late is also checked for being a zombie.
+    fn check_writer(&mut self, now: u64) {
+        let late = now.saturating_sub(self.file.heartbeat_mono_ns()) > self.late_after_ns;
+        self.writer_alive = writer_alive(self.file.header(), late);
     }
 
     #[inline]
@@ -432,6 +465,22 @@ impl Entry {
         };
         let torn = torn_seq.is_some();
         self.seen_heartbeat_ns = self.file.heartbeat_mono_ns();
+        let ages = Ages::at(
+            now,
+            self.seen_heartbeat_ns,
+            snapshot.captured_mono_ns,
+            self.max_ahead_ns,
+        );
+        self.clock_ahead = if ages.clock_ahead {
+            ClockAhead::of(
+                now,
+                self.seen_heartbeat_ns,
+                snapshot.captured_mono_ns,
+                self.max_ahead_ns,
+            )
+        } else {
+            None
+        };
         let heartbeat_ns = now.saturating_sub(self.seen_heartbeat_ns);
         // A live writer stamps every period, so the pid (a system call) is only
         // checked when the heartbeat is late, and then at most every 10 ms.
@@ -439,8 +488,12 @@ impl Entry {
             && self.writer_alive == Some(true)
             && now >= self.next_pid_check_ns
         {
-            self.writer_alive = writer_alive(self.file.header());
+            let zombie_check = now >= self.next_zombie_check_ns;
+            self.writer_alive = writer_alive(self.file.header(), zombie_check);
             self.next_pid_check_ns = now + PID_CHECK_INTERVAL_NS;
+            if zombie_check {
+                self.next_zombie_check_ns = now + ZOMBIE_CHECK_INTERVAL_NS;
+            }
         }
         if let Some(seq) = torn_seq {
             // Nothing will change while the writer is dead or silent; a
@@ -448,8 +501,11 @@ impl Entry {
             let stopped = self.writer_alive == Some(false) || heartbeat_ns > self.late_after_ns;
             self.torn_words = stopped.then_some((seq, self.seen_heartbeat_ns));
         }
-        let heartbeat_age = Duration::from_nanos(heartbeat_ns);
-        let capture_age = Duration::from_nanos(now.saturating_sub(snapshot.captured_mono_ns));
+        let Ages {
+            heartbeat_age,
+            capture_age,
+            ..
+        } = ages;
         let observation = Observation {
             torn,
             retired,
@@ -457,6 +513,7 @@ impl Entry {
             heartbeat_age,
             capture_age,
             idle: snapshot.is_idle(),
+            clock_ahead: ages.clock_ahead,
         };
         EngineState {
             engine_id: self.id.clone(),
@@ -467,6 +524,18 @@ impl Entry {
             generation: self.file.generation(),
             read_mono_ns: now,
         }
+    }
+
+    /// The per-engine error of a read that found `ahead`.
+    #[cold]
+    fn clock_ahead_error(&self, dir: &Path, ahead: ClockAhead) -> EngineError {
+        EngineError::new(
+            &*self.id,
+            Error::ClockAhead {
+                name: dir.join(&*self.id),
+                ahead,
+            },
+        )
     }
 
     /// Whether the file is retired and a replacement was opened now (see
@@ -506,26 +575,4 @@ impl Entry {
 /// `EMFILE` (this process) or `ENFILE` (the system) — no descriptor to list with.
 fn is_out_of_fds(errno: i32) -> bool {
     errno == Errno::EMFILE as i32 || errno == Errno::ENFILE as i32
-}
-
-/// Whether the writer process still exists, when that can be known: only in
-/// the writer's own pid namespace (engines and routers often run in separate
-/// containers that share `/dev/shm`; there the heartbeat alone decides), and
-/// only for a pid a process can have: 0 or above `i32::MAX` (a corrupt or
-/// hostile header) is unknown, never `kill(0 or -1, 0)`, which would ask
-/// about a whole process group or every process (docs/FORMAT.md; the Go
-/// reader's `writerAlive` is the same rule).
-pub(crate) fn writer_alive(header: &Header) -> Option<bool> {
-    if header.writer_pid_ns == 0 || header.writer_pid_ns != pid_namespace() {
-        return None;
-    }
-    let pid = match i32::try_from(header.writer_pid) {
-        Ok(pid) if pid > 0 => pid,
-        _ => return None,
-    };
-    match kill(Pid::from_raw(pid), None) {
-        Ok(()) | Err(Errno::EPERM) => Some(true),
-        Err(Errno::ESRCH) => Some(false),
-        Err(_) => None,
-    }
 }

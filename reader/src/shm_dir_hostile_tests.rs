@@ -128,15 +128,15 @@ fn a_pid_no_process_can_have_is_liveness_unknown_not_kill_minus_one() {
         header.writer_pid_ns,
         engine_state_shm_format::pid_namespace()
     );
-    assert_eq!(crate::shm_dir::writer_alive(&header), None);
+    assert_eq!(crate::liveness::writer_alive(&header, true), None);
     let zero = engine_state_shm_format::Header {
         writer_pid: 0,
         ..header
     };
-    assert_eq!(crate::shm_dir::writer_alive(&zero), None);
+    assert_eq!(crate::liveness::writer_alive(&zero, true), None);
     let me = engine_state_shm_format::Header {
         writer_pid: std::process::id(),
         ..header
     };
-    assert_eq!(crate::shm_dir::writer_alive(&me), Some(true));
+    assert_eq!(crate::liveness::writer_alive(&me, true), Some(true));
 }

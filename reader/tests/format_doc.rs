@@ -10,7 +10,9 @@ use std::path::Path;
 use engine_state_reader::redis::{
     RedisRecord, DEFAULT_PREFIX, DEFAULT_TTL, RECORD_HEADER_SIZE, RECORD_SIZE,
 };
-use engine_state_reader::{DEFAULT_MAX_CAPTURE_AGE, DEFAULT_STALE_AFTER, DEFAULT_URI};
+use engine_state_reader::{
+    CLOCK_AHEAD_SLACK, DEFAULT_MAX_CAPTURE_AGE, DEFAULT_STALE_AFTER, DEFAULT_URI,
+};
 use engine_state_shm_format::layout::*;
 use engine_state_shm_format::seqlock::{READ_SPINS, READ_YIELDS};
 use engine_state_shm_format::{
@@ -267,6 +269,7 @@ fn the_constants_table_is_the_code() {
         ("RECORD_SIZE", RECORD_SIZE.to_string()),
         ("DEFAULT_STALE_AFTER", ms(DEFAULT_STALE_AFTER)),
         ("DEFAULT_MAX_CAPTURE_AGE", ms(DEFAULT_MAX_CAPTURE_AGE)),
+        ("CLOCK_AHEAD_SLACK", ms(CLOCK_AHEAD_SLACK)),
         // The writer's defaults; the publisher's period is the same
         // (publisher/src/config.rs, `default_period_is_the_writers`).
         ("DEFAULT_PERIOD", ms(writer.publish_period)),

@@ -221,6 +221,7 @@ impl EngineFeed {
             heartbeat_age,
             capture_age,
             idle: snapshot.is_idle(),
+            clock_ahead: false,
         };
         Some(EngineState {
             engine_id: Arc::clone(&self.engine_id),

@@ -1,5 +1,6 @@
 //! A writer killed in the middle of a write leaves the sequence odd forever:
-//! readers report `torn` within their retry bound instead of spinning.
+//! readers report `torn` within their retry bound instead of spinning. A
+//! killed writer that its parent has not reaped yet (a zombie) reads `dead`.
 
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -79,4 +80,57 @@ fn writer_killed_mid_write_reads_as_torn_within_the_bound() {
     );
     let (value, _) = esdump_json(&uri);
     assert_eq!(value[0]["status"], "torn");
+}
+
+/// The state letter of `/proc/<pid>/stat` (after the last `)`), or `None`
+/// when the process is gone (reaped).
+fn proc_state(pid: nix::unistd::Pid) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let close = stat.rfind(')')?;
+    stat[close + 1..].trim_start().chars().next()
+}
+
+/// A writer (espublish) killed with SIGKILL by this process, its parent,
+/// which does not reap it yet: a zombie, which `kill(pid, 0)` still finds.
+/// Readers report it `dead` while it is a zombie — in process (the Rust
+/// reader) and in another process (esdump) — long before its heartbeat
+/// would make it stale (`stale_after` is an hour here). The Go package's
+/// `TestZombieWriterIsDead` is the same test.
+#[test]
+fn a_killed_writer_not_yet_reaped_is_dead() {
+    let dir = tempfile::tempdir().unwrap();
+    let uri = format!("file://{}", dir.path().display());
+    let writer = Proc::spawn(
+        Command::new(bin("espublish"))
+            .args(["--engine-id", "zombie", "--period-ms", "20", "--uri", &uri])
+            .stdout(Stdio::null()),
+    );
+    let mut source = ShmDir::open(dir.path(), test_options(Duration::from_secs(3600))).unwrap();
+    wait_for_engine(&mut source, "zombie", "the writer's first snapshot", |e| {
+        e.status == Status::Fresh
+    });
+    // SIGKILL without waiting: `writer` (a `Proc`) reaps it only when dropped.
+    kill(writer.pid(), Signal::SIGKILL).unwrap();
+    wait_for(
+        || proc_state(writer.pid()) == Some('Z'),
+        "the killed writer to be a zombie",
+    );
+    assert_eq!(
+        kill(writer.pid(), None),
+        Ok(()),
+        "kill(pid, 0) finds a zombie: what this test is about"
+    );
+    // Dead once its heartbeat is late (two periods); the wait's 10 s is only
+    // a bound for a loaded host.
+    wait_for_engine(&mut source, "zombie", "a zombie writer read dead", |e| {
+        e.status == Status::Dead
+    });
+    let (json, stderr) = esdump_json(&uri);
+    assert_eq!(json[0]["status"], "dead", "{json} {stderr}");
+    assert_eq!(
+        proc_state(writer.pid()),
+        Some('Z'),
+        "still a zombie: the readers did not wait for it to be reaped"
+    );
+    drop(writer);
 }

@@ -70,6 +70,30 @@ const PY_READ_ONCE: &str = "import sys\nfrom engine_state import Reader\n\
     for s in r.read(): print('engine', s.engine_id, s.status)\n\
     for e in r.errors: print('error', e)\n";
 
+/// A Python `Reader`'s one read of `uri` ([`PY_READ_ONCE`]), in its own
+/// process, asserted to succeed: its standard output.
+fn python_read_once(uri: &str) -> String {
+    let out = run_within(
+        Command::new(python()).args(["-c", PY_READ_ONCE, uri]),
+        Duration::from_secs(20),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// The `engine <id> <status>` lines of [`python_read_once`]'s output.
+fn engine_lines(stdout: &str) -> Vec<&str> {
+    stdout
+        .lines()
+        .filter(|l| l.starts_with("engine "))
+        .collect()
+}
+
 #[test]
 fn fifo_and_symbolic_link_neither_hang_nor_escape_the_directory() {
     let dir = tempfile::tempdir().unwrap();
@@ -108,20 +132,8 @@ fn fifo_and_symbolic_link_neither_hang_nor_escape_the_directory() {
         "{stderr}"
     );
 
-    let out = run_within(
-        Command::new(python()).args(["-c", PY_READ_ONCE, &uri]),
-        Duration::from_secs(20),
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let engines: Vec<&str> = stdout
-        .lines()
-        .filter(|l| l.starts_with("engine "))
-        .collect();
+    let stdout = python_read_once(&uri);
+    let engines = engine_lines(&stdout);
     assert_eq!(engines, ["engine good fresh"], "{stdout}");
     assert!(
         stdout.contains("error not a regular file (a FIFO)"),
@@ -131,6 +143,80 @@ fn fifo_and_symbolic_link_neither_hang_nor_escape_the_directory() {
         stdout.contains("error symbolic link, not followed"),
         "{stdout}"
     );
+}
+
+/// Files whose stamps are an hour ahead of this host's clock, and at
+/// 2^64 - 1 (forged, or written by a writer in another time namespace): the
+/// real readers in other processes (esdump, a Python `Reader`) read them
+/// stale with a `clock_ahead` error, not fresh with ages 0 for an hour (or
+/// forever). The pid namespace word is 0 (`ShmWriter` records ours, so it
+/// is cleared): the heartbeat alone decides, as across containers. Go and
+/// the C ABI read the same cases from format/vectors.
+#[test]
+fn stamps_ahead_of_the_clock_never_read_fresh() {
+    let dir = tempfile::tempdir().unwrap();
+    let _good = writer(dir.path(), "good");
+    let hour = 3_600_000_000_000;
+    let now = monotonic_ns();
+    let mut writers = Vec::new();
+    for (id, stamp) in [("hour-ahead", now + hour), ("at-max", u64::MAX)] {
+        let mut w = writer(dir.path(), id);
+        w.publish(&Snapshot {
+            captured_mono_ns: stamp,
+            num_running: 5,
+            ..Snapshot::default()
+        })
+        .unwrap();
+        w.stamp_heartbeat(stamp);
+        // Another pid namespace: no pid check.
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.path().join(id))
+            .unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&file, &0u64.to_le_bytes(), 32).unwrap();
+        writers.push(w);
+    }
+    let uri = format!("file://{}", dir.path().display());
+
+    let (json, stderr) = esdump_json(&uri);
+    let status = |id: &str| {
+        json.as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["engine_id"] == id)
+            .unwrap_or_else(|| panic!("{id} not read: {json}"))["status"]
+            .clone()
+    };
+    assert_eq!(status("good"), "fresh");
+    for id in ["hour-ahead", "at-max"] {
+        assert_eq!(status(id), "stale", "{id}: {json}");
+        assert!(
+            stderr.contains(&format!("/{id}: its heartbeat_mono_ns is ")),
+            "{id}: {stderr}"
+        );
+    }
+    assert!(
+        stderr.contains("ahead of this reader's CLOCK_MONOTONIC"),
+        "{stderr}"
+    );
+
+    let stdout = python_read_once(&uri);
+    let engines = engine_lines(&stdout);
+    assert_eq!(
+        engines,
+        [
+            "engine at-max stale",
+            "engine good fresh",
+            "engine hour-ahead stale"
+        ],
+        "{stdout}"
+    );
+    for id in ["hour-ahead", "at-max"] {
+        assert!(
+            stdout.contains(&format!("/{id}: its heartbeat_mono_ns is ")),
+            "{id}: {stdout}"
+        );
+    }
 }
 
 /// `esagent` relaying `uri` to `redis_uri`, as a process: what these tests

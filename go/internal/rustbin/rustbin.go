@@ -58,6 +58,9 @@ func Start(t testing.TB, name string, args ...string) *Child {
 	return c
 }
 
+// Pid is the child's process id.
+func (c *Child) Pid() int { return c.cmd.Process.Pid }
+
 // Kill kills the child with SIGKILL (it leaves its file behind, ACTIVE).
 func (c *Child) Kill() {
 	_ = c.cmd.Process.Kill()

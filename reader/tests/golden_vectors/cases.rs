@@ -80,6 +80,9 @@ pub struct ShmCase {
     pub same_pid_namespace: bool,
     /// `None`: the expected `esdump --json` output is checked; else the error class.
     pub error: Option<&'static str>,
+    /// With `error`: the engine is read all the same (`clock_ahead`), and
+    /// its `esdump --json` output is checked too.
+    pub still_read: bool,
     pub found_version: Option<u32>,
 }
 
@@ -94,7 +97,27 @@ impl ShmCase {
             id_field: None,
             same_pid_namespace: false,
             error: None,
+            still_read: false,
             found_version: None,
+        }
+    }
+
+    /// A case whose stamps are ahead of the reader's clock: read, stale,
+    /// and a `clock_ahead` error.
+    fn ahead(name: &'static str, what: &'static str, heartbeat: u64, captured: u64) -> ShmCase {
+        ShmCase {
+            heartbeat_mono_ns: heartbeat,
+            error: Some("clock_ahead"),
+            still_read: true,
+            ..ShmCase::ok(
+                name,
+                what,
+                Snapshot {
+                    captured_mono_ns: captured,
+                    ..busy()
+                },
+                0,
+            )
         }
     }
 
@@ -191,12 +214,58 @@ pub fn shm_cases() -> Vec<ShmCase> {
                 1_234_567,
             )
         },
-        ShmCase::ok(
-            "max_values",
-            "every field u64::MAX (unknown flag bits set): exact 64-bit integers, ages \
-             saturate at 0, KV used 0; fresh",
-            max,
-            0,
+        ShmCase {
+            error: Some("clock_ahead"),
+            still_read: true,
+            ..ShmCase::ok(
+                "max_values",
+                "every field u64::MAX (unknown flag bits set): exact 64-bit integers, KV used \
+                 0, ages floored at 0; captured_mono_ns is 2^64-1, far ahead of the reader's \
+                 clock: stale, and a clock_ahead error",
+                max,
+                0,
+            )
+        },
+        ShmCase {
+            heartbeat_mono_ns: NOW_MONO_NS + 1_050 * MS,
+            ..ShmCase::ok(
+                "ahead_within_bound",
+                "heartbeat and capture 1.05 s ahead of the reader's clock: exactly one 50 ms \
+                 period plus the 1 s slack (a writer that stamped after the reader read its \
+                 clock), the bound is inclusive; ages 0, fresh",
+                Snapshot {
+                    captured_mono_ns: NOW_MONO_NS + 1_050 * MS,
+                    ..busy()
+                },
+                0,
+            )
+        },
+        ShmCase::ahead(
+            "heartbeat_ahead",
+            "heartbeat and capture an hour ahead of the reader's clock: ages 0, but stale, \
+             and a clock_ahead error (without the bound: fresh for an hour)",
+            NOW_MONO_NS + 3_600 * SEC,
+            NOW_MONO_NS + 3_600 * SEC,
+        ),
+        ShmCase::ahead(
+            "heartbeat_ahead_by_1_05_s_and_1_ns",
+            "heartbeat 1 ns beyond the bound (one period plus 1 s) ahead, capture on time: \
+             stale, clock_ahead",
+            NOW_MONO_NS + 1_050 * MS + 1,
+            NOW_MONO_NS - 250 * MS,
+        ),
+        ShmCase::ahead(
+            "capture_ahead",
+            "heartbeat on time, capture an hour ahead: stale, clock_ahead (a busy engine whose \
+             capture could never grow old)",
+            NOW_MONO_NS - 1_234_567,
+            NOW_MONO_NS + 3_600 * SEC,
+        ),
+        ShmCase::ahead(
+            "stamps_at_max",
+            "heartbeat and capture 2^64-1: stale, clock_ahead (without the bound: fresh forever)",
+            u64::MAX,
+            u64::MAX,
         ),
         ShmCase::ok(
             "tiny_floats",
