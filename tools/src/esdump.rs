@@ -67,7 +67,7 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Res
                  (still watching): {}\n",
                 source.uri(),
                 args.interval,
-                table::printable(&e.to_string())
+                engine_state_reader::printable(&e.to_string())
             )?;
         } else if args.json {
             let text = serde_json::to_string_pretty(&reading.engines).context("encoding JSON")?;
