@@ -192,6 +192,12 @@ mod tests {
     }
 
     #[test]
+    fn an_at_sign_in_a_directory_name_is_shown_as_it_is() {
+        let uri = StateUri::parse("file:///dev/shm/a:b@c").unwrap();
+        assert_eq!(uri.to_string(), "file:///dev/shm/a:b@c");
+    }
+
+    #[test]
     fn a_directory_built_with_a_query_is_shown_redacted() {
         let uri = StateUri::Shm {
             dir: PathBuf::from("/tmp/x?password=hunter2"),

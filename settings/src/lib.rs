@@ -12,7 +12,7 @@ mod redact;
 pub mod cli;
 
 pub use engine_id::{default_engine_id, engine_id, fallback_engine_id, hostname, DataParallel};
-pub use redact::{is_secret_parameter, redact};
+pub use redact::{is_secret_parameter, redact, VISIBLE_PARAMETERS};
 
 /// Environment variable naming where engine state lives (a `file://`
 /// directory or a `redis://` server).
