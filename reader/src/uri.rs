@@ -43,8 +43,9 @@ impl StateUri {
         let is_file = uri.starts_with("file://") || uri.starts_with('/');
         if is_file && uri.contains('?') {
             return Err(bad(
-                "a file URI takes no query (?…) and a directory name no '?': give the \
-                 directory alone, as in file:///dev/shm/agentic_engine_state",
+                "a query is not allowed in a file URI (a '?' would become part of the \
+                 directory's name): give the directory alone, as in \
+                 file:///dev/shm/agentic_engine_state, and rename a directory whose name has a '?'",
             ));
         }
         if let Some(rest) = uri.strip_prefix("file://") {
@@ -179,10 +180,19 @@ mod tests {
             ("relative/dir", "file:///dir"),
             ("redis://", "needs a host"),
             ("redis://user:pw@/0", "needs a host"),
-            ("file:///dev/shm/x?password=pw", "takes no query"),
-            ("file:///dev/shm/x?token=pw&a=b", "takes no query"),
-            ("/dev/shm/x?secret=pw", "takes no query"),
-            ("file://localhost/x?api_key=pw#f", "takes no query"),
+            (
+                "file:///dev/shm/x?password=pw",
+                "query is not allowed in a file URI",
+            ),
+            (
+                "file:///dev/shm/x?token=pw&a=b",
+                "query is not allowed in a file URI",
+            ),
+            ("/dev/shm/x?secret=pw", "query is not allowed in a file URI"),
+            (
+                "file://localhost/x?api_key=pw#f",
+                "query is not allowed in a file URI",
+            ),
         ] {
             let err = StateUri::parse(uri).unwrap_err().to_string();
             assert!(err.contains(hint), "{uri:?}: {err}");
