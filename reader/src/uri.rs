@@ -99,10 +99,7 @@ impl StateUri {
         match engine_state_settings::env(URI_ENV) {
             Ok(Some(value)) => StateUri::parse(&value),
             Ok(None) => StateUri::parse(DEFAULT_URI),
-            Err(e) => Err(Error::BadUri {
-                uri: redact(&e.value),
-                reason: e.to_string(),
-            }),
+            Err(e) => Err(not_unicode(&e)),
         }
     }
 
@@ -112,6 +109,19 @@ impl StateUri {
             Some(uri) => StateUri::parse(uri),
             None => StateUri::from_env(),
         }
+    }
+}
+
+/// The error for a URI variable that is not UTF-8: its value (redacted)
+/// shown once, as the URI.
+fn not_unicode(e: &engine_state_settings::NotUnicode) -> Error {
+    Error::BadUri {
+        uri: redact(&e.value),
+        reason: format!(
+            "{} is not UTF-8: {}",
+            e.name,
+            engine_state_settings::NotUnicode::ADVICE
+        ),
     }
 }
 
@@ -199,6 +209,17 @@ mod tests {
             assert!(!err.contains("pw@"), "password leaked: {err}");
             assert!(!err.contains("=pw"), "query secret leaked: {err}");
         }
+    }
+
+    #[test]
+    fn a_uri_variable_that_is_not_utf8_is_shown_once_and_redacted() {
+        let e = engine_state_settings::NotUnicode {
+            name: URI_ENV.to_owned(),
+            value: r"file:///d\xfe?token=t".to_owned(),
+        };
+        let text = not_unicode(&e).to_string();
+        assert_eq!(text.matches("xfe").count(), 1, "{text}");
+        assert!(text.contains(URI_ENV) && !text.contains("=t"), "{text}");
     }
 
     #[test]
