@@ -3,12 +3,11 @@ package enginestate
 import (
 	"encoding/json"
 	"math"
-	"os"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
+
+	"example.invalid/engine-state/go/internal/formatdoc"
 )
 
 // serde_json's output for these f64 values (printed by serde_json 1.x, the
@@ -37,34 +36,18 @@ func TestFloatsAreFormattedAsSerdeJSONDoes(t *testing.T) {
 // docs/FORMAT.md's JSON float cases (table json_floats), which the Rust
 // side checks against serde_json: esdump-go prints each the same way.
 func TestFloatsAreFormattedAsFormatMdSays(t *testing.T) {
-	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "FORMAT.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	const marker = "<!-- table: json_floats -->"
-	_, rest, found := strings.Cut(string(doc), marker)
-	if !found {
-		t.Fatalf("docs/FORMAT.md has no %s", marker)
-	}
-	rows := 0
-	for _, line := range strings.Split(strings.TrimLeft(rest, "\n"), "\n") {
-		if !strings.HasPrefix(line, "|") {
-			break
-		}
-		cells := strings.Split(strings.Trim(line, "|"), "|")
-		value := strings.Trim(strings.TrimSpace(cells[0]), "`")
-		want := strings.Trim(strings.TrimSpace(cells[1]), "`")
-		f, err := strconv.ParseFloat(value, 64)
+	rows := formatdoc.Table(t, "json_floats")
+	for _, row := range rows {
+		f, err := strconv.ParseFloat(row[0], 64)
 		if err != nil {
-			continue // the header and separator rows
+			t.Fatalf("%q: %v", row, err)
 		}
-		rows++
-		if got := string(appendJSONFloat(nil, f)); got != want {
-			t.Errorf("%s: got %s, FORMAT.md says %s", value, got, want)
+		if got := string(appendJSONFloat(nil, f)); got != row[1] {
+			t.Errorf("%s: got %s, FORMAT.md says %s", row[0], got, row[1])
 		}
 	}
-	if rows < 10 {
-		t.Errorf("only %d rows in json_floats", rows)
+	if len(rows) < 10 {
+		t.Errorf("only %d rows in json_floats", len(rows))
 	}
 }
 

@@ -55,24 +55,35 @@ impl Router {
                 // writes NaN/Infinity (which the JSON parser refuses without
                 // naming the setting), and an int beyond a Rust integer fails
                 // parsing with only a position. Unknown names and wrong types
-                // are left to the parser, which reports them.
-                fn check_numbers(dict: &Bound<'_, PyDict>, prefix: &str) -> PyResult<()> {
+                // are left to the parser, which reports them. Only the one
+                // nested section (`migration`) is looked into, once: a
+                // self-referential dict (d["migration"] = d) must not
+                // recurse without end (json.dumps then refuses it).
+                fn check_numbers(
+                    dict: &Bound<'_, PyDict>,
+                    prefix: &str,
+                    nested: bool,
+                ) -> PyResult<()> {
                     for (key, value) in dict.iter() {
                         let name = format!("{prefix}{key}");
                         if let Ok(inner) = value.downcast::<PyDict>() {
-                            check_numbers(inner, &format!("{name}."))?;
+                            if nested && key.extract::<String>().is_ok_and(|k| k == "migration") {
+                                check_numbers(inner, &format!("{name}."), false)?;
+                            }
                         } else if value.is_instance_of::<pyo3::types::PyFloat>()
                             || (value.is_instance_of::<pyo3::types::PyInt>()
                                 && !value.is_instance_of::<pyo3::types::PyBool>())
                         {
                             // An int too big for a double is beyond every range.
                             let number = value.extract::<f64>().unwrap_or(f64::INFINITY);
-                            RouterSettings::check_number(&name, number).map_err(router_error)?;
+                            let float = value.is_instance_of::<pyo3::types::PyFloat>();
+                            RouterSettings::check_number(&name, number, float)
+                                .map_err(router_error)?;
                         }
                     }
                     Ok(())
                 }
-                check_numbers(dict, "")?;
+                check_numbers(dict, "", true)?;
                 let text: String = py
                     .import("json")?
                     .call_method1("dumps", (dict,))?
@@ -110,6 +121,13 @@ impl Router {
         let request = request(request_id, tokens, block_hashes, input_len, session_id)?;
         let (decision, reservation) = self.inner.pick(&request).map_err(router_error)?;
         Ok((Decision::from(decision), Reservation { inner: reservation }))
+    }
+
+    /// This router's id, unique in the process: a `Reservation`'s
+    /// `router_id` says which router made it.
+    #[getter]
+    fn id(&self) -> u64 {
+        self.inner.id()
     }
 
     /// Stores the real state of engines, e.g. `router.update_real_state(reader.read())`.
@@ -321,6 +339,13 @@ impl Reservation {
     #[getter]
     fn instance_id(&self) -> String {
         self.inner.instance_id().to_owned()
+    }
+
+    /// The id of the router that made it (`Router.id`): only that router
+    /// may migrate it or advise on it.
+    #[getter]
+    fn router_id(&self) -> u64 {
+        self.inner.router_id()
     }
 
     /// True once completed, failed or released.

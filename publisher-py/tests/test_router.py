@@ -1,4 +1,6 @@
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -260,15 +262,15 @@ def test_an_engine_shutting_down_gets_no_new_requests(tmp_path):
 SETTING_RANGES = {
     "overload_factor": "a number > 0 and <= 1000",
     "decode_weight": "a number in [0, 1000]",
-    "affinity_min_hit_ratio": "a fraction in [0, 1]",
-    "prefix_cache_blocks": "a count in [1, 4294967294]",
-    "max_sessions": "a count in [1, 4294967294]",
-    "real_state_expiry_s": "seconds in [0, 3600]",
-    "migration.ttft_slo_s": "seconds in [0, 3600]",
+    "affinity_min_hit_ratio": "a number in [0, 1]",
+    "prefix_cache_blocks": "a whole number in [1, 4294967294]",
+    "max_sessions": "a whole number in [1, 4294967294]",
+    "real_state_expiry_s": "a number in [0, 3600]",
+    "migration.ttft_slo_s": "a number in [0, 3600]",
     "migration.rel_hi": "a number in [0, 1000]",
-    "migration.prefill_tokens_per_s": "tokens/s > 0 and <= 1e9",
-    "migration.big_prefill_threshold": "a token count in [0, 1e18]",
-    "migration.kv_wall_frac": "a fraction in [0, 1]",
+    "migration.prefill_tokens_per_s": "a number > 0 and <= 1000000000",
+    "migration.big_prefill_threshold": "a whole number in [0, 1000000000000000000]",
+    "migration.kv_wall_frac": "a number in [0, 1]",
 }
 
 
@@ -299,6 +301,38 @@ def test_bad_settings_are_value_errors_naming_setting_and_range(name, bad):
     text = str(raised.value)
     assert f"invalid router setting {name} = " in text, text
     assert SETTING_RANGES[name] in text, text
+
+
+@pytest.mark.parametrize("name", [n for n, r in SETTING_RANGES.items() if "whole" in r])
+@pytest.mark.parametrize("value", [1.5, 2.0])
+def test_a_float_for_an_integer_setting_is_a_value_error_naming_it(name, value):
+    with pytest.raises(ValueError, match=f"invalid router setting {name} = .*whole number"):
+        Router(["a"], settings=_nested(name, value))
+
+
+def test_a_self_referential_settings_dict_is_an_error_not_a_crash():
+    # It recursed without end and overflowed the stack (the process died):
+    # run in a child so a regression fails this test instead of killing pytest.
+    code = (
+        "from engine_state import Router\n"
+        "d = {}\n"
+        "d['migration'] = d\n"
+        "try:\n"
+        "    Router(['a'], settings=d)\n"
+        "except ValueError as e:\n"
+        "    print('ValueError', e)\n"
+    )
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.startswith("ValueError"), child.stdout
+
+
+def test_routers_and_reservations_say_whose_they_are():
+    r1, r2 = Router(["a"]), Router(["a"])
+    assert isinstance(r1.id, int) and r1.id != r2.id
+    _, held = r1.pick("r", tokens=list(range(600)))
+    assert held.router_id == r1.id != r2.id
+    held.complete()
 
 
 def test_a_reservation_from_another_router_is_refused_and_changes_nothing(tmp_path):

@@ -1,6 +1,9 @@
 //! Error text made safe for a terminal or a log: the one escaping that
-//! esdump, the Python `Reader.errors` and every other display of reader
-//! errors use (a hostile file name is quoted in its error).
+//! esdump (every stderr line), the Python `Reader.errors` and esdump-go (the
+//! same rule, docs/FORMAT.md table `printable`) use (a hostile file name is
+//! quoted in its error). The C ABI (`capi`) hands its messages over raw, as
+//! data (they may quote a hostile file name): a C caller that prints one to
+//! a terminal escapes it first.
 
 use std::borrow::Cow;
 

@@ -43,8 +43,9 @@ impl StateUri {
         let is_file = uri.starts_with("file://") || uri.starts_with('/');
         if is_file && uri.contains('?') {
             return Err(bad(
-                "a file URI takes no query (?…) and a directory name no '?': give the \
-                 directory alone, as in file:///dev/shm/agentic_engine_state",
+                "a query is not allowed in a file URI (a '?' would become part of the \
+                 directory's name): give the directory alone, as in \
+                 file:///dev/shm/agentic_engine_state, and rename a directory whose name has a '?'",
             ));
         }
         if let Some(rest) = uri.strip_prefix("file://") {
@@ -98,10 +99,7 @@ impl StateUri {
         match engine_state_settings::env(URI_ENV) {
             Ok(Some(value)) => StateUri::parse(&value),
             Ok(None) => StateUri::parse(DEFAULT_URI),
-            Err(e) => Err(Error::BadUri {
-                uri: redact(&e.value),
-                reason: e.to_string(),
-            }),
+            Err(e) => Err(not_unicode(&e)),
         }
     }
 
@@ -111,6 +109,19 @@ impl StateUri {
             Some(uri) => StateUri::parse(uri),
             None => StateUri::from_env(),
         }
+    }
+}
+
+/// The error for a URI variable that is not UTF-8: its value (redacted)
+/// shown once, as the URI.
+fn not_unicode(e: &engine_state_settings::NotUnicode) -> Error {
+    Error::BadUri {
+        uri: redact(&e.value),
+        reason: format!(
+            "{} is not UTF-8: {}",
+            e.name,
+            engine_state_settings::NotUnicode::ADVICE
+        ),
     }
 }
 
@@ -179,16 +190,42 @@ mod tests {
             ("relative/dir", "file:///dir"),
             ("redis://", "needs a host"),
             ("redis://user:pw@/0", "needs a host"),
-            ("file:///dev/shm/x?password=pw", "takes no query"),
-            ("file:///dev/shm/x?token=pw&a=b", "takes no query"),
-            ("/dev/shm/x?secret=pw", "takes no query"),
-            ("file://localhost/x?api_key=pw#f", "takes no query"),
+            (
+                "file:///dev/shm/x?password=pw",
+                "query is not allowed in a file URI",
+            ),
+            (
+                "file:///dev/shm/x?token=pw&a=b",
+                "query is not allowed in a file URI",
+            ),
+            ("/dev/shm/x?secret=pw", "query is not allowed in a file URI"),
+            (
+                "file://localhost/x?api_key=pw#f",
+                "query is not allowed in a file URI",
+            ),
         ] {
             let err = StateUri::parse(uri).unwrap_err().to_string();
             assert!(err.contains(hint), "{uri:?}: {err}");
             assert!(!err.contains("pw@"), "password leaked: {err}");
             assert!(!err.contains("=pw"), "query secret leaked: {err}");
         }
+    }
+
+    #[test]
+    fn a_uri_variable_that_is_not_utf8_is_shown_once_and_redacted() {
+        let e = engine_state_settings::NotUnicode {
+            name: URI_ENV.to_owned(),
+            value: r"file:///d\xfe?token=t".to_owned(),
+        };
+        let text = not_unicode(&e).to_string();
+        assert_eq!(text.matches("xfe").count(), 1, "{text}");
+        assert!(text.contains(URI_ENV) && !text.contains("=t"), "{text}");
+    }
+
+    #[test]
+    fn an_at_sign_in_a_directory_name_is_shown_as_it_is() {
+        let uri = StateUri::parse("file:///dev/shm/a:b@c").unwrap();
+        assert_eq!(uri.to_string(), "file:///dev/shm/a:b@c");
     }
 
     #[test]

@@ -307,3 +307,38 @@ fn the_json_floats_table_is_what_esdump_prints() {
     let empty: Vec<engine_state_reader::EngineState> = Vec::new();
     assert_eq!(serde_json::to_string_pretty(&empty).unwrap() + "\n", "[]\n");
 }
+
+/// The redaction cases are what `redact` shows (esdump-go's test reads the
+/// same table).
+#[test]
+fn the_uri_redact_table_is_what_redact_shows() {
+    let rows = table(&format_md(), "uri_redact");
+    assert!(rows.len() >= 8, "{rows:?}");
+    for row in rows {
+        assert_eq!(
+            engine_state_settings::redact(&row[0]),
+            row[1],
+            "docs/FORMAT.md uri_redact row {row:?}"
+        );
+    }
+}
+
+/// The escaping cases are what `printable` writes (esdump-go's test reads
+/// the same table): each character between two letters.
+#[test]
+fn the_printable_table_is_what_printable_writes() {
+    let rows = table(&format_md(), "printable");
+    assert!(rows.len() >= 10, "{rows:?}");
+    for row in rows {
+        let code = row[0]
+            .strip_prefix("U+")
+            .and_then(|hex| u32::from_str_radix(hex, 16).ok())
+            .and_then(char::from_u32)
+            .unwrap_or_else(|| panic!("{row:?}: not U+hex"));
+        assert_eq!(
+            engine_state_reader::printable(&format!("a{code}b")),
+            format!("a{}b", row[1]),
+            "docs/FORMAT.md printable row {row:?}"
+        );
+    }
+}

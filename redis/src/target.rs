@@ -379,6 +379,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_parameters_shown_unredacted_are_the_ones_parsed() {
+        // redact shows these values and hides every other: each must be a
+        // parameter this parser accepts (and none a credential).
+        for name in engine_state_settings::VISIBLE_PARAMETERS {
+            let uri = format!("redis://h:1/0?{name}=100");
+            assert!(RedisTarget::parse(&uri).is_ok(), "{uri}");
+            assert!(redact(&uri).ends_with("=100"), "{uri}");
+        }
+    }
+
+    #[test]
     fn parses_server_db_prefix_and_ttl() {
         let t =
             RedisTarget::parse("redis://u:pw@127.0.0.1:6380/3?prefix=fleet-a:&ttl_ms=500").unwrap();

@@ -12,7 +12,7 @@ pub enum Error {
         /// The refused value, as text.
         value: String,
         /// What would be accepted.
-        expected: &'static str,
+        expected: String,
     },
     /// A decision was asked of a router with no instances.
     #[error("the router has no instances; add one with Router::add_instance before picking")]

@@ -74,7 +74,7 @@ macro_rules! names {
                     _ => Err(Error::InvalidSetting {
                         name: $what,
                         value: text.to_owned(),
-                        expected: concat!("one of" $(, " ", $name)+),
+                        expected: concat!("one of" $(, " ", $name)+).to_owned(),
                     }),
                 }
             }
@@ -190,26 +190,34 @@ struct Range {
     min: f64,
     min_excluded: bool,
     max: f64,
-    /// The range in words, for the error.
-    expected: &'static str,
+    /// Only whole numbers (the setting is an integer field).
+    integer: bool,
 }
 
 impl Range {
-    const fn closed(min: f64, max: f64, expected: &'static str) -> Range {
+    const fn closed(min: f64, max: f64) -> Range {
         Range {
             min,
             min_excluded: false,
             max,
-            expected,
+            integer: false,
         }
     }
 
-    const fn above(min: f64, max: f64, expected: &'static str) -> Range {
+    const fn above(min: f64, max: f64) -> Range {
         Range {
             min,
             min_excluded: true,
             max,
-            expected,
+            integer: false,
+        }
+    }
+
+    /// The same bounds, whole numbers only.
+    const fn whole(self) -> Range {
+        Range {
+            integer: true,
+            ..self
         }
     }
 
@@ -220,21 +228,36 @@ impl Range {
         } else {
             value >= self.min
         };
-        above_min && value <= self.max
+        above_min && value <= self.max && (!self.integer || value.fract() == 0.0)
+    }
+
+    /// The range in words, for the error: built from the bounds, so the two
+    /// cannot disagree.
+    fn expected(&self) -> String {
+        let what = if self.integer {
+            "a whole number"
+        } else {
+            "a number"
+        };
+        if self.min_excluded {
+            format!("{what} > {} and <= {}", self.min, self.max)
+        } else {
+            format!("{what} in [{}, {}]", self.min, self.max)
+        }
     }
 }
 
-/// Durations: up to an hour. Long enough for any SLO or expiry a router
-/// means, short enough for `Duration::from_secs_f64`.
-const SECONDS: Range = Range::closed(0.0, 3600.0, "seconds in [0, 3600]");
+/// Durations in seconds: up to an hour. Long enough for any SLO or expiry a
+/// router means, short enough for `Duration::from_secs_f64`.
+const SECONDS: Range = Range::closed(0.0, 3600.0);
 /// Factors and weights: far beyond any tuned value (1.3, 0.01, 1.5), small
 /// enough that scores stay finite.
-const FACTOR: Range = Range::closed(0.0, 1000.0, "a number in [0, 1000]");
+const FACTOR: Range = Range::closed(0.0, 1000.0);
 /// Ratios and fractions.
-const FRACTION: Range = Range::closed(0.0, 1.0, "a fraction in [0, 1]");
+const FRACTION: Range = Range::closed(0.0, 1.0);
 /// Remembered prefix blocks or sessions (the LRU indexes its slots with
 /// `u32`, `u32::MAX` meaning none).
-const COUNT: Range = Range::closed(1.0, (u32::MAX - 1) as f64, "a count in [1, 4294967294]");
+const COUNT: Range = Range::closed(1.0, (u32::MAX - 1) as f64).whole();
 
 impl RouterSettings {
     /// Every numeric setting: its name (as in JSON and Python, nested ones
@@ -247,7 +270,7 @@ impl RouterSettings {
             (
                 "overload_factor",
                 self.overload_factor,
-                Range::above(0.0, 1000.0, "a number > 0 and <= 1000"),
+                Range::above(0.0, 1000.0),
             ),
             ("decode_weight", self.decode_weight, FACTOR),
             (
@@ -267,12 +290,12 @@ impl RouterSettings {
             (
                 "migration.prefill_tokens_per_s",
                 m.prefill_tokens_per_s,
-                Range::above(0.0, 1e9, "tokens/s > 0 and <= 1e9"),
+                Range::above(0.0, 1e9),
             ),
             (
                 "migration.big_prefill_threshold",
                 m.big_prefill_threshold as f64,
-                Range::closed(0.0, 1e18, "a token count in [0, 1e18]"),
+                Range::closed(0.0, 1e18).whole(),
             ),
             ("migration.kv_wall_frac", m.kv_wall_frac, FRACTION),
         ]
@@ -293,12 +316,22 @@ impl RouterSettings {
     /// `"migration.ttft_slo_s"`) before it is parsed: for bindings whose
     /// values may be NaN, infinite or out of an integer type's range (Python
     /// floats and ints), so the error names the setting and its range.
+    /// `float`: the value was given as a floating-point number, which an
+    /// integer setting refuses even when whole (`2.0`), as its parser would,
+    /// but here with the setting's name.
     /// `Ok(false)`: no numeric setting has that name (the parser reports it).
-    pub fn check_number(name: &str, value: f64) -> Result<bool, Error> {
+    pub fn check_number(name: &str, value: f64, float: bool) -> Result<bool, Error> {
         let numbers = RouterSettings::default().numbers();
         let Some((name, _, range)) = numbers.iter().find(|(known, ..)| *known == name) else {
             return Ok(false);
         };
+        if float && range.integer {
+            return Err(Error::InvalidSetting {
+                name,
+                value: value.to_string(),
+                expected: range.expected(),
+            });
+        }
         refuse_outside(name, value, range)?;
         Ok(true)
     }
@@ -311,7 +344,7 @@ fn refuse_outside(name: &'static str, value: f64, range: &Range) -> Result<(), E
         Err(Error::InvalidSetting {
             name,
             value: value.to_string(),
-            expected: range.expected,
+            expected: range.expected(),
         })
     }
 }
@@ -402,14 +435,6 @@ mod tests {
             }
             s
         };
-        let integer = |name: &str| {
-            [
-                "prefix_cache_blocks",
-                "max_sessions",
-                "migration.big_prefill_threshold",
-            ]
-            .contains(&name)
-        };
         for (name, _, range) in RouterSettings::default().numbers() {
             for bad in [
                 f64::NAN,
@@ -419,15 +444,21 @@ mod tests {
                 1e20,
                 1e300,
             ] {
-                let err = RouterSettings::check_number(name, bad)
+                let err = RouterSettings::check_number(name, bad, true)
                     .unwrap_err()
                     .to_string();
-                assert!(err.contains(name) && err.contains(range.expected), "{err}");
+                assert!(
+                    err.contains(name) && err.contains(&range.expected()),
+                    "{err}"
+                );
                 // Integer fields cannot hold NaN, inf or negatives: their
                 // huge values are checked below.
-                if !integer(name) {
+                if !range.integer {
                     let err = set(name, bad).validate().unwrap_err().to_string();
-                    assert!(err.contains(name) && err.contains(range.expected), "{err}");
+                    assert!(
+                        err.contains(name) && err.contains(&range.expected()),
+                        "{err}"
+                    );
                     assert!(
                         Router::new(set(name, bad)).is_err(),
                         "{name} = {bad}: an error, not a panic"
@@ -437,18 +468,31 @@ mod tests {
             let default = RouterSettings::default().numbers();
             let (_, value, _) = default.iter().find(|(n, ..)| *n == name).unwrap();
             assert!(
-                RouterSettings::check_number(name, *value).unwrap(),
+                RouterSettings::check_number(name, *value, !range.integer).unwrap(),
                 "{name}"
             );
+            if range.integer {
+                let err = set(name, u64::MAX as f64).validate().unwrap_err();
+                assert!(err.to_string().contains(name), "{err}");
+                // A fraction, or any float, is refused by name (serde's
+                // own error would not name the setting).
+                for (value, float) in [(1.5, false), (1.5, true), (2.0, true)] {
+                    let err = RouterSettings::check_number(name, value, float)
+                        .unwrap_err()
+                        .to_string();
+                    assert!(err.contains(name) && err.contains("whole number"), "{err}");
+                }
+            }
         }
-        for name in [
-            "prefix_cache_blocks",
-            "max_sessions",
-            "migration.big_prefill_threshold",
-        ] {
-            let err = set(name, u64::MAX as f64).validate().unwrap_err();
-            assert!(err.to_string().contains(name), "{err}");
-        }
-        assert!(!RouterSettings::check_number("no_such_setting", f64::NAN).unwrap());
+        let integers = RouterSettings::default()
+            .numbers()
+            .iter()
+            .filter(|(_, _, range)| range.integer)
+            .count();
+        assert_eq!(
+            integers, 3,
+            "prefix_cache_blocks, max_sessions, big_prefill_threshold"
+        );
+        assert!(!RouterSettings::check_number("no_such_setting", f64::NAN, true).unwrap());
     }
 }

@@ -40,6 +40,9 @@ pub fn engine_id(
             // A worker id that fits alone is shortened to fit the suffix:
             // the suffix is ours, and must not make a valid id invalid. One
             // too long by itself is left so, for the id check to refuse.
+            // Two worker ids equal up to the cut give one id: the second
+            // writer is refused as a duplicate (README, engine id), which is
+            // simpler to explain than a hash suffix and never silent.
             Some(dp) if dp.size > 1 && worker_id.len() <= MAX_ENGINE_ID_LEN => {
                 with_suffix(worker_id, &format!("-dp{}", dp.index))
             }

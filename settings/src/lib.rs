@@ -12,7 +12,7 @@ mod redact;
 pub mod cli;
 
 pub use engine_id::{default_engine_id, engine_id, fallback_engine_id, hostname, DataParallel};
-pub use redact::{is_secret_parameter, redact};
+pub use redact::{is_secret_parameter, redact, VISIBLE_PARAMETERS};
 
 /// Environment variable naming where engine state lives (a `file://`
 /// directory or a `redis://` server).
@@ -79,14 +79,20 @@ pub struct NotUnicode {
     pub value: String,
 }
 
+impl NotUnicode {
+    /// What to do about it, for messages that show the value their own way.
+    pub const ADVICE: &'static str = "set it to a UTF-8 value, or unset it for the default";
+}
+
 impl std::fmt::Display for NotUnicode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{}=\"{}\" is not UTF-8: set it to a UTF-8 value, or unset it for the default",
+            "{}=\"{}\" is not UTF-8: {}",
             self.name,
             // A URI's credentials stay hidden here too.
-            redact(&self.value)
+            redact(&self.value),
+            NotUnicode::ADVICE
         )
     }
 }

@@ -173,6 +173,15 @@ fn unusable_directories_and_uris_are_one_line_errors() {
             "cannot read engine-state directory",
         ),
         (vec!["esdump", "--uri", "ftp://x"], "bad engine-state URI"),
+        // A newline in the URI is escaped: still one line (docs/FORMAT.md).
+        (
+            vec!["esdump", "--uri", "ftp://a\nb"],
+            "bad engine-state URI",
+        ),
+        (
+            vec!["esdump", "--uri", "file:///nonexistent/a\nb"],
+            "cannot read engine-state directory",
+        ),
         (
             vec!["esdump", "--uri", &file_uri],
             "cannot read engine-state directory",

@@ -24,7 +24,9 @@ const (
 
 func main() {
 	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintf(os.Stderr, "esdump-go: %v\n", err)
+		// Escaped as every stderr line is: the message may quote a URI or
+		// a directory name holding control characters.
+		fmt.Fprintf(os.Stderr, "esdump-go: %s\n", printable(err.Error()))
 		os.Exit(1)
 	}
 }
@@ -66,18 +68,29 @@ func run(args []string, stdout, stderr io.Writer) error {
 }
 
 // directory is the directory a URI names: --uri wins over the environment.
+// The rules are esdump's (reader/src/uri.rs; docs/FORMAT.md "Naming and
+// permissions"): a file URI or path takes no query, and a bad URI is shown
+// redacted.
 func directory(uri string) (string, error) {
 	if uri == "" {
-		uri = strings.TrimSpace(os.Getenv(uriEnv))
+		uri = os.Getenv(uriEnv)
 	}
+	uri = strings.TrimSpace(uri)
 	if uri == "" {
 		uri = defaultURI
+	}
+	bad := func(why string) error {
+		return fmt.Errorf("bad engine-state URI %s: %s", redact(uri), why)
+	}
+	isFile := strings.HasPrefix(uri, "file://") || strings.HasPrefix(uri, "/")
+	if isFile && strings.Contains(uri, "?") {
+		return "", bad(queryRefused)
 	}
 	switch {
 	case strings.HasPrefix(uri, "file://"):
 		path := strings.TrimPrefix(strings.TrimPrefix(uri, "file://"), "localhost")
 		if !strings.HasPrefix(path, "/") {
-			return "", fmt.Errorf("bad engine-state URI %q: a file URI needs an absolute path, as in %s", uri, defaultURI)
+			return "", bad("a file URI needs an absolute path, as in " + defaultURI)
 		}
 		return path, nil
 	case strings.HasPrefix(uri, "/"):
@@ -86,17 +99,77 @@ func directory(uri string) (string, error) {
 		return "", fmt.Errorf("esdump-go reads shared memory only; for Redis, fetch the records with your " +
 			"Redis client and judge them with enginestate.StateAtFetch (or use esdump)")
 	}
-	return "", fmt.Errorf("bad engine-state URI: use file:///dir (shared memory)")
+	return "", bad("use file:///dir (shared memory)")
 }
 
-// printable escapes control characters (a hostile file name must not reach
-// the terminal raw), as esdump does.
+// queryRefused is why a file URI with a query is refused (esdump says the same).
+const queryRefused = "a query is not allowed in a file URI (a '?' would become part of the " +
+	"directory's name): give the directory alone, as in " + defaultURI +
+	", and rename a directory whose name has a '?'"
+
+// visibleParameters are the query parameters whose values redact shows
+// (the Redis URI parameters, settings/src/redact.rs VISIBLE_PARAMETERS).
+var visibleParameters = map[string]bool{"prefix": true, "ttl_ms": true, "timeout_ms": true}
+
+// redact hides a URI's credentials as esdump does (settings/src/redact.rs,
+// docs/FORMAT.md table uri_redact): the user part of the authority (up to
+// the first '/', '?' or '#' after "scheme://") becomes "user:***@" or
+// "***@", and the value of every query parameter but visibleParameters
+// becomes "***".
+func redact(uri string) string {
+	if scheme, rest, ok := strings.Cut(uri, "://"); ok {
+		end := strings.IndexAny(rest, "/?#")
+		if end < 0 {
+			end = len(rest)
+		}
+		authority, tail := rest[:end], rest[end:]
+		if at := strings.LastIndex(authority, "@"); at >= 0 {
+			userinfo, host := authority[:at], authority[at+1:]
+			if user, _, ok := strings.Cut(userinfo, ":"); ok {
+				uri = scheme + "://" + user + ":***@" + host + tail
+			} else {
+				uri = scheme + "://***@" + host + tail
+			}
+		}
+	}
+	base, rest, ok := strings.Cut(uri, "?")
+	if !ok {
+		return uri
+	}
+	query, fragment, hasFragment := strings.Cut(rest, "#")
+	pairs := strings.Split(query, "&")
+	for i, pair := range pairs {
+		if name, _, ok := strings.Cut(pair, "="); ok && !visibleParameters[name] {
+			pairs[i] = name + "=***"
+		}
+	}
+	out := base + "?" + strings.Join(pairs, "&")
+	if hasFragment {
+		out += "#" + fragment
+	}
+	return out
+}
+
+// printable escapes control characters and bidirectional-text overrides (a
+// hostile file name must not reach the terminal raw) exactly as esdump does
+// (reader/src/printable.rs, docs/FORMAT.md table printable): \t, \r, \n,
+// \0, else \u{hex}.
 func printable(s string) string {
 	var b strings.Builder
 	for _, r := range s {
-		if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) {
+		switch {
+		case r == '\t':
+			b.WriteString(`\t`)
+		case r == '\r':
+			b.WriteString(`\r`)
+		case r == '\n':
+			b.WriteString(`\n`)
+		case r == 0:
+			b.WriteString(`\0`)
+		case r < 0x20 || (r >= 0x7f && r < 0xa0) || (r >= 0x200b && r <= 0x200f) ||
+			(r >= 0x202a && r <= 0x202e) || (r >= 0x2066 && r <= 0x2069):
 			fmt.Fprintf(&b, "\\u{%x}", r)
-		} else {
+		default:
 			b.WriteRune(r)
 		}
 	}

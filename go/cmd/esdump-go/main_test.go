@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"example.invalid/engine-state/go/internal/formatdoc"
 	"example.invalid/engine-state/go/internal/rustbin"
 )
 
@@ -95,9 +96,38 @@ func TestURIs(t *testing.T) {
 	}
 	for uri, says := range map[string]string{
 		"redis://127.0.0.1:6379/0": "StateAtFetch", "file://relative": "absolute path", "http://x": "file:///dir",
+		"file:///d?password=pw": "a query is not allowed in a file URI", "/d?token=pw": "rename a directory",
+		"file://pw@localhost/d": "absolute path", "http://u:pw@x/?k=pw": "file:///dir",
 	} {
-		if _, err := directory(uri); err == nil || !strings.Contains(err.Error(), says) {
+		_, err := directory(uri)
+		if err == nil || !strings.Contains(err.Error(), says) {
 			t.Errorf("%s: %v", uri, err)
+		} else if strings.Contains(err.Error(), "pw") {
+			t.Errorf("%s: the secret is shown: %v", uri, err)
+		}
+	}
+}
+
+// docs/FORMAT.md's redaction cases (table uri_redact), which the Rust side
+// checks against redact: esdump-go hides the same parts.
+func TestRedactsAsFormatMdSays(t *testing.T) {
+	for _, row := range formatdoc.Table(t, "uri_redact") {
+		if got := redact(row[0]); got != row[1] {
+			t.Errorf("%s: got %s, FORMAT.md says %s", row[0], got, row[1])
+		}
+	}
+}
+
+// docs/FORMAT.md's escaping cases (table printable), which the Rust side
+// checks against printable: esdump-go escapes each the same way.
+func TestEscapesAsFormatMdSays(t *testing.T) {
+	for _, row := range formatdoc.Table(t, "printable") {
+		code, err := strconv.ParseUint(strings.TrimPrefix(row[0], "U+"), 16, 32)
+		if err != nil {
+			t.Fatalf("%q: %v", row, err)
+		}
+		if got, want := printable("a"+string(rune(code))+"b"), "a"+row[1]+"b"; got != want {
+			t.Errorf("%s: got %q, FORMAT.md says %q", row[0], got, want)
 		}
 	}
 }
