@@ -282,11 +282,21 @@ func newEntry(f *File) *entry {
 }
 
 // checkWriter asks whether the writer lives (at open and at listings); a
-// writer whose heartbeat is late is also checked for being a zombie.
+// writer whose heartbeat is late is also checked for being a zombie, at
+// most every zombieCheckInterval (a listing with many late writers must not
+// read /proc for each of them every time). A writer found gone stays gone:
+// its file is replaced by a rename (a new entry), never reused.
 func (e *entry) checkWriter(now uint64) {
+	if e.writer == Gone {
+		return
+	}
 	var heartbeat uint64 // 0 (late) when the mapping faults
 	e.file.m.guard(func() { heartbeat = e.file.m.load(HeartbeatOffset) })
-	e.writer = writerAlive(&e.file.header, age(now, heartbeat) > e.lateAfter)
+	zombieCheck := age(now, heartbeat) > e.lateAfter && now >= e.nextZombieCheck
+	e.writer = writerAlive(&e.file.header, zombieCheck)
+	if zombieCheck {
+		e.nextZombieCheck = now + uint64(zombieCheckInterval)
+	}
 }
 
 // clockAheadError is the per-engine error of a read that found a stamp too

@@ -432,9 +432,22 @@ impl Entry {
 
     /// Whether the writer lives, asked now (at open and at listings): a
     /// writer whose heartbeat is late is also checked for being a zombie.
+    ///
+    /// A writer found gone stays gone: its file is replaced by a rename (a
+    /// new inode, a new entry), never reused, and a zombie that is reaped
+    /// answers `ESRCH`. The `/proc` lookup keeps its 100 ms interval here
+    /// too, so a listing with many late writers does not read `/proc` for
+    /// each of them every time.
     fn check_writer(&mut self, now: u64) {
+        if self.writer_alive == Some(false) {
+            return;
+        }
         let late = now.saturating_sub(self.file.heartbeat_mono_ns()) > self.late_after_ns;
-        self.writer_alive = writer_alive(self.file.header(), late);
+        let zombie_check = late && now >= self.next_zombie_check_ns;
+        self.writer_alive = writer_alive(self.file.header(), zombie_check);
+        if zombie_check {
+            self.next_zombie_check_ns = now + ZOMBIE_CHECK_INTERVAL_NS;
+        }
     }
 
     #[inline]
@@ -496,10 +509,17 @@ impl Entry {
             }
         }
         if let Some(seq) = torn_seq {
-            // Nothing will change while the writer is dead or silent; a
-            // writer that comes back stores a heartbeat or a sequence.
-            let stopped = self.writer_alive == Some(false) || heartbeat_ns > self.late_after_ns;
-            self.torn_words = stopped.then_some((seq, self.seen_heartbeat_ns));
+            // Nothing will change while the writer is dead or silent (a
+            // heartbeat ahead of the clock is silent too: its age floors at
+            // 0); a writer that comes back stores a heartbeat or a sequence.
+            // Only an odd (or zero) sequence is cached: with an even one the
+            // last attempt saw two different sequences, and the next read may
+            // well succeed on an unchanged file.
+            let stopped = self.writer_alive == Some(false)
+                || heartbeat_ns > self.late_after_ns
+                || ages.clock_ahead;
+            let stuck = seq % 2 == 1 || seq == 0;
+            self.torn_words = (stopped && stuck).then_some((seq, self.seen_heartbeat_ns));
         }
         let Ages {
             heartbeat_age,

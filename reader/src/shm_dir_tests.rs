@@ -337,15 +337,16 @@ fn reading_one_engine_of_a_vanished_directory_says_so() {
 /// Stores `value` into the sequence word of `path` (`pwrite`, as another
 /// process could).
 fn store_seq(path: &std::path::Path, value: u64) {
+    store_word(path, engine_state_shm_format::layout::SEQ_OFFSET, value);
+}
+
+fn store_word(path: &std::path::Path, offset: usize, value: u64) {
     use std::os::unix::fs::FileExt;
     std::fs::OpenOptions::new()
         .write(true)
         .open(path)
         .unwrap()
-        .write_all_at(
-            &value.to_le_bytes(),
-            engine_state_shm_format::layout::SEQ_OFFSET as u64,
-        )
+        .write_all_at(&value.to_le_bytes(), offset as u64)
         .unwrap();
 }
 
@@ -404,5 +405,33 @@ fn a_torn_file_of_a_silent_writer_is_not_spun_at_every_read() {
     store_seq(&path, 10);
     assert_ne!(read(&mut source), Status::Torn);
     assert_eq!(source.torn_spins(), before + 3);
+    drop(writer);
+}
+
+/// A torn file whose heartbeat is ahead of the clock (forged, or from another
+/// time namespace) is as silent as a late one: its age floors at 0, and
+/// without this it was spun at every read, forever, whatever its writer.
+#[test]
+fn a_torn_file_with_a_heartbeat_ahead_of_the_clock_is_not_spun_at_every_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let writer = ShmWriter::create(
+        dir.path(),
+        &EngineId::new("ahead").unwrap(),
+        &WriterOptions::default(),
+        &Snapshot::default(),
+    )
+    .unwrap();
+    let path = dir.path().join("ahead");
+    store_seq(&path, 7);
+    store_word(
+        &path,
+        engine_state_shm_format::layout::HEARTBEAT_OFFSET,
+        u64::MAX,
+    );
+    let mut source = ShmDir::open(dir.path(), fast()).unwrap();
+    for _ in 0..5 {
+        assert_eq!(source.read_engine("ahead").unwrap().status, Status::Torn);
+    }
+    assert_eq!(source.torn_spins(), 1, "spun once, then cached");
     drop(writer);
 }

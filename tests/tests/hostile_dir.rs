@@ -98,7 +98,9 @@ fn engine_lines(stdout: &str) -> Vec<&str> {
 fn fifo_and_symbolic_link_neither_hang_nor_escape_the_directory() {
     let dir = tempfile::tempdir().unwrap();
     let elsewhere = tempfile::tempdir().unwrap();
-    let _good = writer(dir.path(), "good");
+    // A plain writer has no heartbeat thread: stamped before each reader
+    // starts (a slow process start must not make it stale).
+    let good = writer(dir.path(), "good");
     let _outside = writer(elsewhere.path(), "outside");
     nix::unistd::mkfifo(
         &dir.path().join("x"),
@@ -132,6 +134,7 @@ fn fifo_and_symbolic_link_neither_hang_nor_escape_the_directory() {
         "{stderr}"
     );
 
+    good.stamp_heartbeat(monotonic_ns());
     let stdout = python_read_once(&uri);
     let engines = engine_lines(&stdout);
     assert_eq!(engines, ["engine good fresh"], "{stdout}");
@@ -155,7 +158,9 @@ fn fifo_and_symbolic_link_neither_hang_nor_escape_the_directory() {
 #[test]
 fn stamps_ahead_of_the_clock_never_read_fresh() {
     let dir = tempfile::tempdir().unwrap();
-    let _good = writer(dir.path(), "good");
+    // A plain writer has no heartbeat thread: stamped before each reader
+    // starts (a slow process start must not make it stale).
+    let good = writer(dir.path(), "good");
     let hour = 3_600_000_000_000;
     let now = monotonic_ns();
     let mut writers = Vec::new();
@@ -178,6 +183,7 @@ fn stamps_ahead_of_the_clock_never_read_fresh() {
     }
     let uri = format!("file://{}", dir.path().display());
 
+    good.stamp_heartbeat(monotonic_ns());
     let (json, stderr) = esdump_json(&uri);
     let status = |id: &str| {
         json.as_array()
@@ -200,6 +206,7 @@ fn stamps_ahead_of_the_clock_never_read_fresh() {
         "{stderr}"
     );
 
+    good.stamp_heartbeat(monotonic_ns());
     let stdout = python_read_once(&uri);
     let engines = engine_lines(&stdout);
     assert_eq!(
@@ -542,6 +549,43 @@ fn esdump_watch_survives_its_directory_disappearing() {
             last_frame().contains("comes-back")
         },
         "the engine on screen again",
+    );
+}
+
+/// The same with `--json`: standard output stays a stream of JSON documents
+/// (no screen codes in it), and the error goes to standard error.
+#[test]
+fn esdump_watch_json_reports_a_vanished_directory_on_stderr() {
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join("state");
+    std::fs::create_dir(&dir).unwrap();
+    let uri = format!("file://{}", dir.display());
+    let writer = espublish(&uri, "comes-back");
+    let out_path = base.path().join("out");
+    let err_path = base.path().join("err");
+    let mut esdump = Proc::spawn(
+        Command::new(bin("esdump"))
+            .args(["--watch", "--json", "--interval", "20", "--uri", &uri])
+            .stdout(std::fs::File::create(&out_path).unwrap())
+            .stderr(std::fs::File::create(&err_path).unwrap()),
+    );
+    let read = |path: &std::path::Path| std::fs::read_to_string(path).unwrap_or_default();
+    wait_for(
+        || read(&out_path).contains("comes-back"),
+        "the engine in the JSON",
+    );
+    drop(writer);
+    std::fs::remove_dir_all(&dir).unwrap();
+    wait_for(
+        || {
+            running(&mut esdump, "esdump --watch --json");
+            read(&err_path).contains("cannot read it now (still watching)")
+        },
+        "esdump saying on stderr that the directory cannot be read",
+    );
+    assert!(
+        !read(&out_path).contains('\x1b'),
+        "no terminal codes in the JSON stream"
     );
 }
 

@@ -59,16 +59,26 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Res
                 return Err(e.into());
             }
             // The directory may be gone for a moment (a cleanup, a tmpfs
-            // remount, a redeploy): say so on the screen and keep watching;
-            // the engines show again once it is back.
-            write!(
-                out,
-                "\x1b[H\x1b[2J{}  every {} ms  (Ctrl-C to quit)\n\nesdump: cannot read it now \
+            // remount, a redeploy): say so and keep watching; the engines
+            // show again once it is back. With --json the output is a stream
+            // of JSON documents: the error goes to stderr, no screen codes.
+            let text = e.to_string();
+            let message = engine_state_reader::printable(&text);
+            if args.json {
+                writeln!(
+                    err,
+                    "esdump: cannot read it now (still watching): {message}"
+                )?;
+            } else {
+                write!(
+                    out,
+                    "\x1b[H\x1b[2J{}  every {} ms  (Ctrl-C to quit)\n\nesdump: cannot read it now \
                  (still watching): {}\n",
-                source.uri(),
-                args.interval,
-                engine_state_reader::printable(&e.to_string())
-            )?;
+                    source.uri(),
+                    args.interval,
+                    message
+                )?;
+            }
         } else if args.json {
             let text = serde_json::to_string_pretty(&reading.engines).context("encoding JSON")?;
             writeln!(out, "{text}")?;
