@@ -382,8 +382,8 @@ fn poke_seq(path: &std::path::Path, value: u64) {
 /// A stray odd (or smaller even) value stored into a live file's sequence
 /// word: readers see the file torn (or an old snapshot as new). Its
 /// writer's check says it is not in place — at once when the value is
-/// beyond any it stored, at the second check when it is the odd value of
-/// a publish in progress — and a publish that finds it says so as well;
+/// beyond any it stored or when it is odd while no publish is in progress
+/// — and a publish that finds it says so as well;
 /// `create_after` renames a readable new generation over it.
 #[test]
 fn stray_store_into_a_live_files_sequence_is_not_in_place() {
@@ -400,14 +400,15 @@ fn stray_store_into_a_live_files_sequence_is_not_in_place() {
     assert_eq!(reader.read().unwrap_err().last_seq, 7, "torn for readers");
     assert!(!beat.in_place(), "a sequence the writer never stored");
 
-    // The odd value of a publish in progress: told apart at the next check.
+    // The odd value a publish would store, while none is in progress:
+    // told apart at the first check, by any handle.
     let writer2 =
         ShmWriter::create_after(&beat, &WriterOptions::default(), &Snapshot::default()).unwrap();
     drop(writer);
     let beat = writer2.heartbeat();
-    poke_seq(&path, 1);
-    assert!(beat.in_place(), "could be a publish in progress");
-    assert!(!beat.in_place(), "the same odd value one check later");
+    poke_seq(&path, 1); // its sequence is 2: a publish would store 1, 4
+    assert!(!beat.in_place(), "odd while no publish is in progress");
+    assert!(!beat.clone().in_place(), "and at every check");
 
     // A publish that finds a value it did not store reports it, and leaves
     // the word even (readable) until the file is replaced.
@@ -428,6 +429,22 @@ fn stray_store_into_a_live_files_sequence_is_not_in_place() {
         again.generation()
     );
     drop(writer3);
+}
+
+/// A publish held between its odd and its final store (its thread
+/// preempted on a loaded host) for many checks, by several handles, is a
+/// publish in progress, not a stray value: the file stays in place.
+#[test]
+fn publish_held_mid_write_is_not_a_stray_sequence() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut writer = create(dir.path(), "held");
+    let beat = writer.heartbeat();
+    let other = beat.clone();
+    writer.publish(&Snapshot::default()).unwrap(); // seq 4
+    writer.begin_publish_for_test(); // seq 5, the final store not done yet
+    for _ in 0..10 {
+        assert!(beat.in_place() && other.in_place(), "a publish in progress");
+    }
 }
 
 /// A live writer's directory swapped for a symbolic link to elsewhere: the

@@ -103,10 +103,12 @@ struct SeqRecord {
     /// Set by a publish that found in the word a value this writer did not
     /// store there.
     foreign: AtomicBool,
-    /// The odd sequence the last check found (0: none): a publish in
-    /// progress lasts nanoseconds, so the same odd value at two checks,
-    /// periods apart, was not stored by a publish.
-    odd_seen: AtomicU64,
+    /// The final sequence of the last publish that completed (stored by
+    /// `publish` after its final store into the word): an odd sequence
+    /// `target - 1` while this is below `target` is a publish in progress
+    /// (however long its thread was preempted), and the same odd value
+    /// once this is `target` was stored by someone else.
+    done: AtomicU64,
 }
 
 impl SeqRecord {
@@ -114,7 +116,7 @@ impl SeqRecord {
         SeqRecord {
             target: AtomicU64::new(seq),
             foreign: AtomicBool::new(false),
-            odd_seen: AtomicU64::new(0),
+            done: AtomicU64::new(seq),
         }
     }
 }
@@ -184,9 +186,9 @@ impl Heartbeat {
     /// bytes, and one truncated to any size and grown back has lost part of
     /// what was written at creation), or when its sequence word holds a
     /// value this writer did not store (see [`Heartbeat::seq_is_ours`]).
-    /// One `lstat` and about twenty loads; for a heartbeat thread, every
-    /// few periods (a stray odd sequence is told from a publish in progress
-    /// at the second check that sees it).
+    /// One `lstat` and about twenty loads, for a heartbeat thread every few
+    /// periods. Any number of handles may check at once: a check stores
+    /// nothing.
     pub fn in_place(&self) -> bool {
         // `lstat`, not `stat`: a link to this very file has its own inode.
         let Ok(meta) = std::fs::symlink_metadata(&self.path) else {
@@ -206,14 +208,19 @@ impl Heartbeat {
 
     /// Whether the sequence word holds a value this writer stored: at least
     /// the last one it completed before the publish in progress (if any),
-    /// at most that publish's final one, not the same odd value as at the
-    /// previous check, and no publish found a value it did not store.
+    /// at most that publish's final one, odd only while that publish is in
+    /// progress, and no publish found a value it did not store.
     fn seq_is_ours(&self) -> bool {
         let record = &*self.seq_record;
         // Relaxed: set by `publish`, read on its own.
         if record.foreign.load(Ordering::Relaxed) {
             return false;
         }
+        // First, before the word: Acquire pairs with the Release store of
+        // `done` in `publish`, which follows that publish's final store
+        // into the word, so if this sees `done == target` the load of the
+        // word below sees that final store (or a later publish's stores).
+        let done = record.done.load(Ordering::Acquire);
         // Acquire: pairs with the Release store of `target` in `publish`,
         // which follows the previous publish's final store of `target - 2`
         // into the word: the load below sees that store or a later one.
@@ -223,16 +230,14 @@ impl Heartbeat {
         // `target` and that publish's stores into the word: if the load
         // above saw one of those, the load below sees its `target`.
         fence(Ordering::Acquire);
-        let high = self.seq_record.target.load(Ordering::Relaxed);
+        let high = record.target.load(Ordering::Relaxed);
         if seq == 0 || seq < low || seq > high {
             return false;
         }
-        // Relaxed: only heartbeat threads use it (one at a time: the
-        // publisher's).
-        let before = record
-            .odd_seen
-            .swap(if seq % 2 == 1 { seq } else { 0 }, Ordering::Relaxed);
-        seq % 2 == 0 || before != seq
+        // The only odd value in range is `high - 1`: ours while the publish
+        // of `high` has not completed (`done` loaded before the word, so a
+        // publish that completes meanwhile still counts as in progress).
+        seq % 2 == 0 || done != high
     }
 
     /// Whether the mapping still holds what this writer wrote at creation
@@ -457,8 +462,24 @@ impl ShmWriter {
         // `target` too. (No instruction on x86.)
         fence(Ordering::Release);
         seqlock::write_after(seq, self.map.words(PAYLOAD_OFFSET), &words, self.seq);
+        // Release: pairs with the Acquire load of `done` in
+        // `Heartbeat::seq_is_ours` (the final store into the word came
+        // before): from now on an odd `target - 1` in the word is not ours.
+        self.seq_record.done.store(target, Ordering::Release);
         self.seq = target;
         Ok(())
+    }
+
+    /// The first half of `publish`, as a publishing thread preempted
+    /// between its odd and its final store leaves the file.
+    #[cfg(test)]
+    pub(crate) fn begin_publish_for_test(&mut self) {
+        let target = self.seq.wrapping_add(2);
+        self.seq_record.target.store(target, Ordering::Release);
+        fence(Ordering::Release);
+        self.map
+            .word(SEQ_OFFSET)
+            .store(self.seq.wrapping_add(1), Ordering::Relaxed);
     }
 
     /// Stores `mono_ns` as the heartbeat (a publish is a sign of life too).
