@@ -364,10 +364,15 @@ fn dead_writers_file_of_the_wrong_size_is_taken_over() {
     assert!(matches!(err, Error::NotEngineState { .. }), "{err:?}");
 }
 
-/// Stores `value` into the sequence word of the file at `path` through a
-/// writable mapping of its own, as a stray 8-byte write of another process
-/// would.
+/// Stores `value` into the sequence word of the file at `path` (see [`poke`]).
 fn poke_seq(path: &std::path::Path, value: u64) {
+    poke(path, crate::layout::SEQ_OFFSET, value)
+}
+
+/// Stores `value` into the word at `offset` of the file at `path` through
+/// a writable mapping of its own, as a stray 8-byte write of another
+/// process would.
+fn poke(path: &std::path::Path, offset: usize, value: u64) {
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -375,7 +380,7 @@ fn poke_seq(path: &std::path::Path, value: u64) {
         .unwrap();
     crate::mapping::Mapping::read_write(&file, path)
         .unwrap()
-        .word(crate::layout::SEQ_OFFSET)
+        .word(offset)
         .store(value, std::sync::atomic::Ordering::Relaxed);
 }
 
@@ -429,6 +434,21 @@ fn stray_store_into_a_live_files_sequence_is_not_in_place() {
         again.generation()
     );
     drop(writer3);
+}
+
+/// A stray store of a future value into an idle engine's heartbeat word
+/// (readers call it clock_ahead, never fresh) is overwritten by the next
+/// beat, even one that leaves a young stamp alone.
+#[test]
+fn future_heartbeat_is_overwritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ahead");
+    let writer = create(dir.path(), "ahead");
+    let beat = writer.heartbeat();
+    poke(&path, crate::layout::HEARTBEAT_OFFSET, u64::MAX);
+    assert!(beat.beat_unless_younger(std::time::Duration::from_secs(3600)));
+    let stamp = ShmFile::open(&path).unwrap().heartbeat_mono_ns();
+    assert!(stamp <= crate::monotonic_ns(), "not overwritten: {stamp}");
 }
 
 /// A publish held between its odd and its final store (its thread

@@ -157,7 +157,8 @@ impl Heartbeat {
     /// younger than `max_age` (a publish stamped it): a heartbeat thread that
     /// ticks every period then leaves a busy engine's stamp to its publishes,
     /// and relays see one change per publish instead of two, while the stamp
-    /// never gets much older than `max_age` plus one tick.
+    /// never gets much older than `max_age` plus one tick. A stamp in the
+    /// future (stored by another process) is overwritten whatever `max_age`.
     pub fn beat_unless_younger(&self, max_age: std::time::Duration) -> bool {
         if fork_generation() != self.fork_generation {
             return false;
@@ -173,7 +174,10 @@ impl Heartbeat {
         let now = monotonic_ns();
         // Readers load it Relaxed; it carries no other data, and only this
         // process stores it (publish and the heartbeat thread): Relaxed.
-        if now.saturating_sub(word.load(Ordering::Relaxed)) >= max_age.as_nanos() as u64 {
+        let last = word.load(Ordering::Relaxed);
+        // A stamp ahead of our clock was not ours (a stray store): readers
+        // call it clock_ahead, never fresh, so it is overwritten at once.
+        if last > now || now - last >= max_age.as_nanos() as u64 {
             word.store(now, Ordering::Relaxed);
         }
         true
