@@ -505,6 +505,17 @@ fn directory_swapped_for_a_symbolic_link_is_not_written_through() {
     let again =
         ShmWriter::create_after(&beat, &WriterOptions::default(), &Snapshot::default()).unwrap();
     assert!(again.heartbeat().in_place());
+    drop(again);
+
+    // Configured as `link/`: `lstat` of that follows the link, yet it is the
+    // same configured link as the file path's parent `link`.
+    let slashed = std::path::PathBuf::from(format!("{}/", link.display()));
+    let linked = create(&slashed, "slashed");
+    let beat = linked.heartbeat();
+    set_len(&elsewhere.path().join("slashed"), 0);
+    let again =
+        ShmWriter::create_after(&beat, &WriterOptions::default(), &Snapshot::default()).unwrap();
+    assert!(again.heartbeat().in_place());
     drop(writer);
 }
 

@@ -666,9 +666,12 @@ fn header_generation(file: &File) -> Option<u64> {
     (read == HEADER_SIZE && header.magic == MAGIC).then_some(header.generation)
 }
 
-/// Whether `path` itself is a symbolic link (`lstat`).
+/// Whether `path` itself is a symbolic link (`lstat`). Trailing slashes are
+/// dropped first: `lstat("link/")` follows the link, and a directory given
+/// as `link/` at creation must read as the same link that `create_after`
+/// later checks as the file path's parent (`link`).
 fn is_link(path: &Path) -> bool {
-    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
+    std::fs::symlink_metadata(path.components().as_path()).is_ok_and(|m| m.file_type().is_symlink())
 }
 
 fn tmp_path(dir: &Path, engine_id: &EngineId) -> PathBuf {
