@@ -540,3 +540,65 @@ fn sockets_and_device_nodes_are_refused_without_an_open() {
         "{err}"
     );
 }
+
+/// The names of the entries of `dir` opened since `watch` (an inotify
+/// descriptor watching `dir` for `IN_OPEN`, non-blocking) was last read.
+fn opened_names(watch: &std::os::fd::OwnedFd) -> Vec<String> {
+    use std::os::fd::AsRawFd;
+    let mut buf = [0u8; 4096];
+    // SAFETY: `watch` is an open descriptor; `buf` is writable for its length.
+    let n = unsafe { nix::libc::read(watch.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+    let mut names = Vec::new();
+    let mut at = 0;
+    let header = std::mem::size_of::<nix::libc::inotify_event>();
+    while n > 0 && at + header <= n as usize {
+        // The event's `len` field: after wd, mask and cookie (u32 each).
+        let len = u32::from_ne_bytes(buf[at + 12..at + 16].try_into().unwrap()) as usize;
+        let name = &buf[at + header..at + header + len];
+        let name = name.split(|b| *b == 0).next().unwrap_or_default();
+        names.push(String::from_utf8_lossy(name).into_owned());
+        at += header + len;
+    }
+    names
+}
+
+/// A FIFO (standing in for a device node, whose open can have effects of
+/// its own) named after the engine id: the writer refuses it from an
+/// `lstat`, without opening it (an O_RDWR open of a FIFO succeeds).
+#[test]
+fn writer_refuses_a_fifo_without_opening_it() {
+    use std::os::fd::FromRawFd;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("eng");
+    nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    // SAFETY: no pointer arguments; the descriptor returned is checked and
+    // then owned by `watch` alone.
+    let watch = unsafe {
+        let fd = nix::libc::inotify_init1(nix::libc::IN_NONBLOCK | nix::libc::IN_CLOEXEC);
+        assert!(fd >= 0, "inotify_init1");
+        std::os::fd::OwnedFd::from_raw_fd(fd)
+    };
+    let dir_c = std::ffi::CString::new(dir.path().as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: `watch` is open; `dir_c` is a NUL-terminated path.
+    let wd = unsafe {
+        nix::libc::inotify_add_watch(
+            std::os::fd::AsRawFd::as_raw_fd(&watch),
+            dir_c.as_ptr(),
+            nix::libc::IN_OPEN,
+        )
+    };
+    assert!(wd >= 0, "inotify_add_watch");
+    let err = ShmWriter::create(
+        dir.path(),
+        &id("eng"),
+        &WriterOptions::default(),
+        &Snapshot::default(),
+    )
+    .unwrap_err();
+    let opened = opened_names(&watch);
+    assert!(!opened.iter().any(|n| n == "eng"), "opened: {opened:?}");
+    assert!(
+        err.to_string().starts_with("not a regular file (a FIFO): "),
+        "{err}"
+    );
+}

@@ -584,8 +584,11 @@ fn take_over(
     engine_id: &EngineId,
     own: Option<(u64, u64)>,
 ) -> Result<TakeOver, Error> {
-    // Like a reader (shm_file.rs): never follow a link out of the directory
-    // (retiring a file elsewhere), never block on a FIFO.
+    // Like a reader (shm_file.rs): never open what is no regular file (a
+    // device node's open can have effects of its own; a FIFO's O_RDWR open
+    // succeeds), never follow a link out of the directory (retiring a file
+    // elsewhere), never block on a FIFO swapped in after the `lstat`.
+    crate::shm_file::refuse_irregular_entry(path)?;
     let file = match OpenOptions::new()
         .read(true)
         .write(true)
@@ -603,6 +606,10 @@ fn take_over(
         Err(e) => return Err(Error::io("open", path, e)),
     };
     let opened = file.metadata().map_err(|e| Error::io("stat", path, e))?;
+    if !opened.is_file() {
+        // Swapped in between the `lstat` and the open.
+        return Err(crate::shm_file::refused(path, opened.file_type()));
+    }
     if own == Some((opened.dev(), opened.ino())) {
         // Locking it again would fail: our own writer holds the lock.
         return Ok(TakeOver::Own);
