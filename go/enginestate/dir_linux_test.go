@@ -171,11 +171,12 @@ func TestAFileTruncatedUnderTheMappingReadsTornThenWrongSize(t *testing.T) {
 	}
 }
 
-// A retired file replaced by a restarted engine's new file is read from
-// the new file at once, without waiting for a listing.
-func TestAReplacementOfARetiredFileIsPickedUp(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "retired")
+// openRetired opens a directory (no listings but the first) holding the
+// golden retired file as "retired", read once (Dead) at the manifest's now.
+func openRetired(t *testing.T) (dir, path string, d *Dir, now uint64) {
+	t.Helper()
+	dir = t.TempDir()
+	path = filepath.Join(dir, "retired")
 	mustWrite(t, path, vectorFile(t, "shm/retired.bin"))
 	opts := DefaultOptions()
 	opts.RescanInterval = time.Hour
@@ -183,12 +184,20 @@ func TestAReplacementOfARetiredFileIsPickedUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer d.Close()
-	now := loadManifest(t).NowMonoNs
+	t.Cleanup(func() { d.Close() })
+	now = loadManifest(t).NowMonoNs
 	var r Reading
 	if d.ReadAt(&r, now); len(r.Engines) != 1 || r.Engines[0].Status != Dead {
 		t.Fatalf("before: %+v", r)
 	}
+	return dir, path, d, now
+}
+
+// A retired file replaced by a restarted engine's new file is read from
+// the new file at once, without waiting for a listing.
+func TestAReplacementOfARetiredFileIsPickedUp(t *testing.T) {
+	_, path, d, now := openRetired(t)
+	var r Reading
 	next := activeFile(t, "retired")
 	binary.LittleEndian.PutUint64(next[48:], 2) // generation 2
 	mustWrite(t, path+".new", next)
@@ -205,21 +214,8 @@ func TestAReplacementOfARetiredFileIsPickedUp(t *testing.T) {
 // open can have effects of its own): the reader's reopen refuses it from an
 // lstat without opening it (a FIFO's non-blocking open would succeed).
 func TestAReplacementThatIsNoRegularFileIsNotOpened(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "retired")
-	mustWrite(t, path, vectorFile(t, "shm/retired.bin"))
-	opts := DefaultOptions()
-	opts.RescanInterval = time.Hour
-	d, err := OpenDir(dir, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	now := loadManifest(t).NowMonoNs
+	dir, path, d, now := openRetired(t)
 	var r Reading
-	if d.ReadAt(&r, now); len(r.Engines) != 1 || r.Engines[0].Status != Dead {
-		t.Fatalf("before: %+v", r)
-	}
 	if err := syscall.Mkfifo(path+".new", 0o600); err != nil {
 		t.Fatal(err)
 	}
