@@ -346,7 +346,8 @@ func (e *entry) read(dir string, now uint64, opts *Options, out *EngineState) {
 
 // reopenIfReplaced switches to the file now at the entry's path when it is
 // another inode of the same engine (never mixing two: each read comes from
-// one mapping). True when it switched.
+// one mapping). True when it switched. What is no regular file is refused
+// from OpenFile's lstat, never opened.
 func (e *entry) reopenIfReplaced(dir string, now uint64) bool {
 	if now < e.nextReopen {
 		return false

@@ -171,11 +171,12 @@ func TestAFileTruncatedUnderTheMappingReadsTornThenWrongSize(t *testing.T) {
 	}
 }
 
-// A retired file replaced by a restarted engine's new file is read from
-// the new file at once, without waiting for a listing.
-func TestAReplacementOfARetiredFileIsPickedUp(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "retired")
+// openRetired opens a directory (no listings but the first) holding the
+// golden retired file as "retired", read once (Dead) at the manifest's now.
+func openRetired(t *testing.T) (dir, path string, d *Dir, now uint64) {
+	t.Helper()
+	dir = t.TempDir()
+	path = filepath.Join(dir, "retired")
 	mustWrite(t, path, vectorFile(t, "shm/retired.bin"))
 	opts := DefaultOptions()
 	opts.RescanInterval = time.Hour
@@ -183,12 +184,20 @@ func TestAReplacementOfARetiredFileIsPickedUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer d.Close()
-	now := loadManifest(t).NowMonoNs
+	t.Cleanup(func() { d.Close() })
+	now = loadManifest(t).NowMonoNs
 	var r Reading
 	if d.ReadAt(&r, now); len(r.Engines) != 1 || r.Engines[0].Status != Dead {
 		t.Fatalf("before: %+v", r)
 	}
+	return dir, path, d, now
+}
+
+// A retired file replaced by a restarted engine's new file is read from
+// the new file at once, without waiting for a listing.
+func TestAReplacementOfARetiredFileIsPickedUp(t *testing.T) {
+	_, path, d, now := openRetired(t)
+	var r Reading
 	next := activeFile(t, "retired")
 	binary.LittleEndian.PutUint64(next[48:], 2) // generation 2
 	mustWrite(t, path+".new", next)
@@ -198,6 +207,53 @@ func TestAReplacementOfARetiredFileIsPickedUp(t *testing.T) {
 	if d.ReadAt(&r, now+uint64(time.Second)); len(r.Engines) != 1 || r.Engines[0].Status != Fresh ||
 		r.Engines[0].Generation != 2 {
 		t.Fatalf("after: %+v", r)
+	}
+}
+
+// A retired file replaced by a FIFO (standing in for a device node, whose
+// open can have effects of its own): the reader's reopen refuses it from an
+// lstat without opening it (a FIFO's non-blocking open would succeed).
+func TestAReplacementThatIsNoRegularFileIsNotOpened(t *testing.T) {
+	dir, path, d, now := openRetired(t)
+	var r Reading
+	if err := syscall.Mkfifo(path+".new", 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(path+".new", path); err != nil {
+		t.Fatal(err)
+	}
+	watch, err := syscall.InotifyInit1(syscall.IN_NONBLOCK | syscall.IN_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(watch)
+	if _, err := syscall.InotifyAddWatch(watch, dir, syscall.IN_OPEN); err != nil {
+		t.Fatal(err)
+	}
+	within(t, 10*time.Second, func() {
+		d.ReadAt(&r, now+uint64(time.Second))
+	})
+	var buf [4096]byte
+	n, _ := syscall.Read(watch, buf[:])
+	for at := 0; at+syscall.SizeofInotifyEvent <= n; {
+		ev := (*syscall.InotifyEvent)(unsafe.Pointer(&buf[at]))
+		name := buf[at+syscall.SizeofInotifyEvent : at+syscall.SizeofInotifyEvent+int(ev.Len)]
+		if strings.TrimRight(string(name), "\x00") == "retired" {
+			t.Fatalf("the FIFO was opened")
+		}
+		at += syscall.SizeofInotifyEvent + int(ev.Len)
+	}
+	// Socket: refused as what it is, not as an open's ENXIO.
+	sock := filepath.Join(dir, "sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	_, err = OpenFile(sock)
+	var e *Error
+	if !errors.As(err, &e) || e.Class != RefusedEntry || e.What != "not a regular file (a socket)" {
+		t.Errorf("socket: %v", err)
 	}
 }
 

@@ -50,7 +50,16 @@ func OpenFile(path string) (*File, error) {
 // with ELOOP instead of being followed out of the directory) and O_CLOEXEC,
 // then fstats the descriptor itself (not the path, which may have changed)
 // and refuses anything that is not a regular file.
+//
+// Before the open, an lstat refuses what is no regular file without opening
+// it (FORMAT.md): opening a device node can have effects of its own, and a
+// FIFO's open succeeds. (Swapped in between lstat and open, an entry is
+// still refused by the fstat.) Gone or unreadable: the open says which.
 func openRegular(path string) (int, error) {
+	var pre syscall.Stat_t
+	if syscall.Lstat(path, &pre) == nil && pre.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return -1, refusedMode(path, pre.Mode)
+	}
 	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0)
 	if errors.Is(err, syscall.ELOOP) {
 		return -1, &Error{Class: RefusedEntry, Name: path, What: "symbolic link, not followed"}
@@ -65,9 +74,17 @@ func openRegular(path string) (int, error) {
 	}
 	if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
 		syscall.Close(fd)
-		return -1, &Error{Class: RefusedEntry, Name: path, What: "not a regular file (" + kindName(st.Mode) + ")"}
+		return -1, refusedMode(path, st.Mode)
 	}
 	return fd, nil
+}
+
+// refusedMode is the refusal of an entry of mode that is no regular file.
+func refusedMode(path string, mode uint32) error {
+	if mode&syscall.S_IFMT == syscall.S_IFLNK {
+		return &Error{Class: RefusedEntry, Name: path, What: "symbolic link, not followed"}
+	}
+	return &Error{Class: RefusedEntry, Name: path, What: "not a regular file (" + kindName(mode) + ")"}
 }
 
 func kindName(mode uint32) string {

@@ -100,6 +100,15 @@ pub(crate) struct PipelineEncoder {
     /// settled: of the records written).
     pub(crate) sent: Vec<u64>,
     ownership: Ownership,
+    /// [`Ownership::Claimed`]: per engine, the identity of our last record
+    /// acknowledged as written. A delete claims it as well as the last one
+    /// queued: a pipeline whose replies were lost may not have written its
+    /// records, and its retry must still delete the record in the key (the
+    /// relay deletes its own record of an engine's previous run before the
+    /// new run's, which the owner check would otherwise refuse).
+    written: HashMap<Arc<str>, (u32, u64), foldhash::fast::RandomState>,
+    /// The engines deleted in the pipeline being built.
+    deleted: Vec<Arc<str>>,
     /// [`Ownership::Claimed`]: how long a key stays held.
     hold_for: Duration,
     /// Per owner-checked `SET` in `request`, what [`Self::settle_claims`]
@@ -118,6 +127,8 @@ struct Claim {
     /// Its record's index in `sent`.
     sent: usize,
     engine: Arc<str>,
+    /// Its record's (`writer_pid`, `generation`).
+    identity: (u32, u64),
     /// Through [`SET_IF_OWNER_SCRIPT`] (else a plain `SET` of a held key).
     scripted: bool,
 }
@@ -171,6 +182,8 @@ impl PipelineEncoder {
             ownership,
             hold_for: hold_for(target.ttl(), target.timeout()),
             claims: Vec::new(),
+            written: HashMap::default(),
+            deleted: Vec::new(),
             began: Instant::now(),
             began_mono_ns: 0,
         }
@@ -196,6 +209,10 @@ impl PipelineEncoder {
         target: &RedisTarget,
         stats: &SinkStats,
     ) {
+        // Acknowledged: the records of these are gone (or another writer's).
+        for id in self.deleted.drain(..) {
+            self.written.remove(&id);
+        }
         if self.claims.is_empty() {
             return;
         }
@@ -231,6 +248,7 @@ impl PipelineEncoder {
                 }
                 None => {
                     key.held_since = Some(self.began);
+                    self.written.insert(claim.engine.clone(), claim.identity);
                     if key.refused {
                         crate::log::warn(format_args!(
                             "engine-state: engine id {id:?}: the other writer's key is gone \
@@ -253,6 +271,7 @@ impl PipelineEncoder {
         self.commands = 0;
         self.sent.clear();
         self.claims.clear();
+        self.deleted.clear();
         self.began = Instant::now();
         self.began_mono_ns = monotonic_ns();
     }
@@ -307,6 +326,7 @@ impl PipelineEncoder {
                 command: self.commands,
                 sent: self.sent.len(),
                 engine: id.clone(),
+                identity: key.identity,
                 scripted,
             });
         }
@@ -343,48 +363,57 @@ impl PipelineEncoder {
     fn push_delete(&mut self, id: &Arc<str>) {
         let key = engine_key(&self.prefix, id);
         let state = self.engines.remove(id);
-        let mine = match &self.ownership {
-            Ownership::Unchecked => None,
-            Ownership::EveryWrite(owner) => Some(*owner),
-            Ownership::Claimed => match state {
-                Some(state) => Some(
-                    RedisRecord {
-                        writer_pid: state.identity.0,
-                        generation: state.identity.1,
-                        ..RedisRecord::default()
-                    }
-                    .encode(),
-                ),
-                // Nothing of this engine went through this encoder (its
-                // records were replaced by the delete before a connection
-                // was up): there is no key of ours to delete, and another
-                // writer's must stay. A key of an earlier run expires.
-                None => return,
-            },
+        self.deleted.push(id.clone());
+        let as_record = |(writer_pid, generation): (u32, u64)| {
+            RedisRecord {
+                writer_pid,
+                generation,
+                ..RedisRecord::default()
+            }
+            .encode()
         };
-        match mine {
-            Some(mine) => {
-                // Only our key: another writer's stays.
-                redis::cmd("EVAL")
-                    .arg(DELETE_IF_OWNER_SCRIPT)
-                    .arg(2)
-                    .arg(&key)
-                    .arg(&self.registry)
-                    .arg(&mine[..])
-                    .arg(&**id)
-                    .write_packed_command(&mut self.request);
-                self.commands += 1;
+        // Whose record may be deleted: ours only (another writer's stays).
+        let mut mine = [None, None];
+        match &self.ownership {
+            Ownership::Unchecked => {}
+            Ownership::EveryWrite(owner) => mine[0] = Some(*owner),
+            Ownership::Claimed => {
+                // The last record queued, and the last one acknowledged
+                // (see `written`) when it is another. Neither: nothing of
+                // this engine went through this encoder (its records were
+                // replaced by the delete before a connection was up): there
+                // is no key of ours to delete, and another writer's must
+                // stay. A key of an earlier run expires.
+                let queued = state.map(|state| state.identity);
+                let written = self.written.get(id).copied().filter(|w| Some(*w) != queued);
+                if queued.is_none() && written.is_none() {
+                    return;
+                }
+                mine = [queued.map(as_record), written.map(as_record)];
             }
-            None => {
-                redis::cmd("DEL")
-                    .arg(&key)
-                    .write_packed_command(&mut self.request);
-                redis::cmd("SREM")
-                    .arg(&self.registry)
-                    .arg(&**id)
-                    .write_packed_command(&mut self.request);
-                self.commands += 2;
-            }
+        }
+        if mine == [None, None] {
+            redis::cmd("DEL")
+                .arg(&key)
+                .write_packed_command(&mut self.request);
+            redis::cmd("SREM")
+                .arg(&self.registry)
+                .arg(&**id)
+                .write_packed_command(&mut self.request);
+            self.commands += 2;
+            return;
+        }
+        for mine in mine.into_iter().flatten() {
+            // Only our key: another writer's stays.
+            redis::cmd("EVAL")
+                .arg(DELETE_IF_OWNER_SCRIPT)
+                .arg(2)
+                .arg(&key)
+                .arg(&self.registry)
+                .arg(&mine[..])
+                .arg(&**id)
+                .write_packed_command(&mut self.request);
+            self.commands += 1;
         }
     }
 }

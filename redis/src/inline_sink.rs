@@ -13,7 +13,10 @@
 //! While Redis is unreachable the newest op per engine is kept (bounded by
 //! the number of engines) and written as one pipeline once a connection is
 //! back; ops of a pipeline whose replies failed are kept the same way unless
-//! a newer op for the engine replaced them.
+//! a newer op for the engine replaced them. A delete followed by a record
+//! (the relay's delete of its own old record before a new run of the engine
+//! takes the key over) is kept as both, in that order: the record alone
+//! would meet the relay's old record in the owner check.
 //!
 //! [`InlineSink::owner_checked`] makes it respect other writers of an
 //! engine id (a direct publisher of the same id): it claims each key with
@@ -31,6 +34,7 @@ use crate::encoder::{hold_for, Ownership, PipelineEncoder};
 use crate::error::Error;
 use crate::ops::{AckLagObserver, SinkOp};
 use crate::replies::check_replies;
+use crate::schema::RedisRecord;
 use crate::stats::{acknowledged, SinkStats};
 use crate::target::RedisTarget;
 
@@ -47,8 +51,8 @@ pub struct InlineSink {
     /// No attempt before this.
     next_attempt: Instant,
     backoff: Backoff,
-    /// Ops not yet written (no connection), newest per engine.
-    pending: HashMap<Arc<str>, SinkOp>,
+    /// Ops not yet written (no connection), per engine.
+    pending: HashMap<Arc<str>, Pending>,
     /// The pipeline sent and not yet acknowledged: its ops and its command
     /// count (the encoder keeps the rest until the next pipeline begins,
     /// which is after these replies are collected).
@@ -146,9 +150,11 @@ impl InlineSink {
         self.encoder.begin();
         // Kept records first, so that a newer op of the same engine in `ops`
         // is written after them.
-        for (id, op) in std::mem::take(&mut self.pending) {
-            self.encoder.push(&id, &op);
-            self.in_flight.push((id, op));
+        for (id, pending) in std::mem::take(&mut self.pending) {
+            for op in pending.ops() {
+                self.encoder.push(&id, &op);
+                self.in_flight.push((id.clone(), op));
+            }
         }
         for (id, op) in ops.iter() {
             self.encoder.push(id, op);
@@ -245,20 +251,22 @@ impl InlineSink {
         self.next_attempt = Instant::now() + self.backoff.failed();
     }
 
-    /// Keeps `ops` for later; each replaces what is pending for its engine.
+    /// Keeps `ops` for later, each after what is pending for its engine
+    /// (see [`Pending::then`]).
     fn keep(&mut self, ops: impl IntoIterator<Item = (Arc<str>, SinkOp)>) {
         for (id, op) in ops {
-            if self.pending.insert(id, op).is_some() {
+            if self.pending.entry(id).or_default().then(op) {
                 self.stats.replaced.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
 
     /// Keeps `ops` (oldest first; an engine may appear more than once) for
-    /// later: per engine the newest of them, unless a newer op is pending.
+    /// later, before what is pending for their engine (see
+    /// [`Pending::before`]).
     fn keep_older(&mut self, ops: Vec<(Arc<str>, SinkOp)>) {
         for (id, op) in ops.into_iter().rev() {
-            self.pending.entry(id).or_insert(op);
+            self.pending.entry(id).or_default().before(op);
         }
     }
 
@@ -302,10 +310,111 @@ impl InlineSink {
     }
 }
 
+/// What is kept for one engine: a delete, then a record (either, both, in
+/// that order). A record after a delete does not replace it: the relay
+/// deletes its own record of an engine's previous run before writing the
+/// new run's, and the owner check would take that old record for another
+/// live writer's.
+#[derive(Debug, Default, PartialEq)]
+struct Pending {
+    delete: bool,
+    set: Option<RedisRecord>,
+}
+
+impl Pending {
+    /// `op` after what is pending; true when it replaced something. A
+    /// delete replaces a pending record; a record replaces a pending record
+    /// and stays after a pending delete.
+    fn then(&mut self, op: SinkOp) -> bool {
+        let had = self.delete || self.set.is_some();
+        match op {
+            SinkOp::Delete => {
+                self.delete = true;
+                self.set = None;
+            }
+            SinkOp::Set(record) => self.set = Some(record),
+        }
+        had
+    }
+
+    /// `op` before what is pending (an op of a failed pipeline, older than
+    /// those kept since): a delete goes first; a record only when nothing
+    /// newer is pending.
+    fn before(&mut self, op: SinkOp) {
+        match op {
+            SinkOp::Delete => self.delete = true,
+            SinkOp::Set(record) if !self.delete && self.set.is_none() => self.set = Some(record),
+            SinkOp::Set(_) => {}
+        }
+    }
+
+    /// The ops to write, in order.
+    fn ops(self) -> impl Iterator<Item = SinkOp> {
+        self.delete
+            .then_some(SinkOp::Delete)
+            .into_iter()
+            .chain(self.set.map(SinkOp::Set))
+    }
+}
+
 impl Drop for InlineSink {
     fn drop(&mut self) {
         // A connection attempt in progress ends within the network timeout;
         // nobody waits for it.
         drop(self.connecting.take());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(heartbeat_seq: u64) -> RedisRecord {
+        RedisRecord {
+            heartbeat_seq,
+            ..RedisRecord::default()
+        }
+    }
+
+    fn ops(pending: Pending) -> Vec<SinkOp> {
+        pending.ops().collect()
+    }
+
+    /// The relay's delete of its own old record, then the new run's record,
+    /// submitted while Redis is down: both are written, in that order (the
+    /// record alone replaced the delete, and the owner check then met the
+    /// relay's old record).
+    #[test]
+    fn a_delete_then_a_record_kept_during_an_outage_are_both_written() {
+        let mut pending = Pending::default();
+        assert!(!pending.then(SinkOp::Set(record(1))));
+        assert!(pending.then(SinkOp::Delete));
+        assert!(pending.then(SinkOp::Set(record(2))));
+        assert!(pending.then(SinkOp::Set(record(3))));
+        assert_eq!(ops(pending), [SinkOp::Delete, SinkOp::Set(record(3))]);
+
+        // A later delete drops the record, not the delete.
+        let mut pending = Pending::default();
+        pending.then(SinkOp::Delete);
+        pending.then(SinkOp::Set(record(1)));
+        pending.then(SinkOp::Delete);
+        assert_eq!(ops(pending), [SinkOp::Delete]);
+    }
+
+    /// A failed pipeline's delete and record go back before what was kept
+    /// since: the delete first, the record only if nothing newer is kept.
+    #[test]
+    fn a_failed_pipelines_delete_and_record_are_kept_in_order() {
+        let mut pending = Pending::default();
+        // `keep_older` walks the failed pipeline newest first.
+        pending.before(SinkOp::Set(record(2)));
+        pending.before(SinkOp::Delete);
+        assert_eq!(ops(pending), [SinkOp::Delete, SinkOp::Set(record(2))]);
+
+        let mut pending = Pending::default();
+        pending.then(SinkOp::Set(record(3)));
+        pending.before(SinkOp::Set(record(2)));
+        pending.before(SinkOp::Delete);
+        assert_eq!(ops(pending), [SinkOp::Delete, SinkOp::Set(record(3))]);
     }
 }

@@ -364,10 +364,15 @@ fn dead_writers_file_of_the_wrong_size_is_taken_over() {
     assert!(matches!(err, Error::NotEngineState { .. }), "{err:?}");
 }
 
-/// Stores `value` into the sequence word of the file at `path` through a
-/// writable mapping of its own, as a stray 8-byte write of another process
-/// would.
+/// Stores `value` into the sequence word of the file at `path` (see [`poke`]).
 fn poke_seq(path: &std::path::Path, value: u64) {
+    poke(path, crate::layout::SEQ_OFFSET, value)
+}
+
+/// Stores `value` into the word at `offset` of the file at `path` through
+/// a writable mapping of its own, as a stray 8-byte write of another
+/// process would.
+fn poke(path: &std::path::Path, offset: usize, value: u64) {
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -375,15 +380,15 @@ fn poke_seq(path: &std::path::Path, value: u64) {
         .unwrap();
     crate::mapping::Mapping::read_write(&file, path)
         .unwrap()
-        .word(crate::layout::SEQ_OFFSET)
+        .word(offset)
         .store(value, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// A stray odd (or smaller even) value stored into a live file's sequence
 /// word: readers see the file torn (or an old snapshot as new). Its
 /// writer's check says it is not in place — at once when the value is
-/// beyond any it stored, at the second check when it is the odd value of
-/// a publish in progress — and a publish that finds it says so as well;
+/// beyond any it stored or when it is odd while no publish is in progress
+/// — and a publish that finds it says so as well;
 /// `create_after` renames a readable new generation over it.
 #[test]
 fn stray_store_into_a_live_files_sequence_is_not_in_place() {
@@ -400,14 +405,15 @@ fn stray_store_into_a_live_files_sequence_is_not_in_place() {
     assert_eq!(reader.read().unwrap_err().last_seq, 7, "torn for readers");
     assert!(!beat.in_place(), "a sequence the writer never stored");
 
-    // The odd value of a publish in progress: told apart at the next check.
+    // The odd value a publish would store, while none is in progress:
+    // told apart at the first check, by any handle.
     let writer2 =
         ShmWriter::create_after(&beat, &WriterOptions::default(), &Snapshot::default()).unwrap();
     drop(writer);
     let beat = writer2.heartbeat();
-    poke_seq(&path, 1);
-    assert!(beat.in_place(), "could be a publish in progress");
-    assert!(!beat.in_place(), "the same odd value one check later");
+    poke_seq(&path, 1); // its sequence is 2: a publish would store 1, 4
+    assert!(!beat.in_place(), "odd while no publish is in progress");
+    assert!(!beat.clone().in_place(), "and at every check");
 
     // A publish that finds a value it did not store reports it, and leaves
     // the word even (readable) until the file is replaced.
@@ -428,6 +434,37 @@ fn stray_store_into_a_live_files_sequence_is_not_in_place() {
         again.generation()
     );
     drop(writer3);
+}
+
+/// A stray store of a future value into an idle engine's heartbeat word
+/// (readers call it clock_ahead, never fresh) is overwritten by the next
+/// beat, even one that leaves a young stamp alone.
+#[test]
+fn future_heartbeat_is_overwritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ahead");
+    let writer = create(dir.path(), "ahead");
+    let beat = writer.heartbeat();
+    poke(&path, crate::layout::HEARTBEAT_OFFSET, u64::MAX);
+    assert!(beat.beat_unless_younger(std::time::Duration::from_secs(3600)));
+    let stamp = ShmFile::open(&path).unwrap().heartbeat_mono_ns();
+    assert!(stamp <= crate::monotonic_ns(), "not overwritten: {stamp}");
+}
+
+/// A publish held between its odd and its final store (its thread
+/// preempted on a loaded host) for many checks, by several handles, is a
+/// publish in progress, not a stray value: the file stays in place.
+#[test]
+fn publish_held_mid_write_is_not_a_stray_sequence() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut writer = create(dir.path(), "held");
+    let beat = writer.heartbeat();
+    let other = beat.clone();
+    writer.publish(&Snapshot::default()).unwrap(); // seq 4
+    writer.begin_publish_for_test(); // seq 5, the final store not done yet
+    for _ in 0..10 {
+        assert!(beat.in_place() && other.in_place(), "a publish in progress");
+    }
 }
 
 /// A live writer's directory swapped for a symbolic link to elsewhere: the
@@ -468,6 +505,17 @@ fn directory_swapped_for_a_symbolic_link_is_not_written_through() {
     let again =
         ShmWriter::create_after(&beat, &WriterOptions::default(), &Snapshot::default()).unwrap();
     assert!(again.heartbeat().in_place());
+    drop(again);
+
+    // Configured as `link/`: `lstat` of that follows the link, yet it is the
+    // same configured link as the file path's parent `link`.
+    let slashed = std::path::PathBuf::from(format!("{}/", link.display()));
+    let linked = create(&slashed, "slashed");
+    let beat = linked.heartbeat();
+    set_len(&elsewhere.path().join("slashed"), 0);
+    let again =
+        ShmWriter::create_after(&beat, &WriterOptions::default(), &Snapshot::default()).unwrap();
+    assert!(again.heartbeat().in_place());
     drop(writer);
 }
 
@@ -489,6 +537,68 @@ fn sockets_and_device_nodes_are_refused_without_an_open() {
     let err = ShmFile::open("/dev/null").unwrap_err().to_string();
     assert!(
         err.starts_with("not a regular file (a character device): "),
+        "{err}"
+    );
+}
+
+/// The names of the entries of `dir` opened since `watch` (an inotify
+/// descriptor watching `dir` for `IN_OPEN`, non-blocking) was last read.
+fn opened_names(watch: &std::os::fd::OwnedFd) -> Vec<String> {
+    use std::os::fd::AsRawFd;
+    let mut buf = [0u8; 4096];
+    // SAFETY: `watch` is an open descriptor; `buf` is writable for its length.
+    let n = unsafe { nix::libc::read(watch.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+    let mut names = Vec::new();
+    let mut at = 0;
+    let header = std::mem::size_of::<nix::libc::inotify_event>();
+    while n > 0 && at + header <= n as usize {
+        // The event's `len` field: after wd, mask and cookie (u32 each).
+        let len = u32::from_ne_bytes(buf[at + 12..at + 16].try_into().unwrap()) as usize;
+        let name = &buf[at + header..at + header + len];
+        let name = name.split(|b| *b == 0).next().unwrap_or_default();
+        names.push(String::from_utf8_lossy(name).into_owned());
+        at += header + len;
+    }
+    names
+}
+
+/// A FIFO (standing in for a device node, whose open can have effects of
+/// its own) named after the engine id: the writer refuses it from an
+/// `lstat`, without opening it (an O_RDWR open of a FIFO succeeds).
+#[test]
+fn writer_refuses_a_fifo_without_opening_it() {
+    use std::os::fd::FromRawFd;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("eng");
+    nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    // SAFETY: no pointer arguments; the descriptor returned is checked and
+    // then owned by `watch` alone.
+    let watch = unsafe {
+        let fd = nix::libc::inotify_init1(nix::libc::IN_NONBLOCK | nix::libc::IN_CLOEXEC);
+        assert!(fd >= 0, "inotify_init1");
+        std::os::fd::OwnedFd::from_raw_fd(fd)
+    };
+    let dir_c = std::ffi::CString::new(dir.path().as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: `watch` is open; `dir_c` is a NUL-terminated path.
+    let wd = unsafe {
+        nix::libc::inotify_add_watch(
+            std::os::fd::AsRawFd::as_raw_fd(&watch),
+            dir_c.as_ptr(),
+            nix::libc::IN_OPEN,
+        )
+    };
+    assert!(wd >= 0, "inotify_add_watch");
+    let err = ShmWriter::create(
+        dir.path(),
+        &id("eng"),
+        &WriterOptions::default(),
+        &Snapshot::default(),
+    )
+    .unwrap_err();
+    let opened = opened_names(&watch);
+    assert!(!opened.iter().any(|n| n == "eng"), "opened: {opened:?}");
+    assert!(
+        err.to_string().starts_with("not a regular file (a FIFO): "),
         "{err}"
     );
 }

@@ -178,19 +178,7 @@ impl ShmFile {
 /// is. (Swapped in between `lstat` and `open`, an entry is still refused
 /// by the `fstat`.)
 fn open_regular(path: &Path) -> Result<File, Error> {
-    let refused = |kind: FileType| Error::RefusedEntry {
-        path: path.to_owned(),
-        what: if kind.is_symlink() {
-            "symbolic link, not followed".to_owned()
-        } else {
-            format!("not a regular file ({})", kind_name(kind))
-        },
-    };
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) if !meta.is_file() => return Err(refused(meta.file_type())),
-        // Gone or unreadable: the open below says which.
-        _ => {}
-    }
+    refuse_irregular_entry(path)?;
     let file = OpenOptions::new()
         .read(true)
         .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
@@ -207,9 +195,31 @@ fn open_regular(path: &Path) -> Result<File, Error> {
         .map_err(|e| Error::io("stat", path, e))?
         .file_type();
     if !kind.is_file() {
-        return Err(refused(kind));
+        return Err(refused(path, kind));
     }
     Ok(file)
+}
+
+/// The `lstat` before an open (see [`open_regular`]): refuses what is no
+/// regular file without opening it. Gone or unreadable is not refused here:
+/// the open that follows says which.
+pub(crate) fn refuse_irregular_entry(path: &Path) -> Result<(), Error> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if !meta.is_file() => Err(refused(path, meta.file_type())),
+        _ => Ok(()),
+    }
+}
+
+/// The refusal of an entry of kind `kind` that is no regular file.
+pub(crate) fn refused(path: &Path, kind: FileType) -> Error {
+    Error::RefusedEntry {
+        path: path.to_owned(),
+        what: if kind.is_symlink() {
+            "symbolic link, not followed".to_owned()
+        } else {
+            format!("not a regular file ({})", kind_name(kind))
+        },
+    }
 }
 
 fn kind_name(kind: FileType) -> &'static str {

@@ -103,10 +103,12 @@ struct SeqRecord {
     /// Set by a publish that found in the word a value this writer did not
     /// store there.
     foreign: AtomicBool,
-    /// The odd sequence the last check found (0: none): a publish in
-    /// progress lasts nanoseconds, so the same odd value at two checks,
-    /// periods apart, was not stored by a publish.
-    odd_seen: AtomicU64,
+    /// The final sequence of the last publish that completed (stored by
+    /// `publish` after its final store into the word): an odd sequence
+    /// `target - 1` while this is below `target` is a publish in progress
+    /// (however long its thread was preempted), and the same odd value
+    /// once this is `target` was stored by someone else.
+    done: AtomicU64,
 }
 
 impl SeqRecord {
@@ -114,7 +116,7 @@ impl SeqRecord {
         SeqRecord {
             target: AtomicU64::new(seq),
             foreign: AtomicBool::new(false),
-            odd_seen: AtomicU64::new(0),
+            done: AtomicU64::new(seq),
         }
     }
 }
@@ -155,7 +157,8 @@ impl Heartbeat {
     /// younger than `max_age` (a publish stamped it): a heartbeat thread that
     /// ticks every period then leaves a busy engine's stamp to its publishes,
     /// and relays see one change per publish instead of two, while the stamp
-    /// never gets much older than `max_age` plus one tick.
+    /// never gets much older than `max_age` plus one tick. A stamp in the
+    /// future (stored by another process) is overwritten whatever `max_age`.
     pub fn beat_unless_younger(&self, max_age: std::time::Duration) -> bool {
         if fork_generation() != self.fork_generation {
             return false;
@@ -171,7 +174,10 @@ impl Heartbeat {
         let now = monotonic_ns();
         // Readers load it Relaxed; it carries no other data, and only this
         // process stores it (publish and the heartbeat thread): Relaxed.
-        if now.saturating_sub(word.load(Ordering::Relaxed)) >= max_age.as_nanos() as u64 {
+        let last = word.load(Ordering::Relaxed);
+        // A stamp ahead of our clock was not ours (a stray store): readers
+        // call it clock_ahead, never fresh, so it is overwritten at once.
+        if last > now || now - last >= max_age.as_nanos() as u64 {
             word.store(now, Ordering::Relaxed);
         }
         true
@@ -184,9 +190,9 @@ impl Heartbeat {
     /// bytes, and one truncated to any size and grown back has lost part of
     /// what was written at creation), or when its sequence word holds a
     /// value this writer did not store (see [`Heartbeat::seq_is_ours`]).
-    /// One `lstat` and about twenty loads; for a heartbeat thread, every
-    /// few periods (a stray odd sequence is told from a publish in progress
-    /// at the second check that sees it).
+    /// One `lstat` and about twenty loads, for a heartbeat thread every few
+    /// periods. Any number of handles may check at once: a check stores
+    /// nothing.
     pub fn in_place(&self) -> bool {
         // `lstat`, not `stat`: a link to this very file has its own inode.
         let Ok(meta) = std::fs::symlink_metadata(&self.path) else {
@@ -206,14 +212,19 @@ impl Heartbeat {
 
     /// Whether the sequence word holds a value this writer stored: at least
     /// the last one it completed before the publish in progress (if any),
-    /// at most that publish's final one, not the same odd value as at the
-    /// previous check, and no publish found a value it did not store.
+    /// at most that publish's final one, odd only while that publish is in
+    /// progress, and no publish found a value it did not store.
     fn seq_is_ours(&self) -> bool {
         let record = &*self.seq_record;
         // Relaxed: set by `publish`, read on its own.
         if record.foreign.load(Ordering::Relaxed) {
             return false;
         }
+        // First, before the word: Acquire pairs with the Release store of
+        // `done` in `publish`, which follows that publish's final store
+        // into the word, so if this sees `done == target` the load of the
+        // word below sees that final store (or a later publish's stores).
+        let done = record.done.load(Ordering::Acquire);
         // Acquire: pairs with the Release store of `target` in `publish`,
         // which follows the previous publish's final store of `target - 2`
         // into the word: the load below sees that store or a later one.
@@ -223,16 +234,14 @@ impl Heartbeat {
         // `target` and that publish's stores into the word: if the load
         // above saw one of those, the load below sees its `target`.
         fence(Ordering::Acquire);
-        let high = self.seq_record.target.load(Ordering::Relaxed);
+        let high = record.target.load(Ordering::Relaxed);
         if seq == 0 || seq < low || seq > high {
             return false;
         }
-        // Relaxed: only heartbeat threads use it (one at a time: the
-        // publisher's).
-        let before = record
-            .odd_seen
-            .swap(if seq % 2 == 1 { seq } else { 0 }, Ordering::Relaxed);
-        seq % 2 == 0 || before != seq
+        // The only odd value in range is `high - 1`: ours while the publish
+        // of `high` has not completed (`done` loaded before the word, so a
+        // publish that completes meanwhile still counts as in progress).
+        seq % 2 == 0 || done != high
     }
 
     /// Whether the mapping still holds what this writer wrote at creation
@@ -457,8 +466,24 @@ impl ShmWriter {
         // `target` too. (No instruction on x86.)
         fence(Ordering::Release);
         seqlock::write_after(seq, self.map.words(PAYLOAD_OFFSET), &words, self.seq);
+        // Release: pairs with the Acquire load of `done` in
+        // `Heartbeat::seq_is_ours` (the final store into the word came
+        // before): from now on an odd `target - 1` in the word is not ours.
+        self.seq_record.done.store(target, Ordering::Release);
         self.seq = target;
         Ok(())
+    }
+
+    /// The first half of `publish`, as a publishing thread preempted
+    /// between its odd and its final store leaves the file.
+    #[cfg(test)]
+    pub(crate) fn begin_publish_for_test(&mut self) {
+        let target = self.seq.wrapping_add(2);
+        self.seq_record.target.store(target, Ordering::Release);
+        fence(Ordering::Release);
+        self.map
+            .word(SEQ_OFFSET)
+            .store(self.seq.wrapping_add(1), Ordering::Relaxed);
     }
 
     /// Stores `mono_ns` as the heartbeat (a publish is a sign of life too).
@@ -559,8 +584,11 @@ fn take_over(
     engine_id: &EngineId,
     own: Option<(u64, u64)>,
 ) -> Result<TakeOver, Error> {
-    // Like a reader (shm_file.rs): never follow a link out of the directory
-    // (retiring a file elsewhere), never block on a FIFO.
+    // Like a reader (shm_file.rs): never open what is no regular file (a
+    // device node's open can have effects of its own; a FIFO's O_RDWR open
+    // succeeds), never follow a link out of the directory (retiring a file
+    // elsewhere), never block on a FIFO swapped in after the `lstat`.
+    crate::shm_file::refuse_irregular_entry(path)?;
     let file = match OpenOptions::new()
         .read(true)
         .write(true)
@@ -578,6 +606,10 @@ fn take_over(
         Err(e) => return Err(Error::io("open", path, e)),
     };
     let opened = file.metadata().map_err(|e| Error::io("stat", path, e))?;
+    if !opened.is_file() {
+        // Swapped in between the `lstat` and the open.
+        return Err(crate::shm_file::refused(path, opened.file_type()));
+    }
     if own == Some((opened.dev(), opened.ino())) {
         // Locking it again would fail: our own writer holds the lock.
         return Ok(TakeOver::Own);
@@ -641,9 +673,12 @@ fn header_generation(file: &File) -> Option<u64> {
     (read == HEADER_SIZE && header.magic == MAGIC).then_some(header.generation)
 }
 
-/// Whether `path` itself is a symbolic link (`lstat`).
+/// Whether `path` itself is a symbolic link (`lstat`). Trailing slashes are
+/// dropped first: `lstat("link/")` follows the link, and a directory given
+/// as `link/` at creation must read as the same link that `create_after`
+/// later checks as the file path's parent (`link`).
 fn is_link(path: &Path) -> bool {
-    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
+    std::fs::symlink_metadata(path.components().as_path()).is_ok_and(|m| m.file_type().is_symlink())
 }
 
 fn tmp_path(dir: &Path, engine_id: &EngineId) -> PathBuf {

@@ -342,3 +342,49 @@ fn esagent_takes_over_its_own_record_after_a_truncation_quietly() {
     );
     local.close();
 }
+
+/// The relay's delete of its own record of an engine's previous run, then
+/// the new run's record, lost with the connection: both are written once it
+/// is back, in order. (One op was kept per engine, the record replaced the
+/// delete, and the owner check took the relay's own old record for another
+/// live writer's: the new run was refused until that key expired.)
+#[test]
+fn a_delete_before_a_new_run_survives_a_lost_connection() {
+    let redis = RedisServer::start();
+    let uri = redis.uri("?prefix=rerun:&ttl_ms=60000");
+    let target = RedisTarget::parse(&uri).unwrap();
+    let mut sink =
+        InlineSink::new(target.clone(), Some(target.connect().unwrap()), None).owner_checked();
+    let mut source = test_reader(&uri, Duration::from_secs(5));
+    let id: Arc<str> = "rerun".into();
+    sink.submit(&mut vec![relayed(&id, 1, 1)]);
+    assert!(sink.flush(Duration::from_secs(5)));
+    assert_eq!(running(&mut *source, "rerun"), Some(1));
+
+    // The sink's connection is lost (the server closes it); the key stays.
+    let _: redis::Value = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("normal")
+        .arg("SKIPME")
+        .arg("yes")
+        .query(&mut redis.connection())
+        .unwrap();
+    // A new run of the engine (another writer, generation): as the relay
+    // sends it, its own old record deleted first.
+    let (_, SinkOp::Set(mut next)) = relayed(&id, 2, 2) else {
+        unreachable!()
+    };
+    next.writer_pid = 777_002;
+    next.generation = 6;
+    sink.submit(&mut vec![
+        (id.clone(), SinkOp::Delete),
+        (id.clone(), SinkOp::Set(next)),
+    ]);
+    assert!(sink.flush(Duration::from_secs(10)));
+    wait_for(
+        || running(&mut *source, "rerun") == Some(2),
+        "the new run's record",
+    );
+    assert_eq!(sink.stats().refused.load(Ordering::Relaxed), 0);
+}
