@@ -800,6 +800,14 @@ mod tests {
             .unwrap();
         let error = source.invalid_members().unwrap().to_string();
         assert!(error.contains("2 member(s) are not engine ids"), "{error}");
+        // Not UTF-8 alone: reported, not dropped in silence.
+        source.scan = Some(RegistryScan::default());
+        source.apply_step(step(0, &[b"\xff"])).unwrap();
+        let error = source.invalid_members().unwrap().to_string();
+        assert!(
+            error.contains("1 member(s)") && error.contains("not UTF-8"),
+            "{error}"
+        );
     }
 
     #[test]
