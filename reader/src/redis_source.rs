@@ -97,6 +97,10 @@ impl Source for RedisSource {
                 error.clone(),
             ));
         }
+        if let Some(error) = self.records.unkeyed_members() {
+            out.errors
+                .push(EngineError::new(self.records.registry().to_owned(), error));
+        }
         if let Some(error) = self.records.connection_error() {
             out.errors.push(EngineError::new(
                 self.records.target().to_string(),

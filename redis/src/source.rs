@@ -1,7 +1,7 @@
 //! The Redis source: every engine of one key prefix, in one round trip per
 //! read (DESIGN §7, docs/REDIS.md).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -57,19 +57,29 @@ pub struct RedisSource {
     /// Every valid member seen in the registry, by id (a map: a rescan of
     /// 100 000 members must not be quadratic).
     engines: BTreeMap<Arc<str>, RegisteredEngine>,
-    /// The engines fetched on every refresh, in the order of `packed`.
-    fetched: Vec<Arc<str>>,
-    /// `GETRANGE` and `PTTL` of every engine of `fetched`.
-    packed: Vec<u8>,
-    /// `fetched` and `packed` must be rebuilt (an engine's key appeared or
-    /// went away, or the engine left the registry).
-    repack: bool,
+    /// The engines fetched on every refresh ([`Class::Live`]), each with
+    /// its packed `GETRANGE` and `PTTL`; kept up to date engine by engine
+    /// ([`RedisSource::index`]) so a read never walks the registry.
+    live: BTreeMap<Arc<str>, Vec<u8>>,
+    /// The engines [`RedisSource::engines`] lists ([`Class::Live`] and
+    /// [`Class::Dead`]).
+    listed: BTreeSet<Arc<str>>,
+    /// How many engines are [`Class::NoKey`] (counted, not listed).
+    no_key: usize,
     /// The registry scan in progress, if any.
     scan: Option<RegistryScan>,
     last_scan_start: Option<Instant>,
     /// Members to fetch once (new, or their key was missing).
     probe: Vec<Arc<str>>,
+    /// Engines due for `SREM` (each `prune_pending`); an engine leaves
+    /// `engines` only once its `SREM` succeeded.
     prune: Vec<Arc<str>>,
+    /// The server refused `SREM` (`NOPERM`: a read-only ACL user;
+    /// `READONLY`: a replica): this reader no longer prunes, and engines
+    /// whose keys are gone stay listed as dead (said once, as a warning).
+    prune_refused: bool,
+    /// [`PRUNE_AFTER`]; shorter in tests.
+    prune_after: Duration,
     /// What the last complete scan found that is not an engine id.
     invalid_members: Option<Error>,
     retry_at: Instant,
@@ -84,7 +94,10 @@ struct RegistryScan {
     cursor: u64,
     /// Valid members seen so far: who is not seen by the end left.
     seen: HashSet<Arc<str>>,
-    /// Members that are not engine ids: how many, and the first.
+    /// Members that are not engine ids seen so far (`SSCAN` may return a
+    /// member twice: each is counted once).
+    seen_invalid: HashSet<Vec<u8>>,
+    /// Members that are not engine ids (or not UTF-8): how many, and the first.
     invalid: usize,
     first_invalid: Option<(String, String)>,
 }
@@ -99,6 +112,22 @@ struct RegisteredEngine {
     fault: Option<Error>,
     /// Fetched at least once (an engine not yet fetched is not listed).
     fetched_once: bool,
+    /// Queued for, or in, an `SREM` (see [`RedisSource::prune`]).
+    prune_pending: bool,
+}
+
+/// Where an engine is indexed (see [`RegisteredEngine::class`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Class {
+    /// Registered, not fetched yet: neither fetched every refresh nor listed.
+    Unfetched,
+    /// Its key held a value (a record or a fault): fetched every refresh, listed.
+    Live,
+    /// Its key went away after a record was read: listed (dead), not fetched.
+    Dead,
+    /// No record was ever read and the key is missing: a registered id that
+    /// was never written (or a junk `SADD`): counted, not listed, not fetched.
+    NoKey,
 }
 
 /// The last record read of an engine and when its heartbeat happened.
@@ -146,26 +175,51 @@ impl RedisSource {
         let now = Instant::now();
         let deadline = now + target.timeout();
         let con = target.connect_by(deadline)?;
-        let mut source = RedisSource {
+        let mut source = RedisSource::unconnected(target, rescan_interval, now);
+        source.connected(con);
+        source.fetch(now, deadline)?;
+        Ok(source)
+    }
+
+    /// A source with no connection yet (`open` connects it; unit tests feed
+    /// it replies).
+    fn unconnected(target: RedisTarget, rescan_interval: Duration, now: Instant) -> RedisSource {
+        RedisSource {
             registry: registry_key(target.prefix()),
             target,
             rescan_interval,
-            con: Some(con),
+            con: None,
             engines: BTreeMap::new(),
-            fetched: Vec::new(),
-            packed: Vec::new(),
-            repack: false,
+            live: BTreeMap::new(),
+            listed: BTreeSet::new(),
+            no_key: 0,
             scan: None,
             last_scan_start: None,
             probe: Vec::new(),
             prune: Vec::new(),
+            prune_refused: false,
+            prune_after: PRUNE_AFTER,
             invalid_members: None,
             retry_at: now,
             backoff: Backoff::default(),
             connection_error: None,
-        };
-        source.fetch(now, deadline)?;
-        Ok(source)
+        }
+    }
+
+    /// Uses a new connection. A scan in progress is dropped: its cursor
+    /// means nothing to a server that restarted (or another one behind the
+    /// same address), and ending it there would drop live engines.
+    fn connected(&mut self, con: redis::Connection) {
+        self.con = Some(con);
+        self.scan = None;
+        self.last_scan_start = None;
+    }
+
+    /// How long an engine whose key is missing stays registered (tests
+    /// shorten [`PRUNE_AFTER`]).
+    #[doc(hidden)]
+    pub fn set_prune_after(&mut self, prune_after: Duration) {
+        self.prune_after = prune_after;
     }
 
     /// The server, database and prefix read.
@@ -173,11 +227,13 @@ impl RedisSource {
         &self.target
     }
 
-    /// Every engine the registry names that has been fetched, sorted by id.
+    /// Every engine the registry names whose key held a value when fetched
+    /// (now, or before it went away), sorted by id; registered ids whose key
+    /// was never seen are only counted ([`RedisSource::unkeyed_members`]).
     pub fn engines(&self) -> impl Iterator<Item = EngineView<'_>> {
-        self.engines
-            .values()
-            .filter(|e| e.fetched_once)
+        self.listed
+            .iter()
+            .map(|id| &self.engines[id])
             .map(|engine| EngineView {
                 id: &engine.id,
                 fault: engine.fault.as_ref(),
@@ -199,6 +255,22 @@ impl RedisSource {
         self.invalid_members.as_ref()
     }
 
+    /// Registered ids whose key this reader never saw (one error for all of
+    /// them, naming how many): they are not listed, and are pruned from the
+    /// registry after [`PRUNE_AFTER`] like any engine whose key is gone.
+    pub fn unkeyed_members(&self) -> Option<Error> {
+        (self.no_key > 0).then(|| Error::ForeignValue {
+            key: self.registry.clone(),
+            what: format!(
+                "{} registered id(s) have no key (never written, or gone before this \
+                 reader read one) and are not listed; they are removed from the registry \
+                 {} s after this reader found their key missing",
+                self.no_key,
+                self.prune_after.as_secs()
+            ),
+        })
+    }
+
     /// The registry key (`<prefix>engines`), under which
     /// [`RedisSource::invalid_members`] is reported.
     pub fn registry(&self) -> &str {
@@ -215,7 +287,7 @@ impl RedisSource {
                 return;
             }
             match self.target.connect_by(deadline) {
-                Ok(con) => self.con = Some(con),
+                Ok(con) => self.connected(con),
                 Err(error) => return self.failed(error),
             }
         }
@@ -247,11 +319,21 @@ impl RedisSource {
             self.scan = Some(RegistryScan::default());
             self.last_scan_start = Some(now);
         }
-        if self.repack {
-            self.repack_fetched();
-        }
-        let mut request = Vec::with_capacity(self.packed.len() + 64);
+        let mut request = Vec::new();
         let mut count = 0;
+        // SREM first: a scan step after it cannot name (and re-add) an id
+        // it removes.
+        let from = self.prune.len().saturating_sub(SCAN_STEP);
+        let pruning: Vec<Arc<str>> = self.prune.drain(from..).collect();
+        if !pruning.is_empty() {
+            let mut srem = redis::cmd("SREM");
+            srem.arg(&self.registry);
+            for id in &pruning {
+                srem.arg(&**id);
+            }
+            srem.write_packed_command(&mut request);
+            count += 1;
+        }
         if let Some(scan) = &self.scan {
             redis::cmd("SSCAN")
                 .arg(&self.registry)
@@ -261,44 +343,42 @@ impl RedisSource {
                 .write_packed_command(&mut request);
             count += 1;
         }
-        let pruning = !self.prune.is_empty();
-        if pruning {
-            let mut srem = redis::cmd("SREM");
-            srem.arg(&self.registry);
-            let from = self.prune.len().saturating_sub(SCAN_STEP);
-            for id in self.prune.drain(from..) {
-                srem.arg(&*id);
-            }
-            srem.write_packed_command(&mut request);
-            count += 1;
-        }
-        request.extend_from_slice(&self.packed);
-        count += 2 * self.fetched.len();
+        let fetched: Vec<Arc<str>> = self
+            .live
+            .iter()
+            .map(|(id, packed)| {
+                request.extend_from_slice(packed);
+                id.clone()
+            })
+            .collect();
+        count += 2 * fetched.len();
         // Members a failed refresh did not get to fetch.
         let probing = self.take_probes();
         count += self.pack_probes(&probing, &mut request);
         if count == 0 {
             return Ok(());
         }
-        let mut replies = match self.query(&request, count, deadline) {
+        // The SREM's reply is checked apart: a reader that may not write
+        // still reads.
+        let srem_reply = (!pruning.is_empty()).then_some(0);
+        let mut replies = match self.query(&request, count, srem_reply, deadline) {
             Ok(replies) => replies.into_iter(),
             Err(error) => {
                 self.probe = probing;
+                self.prune.extend(pruning);
                 return Err(error);
             }
         };
+        if !pruning.is_empty() {
+            let reply = replies.next();
+            self.apply_srem(pruning, reply)?;
+        }
         let step = if self.scan.is_some() {
             Some(replies.next().unwrap_or(Value::Nil))
         } else {
             None
         };
-        if pruning {
-            replies.next(); // the SREM's reply
-        }
-        let fetched = std::mem::take(&mut self.fetched);
-        let applied = self.apply_values(&fetched, &mut replies, now);
-        self.fetched = fetched;
-        applied?;
+        self.apply_values(&fetched, &mut replies, now)?;
         self.apply_values(&probing, &mut replies, now)?;
         if let Some(step) = step {
             self.apply_step(step)?;
@@ -306,7 +386,7 @@ impl RedisSource {
                 let probing = self.take_probes();
                 let mut request = Vec::new();
                 let count = self.pack_probes(&probing, &mut request);
-                let mut replies = match self.query(&request, count, deadline) {
+                let mut replies = match self.query(&request, count, None, deadline) {
                     Ok(replies) => replies.into_iter(),
                     Err(error) => {
                         self.probe = probing;
@@ -317,6 +397,88 @@ impl RedisSource {
             }
         }
         Ok(())
+    }
+
+    /// Applies the `SREM` of `ids`: removed from the registry, they leave
+    /// this reader too. A server that refuses writes (`NOPERM`, `READONLY`)
+    /// ends pruning; they stay listed as dead. Any other failure puts them
+    /// back for the next refresh.
+    fn apply_srem(&mut self, ids: Vec<Arc<str>>, reply: Option<Value>) -> Result<(), Error> {
+        match reply {
+            Some(Value::Int(_)) => {
+                for id in &ids {
+                    self.remove_engine(id);
+                }
+                Ok(())
+            }
+            Some(Value::ServerError(e)) if matches!(e.code(), "NOPERM" | "READONLY") => {
+                let error: redis::RedisError = e.into();
+                crate::log::warn(format_args!(
+                    "{}: this reader may not remove engines whose keys are gone from the \
+                     registry {} ({error}); they stay listed as dead. Grant the user SREM \
+                     on it, or read from the primary, to have them pruned",
+                    self.target, self.registry
+                ));
+                self.prune_refused = true;
+                for id in ids.iter().chain(&self.prune) {
+                    if let Some(engine) = self.engines.get_mut(id) {
+                        engine.prune_pending = false;
+                    }
+                }
+                self.prune.clear();
+                Ok(())
+            }
+            other => {
+                self.prune.extend(ids);
+                Err(match other {
+                    Some(Value::ServerError(e)) => {
+                        let error: redis::RedisError = e.into();
+                        self.target
+                            .error("cannot prune the engine registry", &error)
+                    }
+                    other => self.protocol_error(&other),
+                })
+            }
+        }
+    }
+
+    /// Removes an engine from this reader (it left the registry).
+    fn remove_engine(&mut self, id: &Arc<str>) {
+        if let Some(engine) = self.engines.remove(id) {
+            self.index(id, Some(engine.class()), None);
+        }
+    }
+
+    /// Moves `id` in the indexes from `before` to `after` (None: not
+    /// registered); `after`'s engine must be in `engines`.
+    fn index(&mut self, id: &Arc<str>, before: Option<Class>, after: Option<Class>) {
+        if before == after {
+            return;
+        }
+        match before {
+            Some(Class::Live) => {
+                self.live.remove(id);
+                self.listed.remove(id);
+            }
+            Some(Class::Dead) => {
+                self.listed.remove(id);
+            }
+            Some(Class::NoKey) => self.no_key -= 1,
+            Some(Class::Unfetched) | None => {}
+        }
+        match after {
+            Some(Class::Live) => {
+                let mut packed = Vec::new();
+                Self::pack_fetch(&self.engines[id].key, &mut packed);
+                self.live.insert(id.clone(), packed);
+                self.listed.insert(id.clone());
+            }
+            Some(Class::Dead) => {
+                self.listed.insert(id.clone());
+            }
+            Some(Class::NoKey) => self.no_key += 1,
+            Some(Class::Unfetched) | None => {}
+        }
     }
 
     /// `GETRANGE` (one byte more than a record tells "too large" from "a
@@ -346,33 +508,22 @@ impl RedisSource {
         2 * ids.len()
     }
 
-    fn repack_fetched(&mut self) {
-        self.repack = false;
-        self.fetched.clear();
-        self.packed.clear();
-        for engine in self.engines.values() {
-            if engine.fetched_once && engine.missing_since.is_none() {
-                self.fetched.push(engine.id.clone());
-                Self::pack_fetch(&engine.key, &mut self.packed);
-            }
-        }
-    }
-
     fn query(
         &mut self,
         request: &[u8],
         count: usize,
+        srem_reply: Option<usize>,
         deadline: Instant,
     ) -> Result<Vec<Value>, Error> {
         let con = self.con.as_mut().expect("connected before fetch");
         let replies = query_by(con, request, count, deadline)
             .map_err(|e| self.target.error("cannot read engines", &e))?;
         // WRONGTYPE concerns one engine's key (a hash where a record should
-        // be) or the registry (reported by `apply_step`): not the read's.
-        if let Some(Value::ServerError(e)) = replies
-            .iter()
-            .find(|v| matches!(v, Value::ServerError(e) if e.code() != "WRONGTYPE"))
-        {
+        // be) or the registry (reported by `apply_step`): not the read's;
+        // the SREM's reply is `apply_srem`'s.
+        if let Some((_, Value::ServerError(e))) = replies.iter().enumerate().find(|(i, v)| {
+            Some(*i) != srem_reply && matches!(v, Value::ServerError(e) if e.code() != "WRONGTYPE")
+        }) {
             let error: redis::RedisError = e.clone().into();
             return Err(self.target.error("cannot read engines", &error));
         }
@@ -380,8 +531,8 @@ impl RedisSource {
     }
 
     /// Applies the `GETRANGE` and `PTTL` replies of `ids` (two each, in
-    /// order), and notes which engines' keys appeared or went away, and
-    /// which to prune.
+    /// order), re-indexes the engines whose keys appeared or went away, and
+    /// queues those due for pruning.
     fn apply_values(
         &mut self,
         ids: &[Arc<str>],
@@ -400,20 +551,19 @@ impl RedisSource {
             let Some(engine) = self.engines.get_mut(id) else {
                 continue; // pruned earlier in this pipeline
             };
-            let was_fetched = engine.fetched_once && engine.missing_since.is_none();
+            let before = engine.class();
             engine.apply(value, pttl, now);
-            let is_fetched = engine.missing_since.is_none();
-            if was_fetched != is_fetched {
-                self.repack = true;
-            }
-            if engine
-                .missing_since
-                .is_some_and(|t| now.duration_since(t) >= PRUNE_AFTER)
+            let after = engine.class();
+            if !self.prune_refused
+                && !engine.prune_pending
+                && engine
+                    .missing_since
+                    .is_some_and(|t| now.duration_since(t) >= self.prune_after)
             {
-                self.engines.remove(id);
+                engine.prune_pending = true;
                 self.prune.push(id.clone());
-                self.repack = true;
             }
+            self.index(id, Some(before), Some(after));
         }
         Ok(())
     }
@@ -443,20 +593,39 @@ impl RedisSource {
             .scan
             .as_mut()
             .expect("a step is only sent during a scan");
-        for member in members.iter().filter_map(text) {
-            if let Err(e) = EngineId::new(&member) {
-                scan.invalid += 1;
-                scan.first_invalid
-                    .get_or_insert_with(|| (member, e.to_string()));
-                continue;
-            }
-            if scan.seen.contains(member.as_str()) {
+        for member in members {
+            let bytes: &[u8] = match member {
+                Value::BulkString(bytes) => bytes,
+                Value::SimpleString(s) => s.as_bytes(),
+                other => return Err(self.protocol_error(&Some(other.clone()))),
+            };
+            let valid = match std::str::from_utf8(bytes) {
+                Ok(member) => EngineId::new(member)
+                    .map(|_| member)
+                    .map_err(|e| e.to_string()),
+                Err(_) => Err("not UTF-8".to_owned()),
+            };
+            let member = match valid {
+                Ok(member) => member,
+                Err(why) => {
+                    // SSCAN may return a member twice: counted once.
+                    if scan.seen_invalid.insert(bytes.to_vec()) {
+                        scan.invalid += 1;
+                        scan.first_invalid.get_or_insert_with(|| {
+                            (String::from_utf8_lossy(bytes).into_owned(), why)
+                        });
+                    }
+                    continue;
+                }
+            };
+            if scan.seen.contains(member) {
                 continue; // SSCAN may return a member twice
             }
             let id: Arc<str> = Arc::from(member);
             scan.seen.insert(id.clone());
             match self.engines.get(&id) {
-                Some(engine) if engine.missing_since.is_none() && engine.fetched_once => {}
+                Some(engine) if engine.prune_pending => {} // its SREM is on the way
+                Some(engine) if engine.class() == Class::Live => {}
                 Some(_) => self.probe.push(id),
                 None => {
                     self.engines.insert(
@@ -468,6 +637,7 @@ impl RedisSource {
                             missing_since: None,
                             fault: None,
                             fetched_once: false,
+                            prune_pending: false,
                         },
                     );
                     self.probe.push(id);
@@ -477,10 +647,15 @@ impl RedisSource {
         scan.cursor = cursor;
         if cursor == 0 {
             let scan = self.scan.take().expect("scanning");
-            let before = self.engines.len();
-            self.engines.retain(|id, _| scan.seen.contains(id));
-            if self.engines.len() != before {
-                self.repack = true;
+            // Once per scan, not per read.
+            let gone: Vec<Arc<str>> = self
+                .engines
+                .keys()
+                .filter(|id| !scan.seen.contains(*id))
+                .cloned()
+                .collect();
+            for id in &gone {
+                self.remove_engine(id);
             }
             self.invalid_members = scan.first_invalid.map(|(member, why)| Error::ForeignValue {
                 key: self.registry.clone(),
@@ -513,6 +688,19 @@ fn text(value: &Value) -> Option<String> {
 }
 
 impl RegisteredEngine {
+    /// Where this engine is indexed.
+    fn class(&self) -> Class {
+        if !self.fetched_once {
+            Class::Unfetched
+        } else if self.missing_since.is_none() {
+            Class::Live
+        } else if self.last_record.is_some() {
+            Class::Dead
+        } else {
+            Class::NoKey
+        }
+    }
+
     /// Applies one `GETRANGE key 0 RECORD_SIZE` reply and the key's `PTTL`
     /// (-2: no such key, -1: no expiry).
     fn apply(&mut self, value: Value, pttl: i64, now: Instant) {
@@ -569,5 +757,121 @@ impl RegisteredEngine {
             record,
             heartbeat_at,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source() -> RedisSource {
+        let target = RedisTarget::parse("redis://127.0.0.1:1/0").unwrap();
+        let mut source = RedisSource::unconnected(target, Duration::ZERO, Instant::now());
+        source.scan = Some(RegistryScan::default());
+        source
+    }
+
+    fn step(cursor: u64, members: &[&[u8]]) -> Value {
+        Value::Array(vec![
+            Value::BulkString(cursor.to_string().into_bytes()),
+            Value::Array(
+                members
+                    .iter()
+                    .map(|m| Value::BulkString(m.to_vec()))
+                    .collect(),
+            ),
+        ])
+    }
+
+    /// The GETRANGE and PTTL replies of a missing key.
+    fn missing() -> Vec<Value> {
+        vec![Value::BulkString(Vec::new()), Value::Int(-2)]
+    }
+
+    #[test]
+    fn invalid_members_are_counted_once_each_and_non_utf8_is_invalid() {
+        let mut source = source();
+        // SSCAN may return a member in two steps.
+        source
+            .apply_step(step(7, &[b"bad one", b"\xff\xfe"]))
+            .unwrap();
+        source
+            .apply_step(step(0, &[b"bad one", b"\xff\xfe"]))
+            .unwrap();
+        let error = source.invalid_members().unwrap().to_string();
+        assert!(error.contains("2 member(s) are not engine ids"), "{error}");
+        // Not UTF-8 alone: reported, not dropped in silence.
+        source.scan = Some(RegistryScan::default());
+        source.apply_step(step(0, &[b"\xff"])).unwrap();
+        let error = source.invalid_members().unwrap().to_string();
+        assert!(
+            error.contains("1 member(s)") && error.contains("not UTF-8"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_registered_id_never_written_is_counted_not_listed() {
+        let mut source = source();
+        source.apply_step(step(0, &[b"junk1", b"junk2"])).unwrap();
+        let probing = source.take_probes();
+        let replies = [missing(), missing()].concat();
+        source
+            .apply_values(&probing, &mut replies.into_iter(), Instant::now())
+            .unwrap();
+        assert_eq!(source.engines().count(), 0);
+        assert!(source.live.is_empty());
+        let error = source.unkeyed_members().unwrap().to_string();
+        assert!(error.contains("2 registered id(s) have no key"), "{error}");
+    }
+
+    /// An id due for pruning is not re-added by a scan step before its
+    /// SREM's reply, and leaves only once the SREM succeeded.
+    #[test]
+    fn an_id_pending_srem_is_not_re_added_and_leaves_once_removed() {
+        let mut source = source();
+        source.set_prune_after(Duration::ZERO);
+        source.apply_step(step(0, &[b"gone"])).unwrap();
+        let probing = source.take_probes();
+        let now = Instant::now();
+        source
+            .apply_values(&probing, &mut missing().into_iter(), now)
+            .unwrap();
+        assert_eq!(source.prune, [Arc::<str>::from("gone")]);
+        source.scan = Some(RegistryScan::default());
+        source.apply_step(step(0, &[b"gone"])).unwrap();
+        assert!(source.probe.is_empty(), "{:?}", source.probe);
+        assert!(source.engines.contains_key("gone"));
+        let ids = std::mem::take(&mut source.prune);
+        source.apply_srem(ids, Some(Value::Int(1))).unwrap();
+        assert!(source.engines.is_empty());
+        assert!(source.unkeyed_members().is_none());
+    }
+
+    /// A reader that may not write keeps reading: the engine stays, and
+    /// pruning stops.
+    #[test]
+    fn a_refused_srem_stops_pruning_and_keeps_the_engine() {
+        let mut source = source();
+        source.set_prune_after(Duration::ZERO);
+        source.apply_step(step(0, &[b"gone"])).unwrap();
+        let probing = source.take_probes();
+        source
+            .apply_values(&probing, &mut missing().into_iter(), Instant::now())
+            .unwrap();
+        let ids = std::mem::take(&mut source.prune);
+        let refused = redis::parse_redis_value(
+            b"-NOPERM User r has no permissions to run the 'srem' command\r\n",
+        )
+        .unwrap();
+        assert!(matches!(refused, Value::ServerError(_)), "{refused:?}");
+        source.apply_srem(ids, Some(refused)).unwrap();
+        assert!(source.prune_refused);
+        assert!(source.engines.contains_key("gone"));
+        let probing: Vec<Arc<str>> = vec![Arc::from("gone")];
+        source
+            .apply_values(&probing, &mut missing().into_iter(), Instant::now())
+            .unwrap();
+        assert!(source.prune.is_empty(), "no SREM again");
     }
 }

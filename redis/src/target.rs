@@ -202,7 +202,7 @@ impl RedisTarget {
     /// the reader's [`crate::RedisSource`] connects and reads within one
     /// deadline per read. The socket timeouts are left at what was left;
     /// [`query_by`] sets them again before each wait.
-    pub fn connect_by(&self, deadline: Instant) -> Result<redis::Connection, Error> {
+    pub(crate) fn connect_by(&self, deadline: Instant) -> Result<redis::Connection, Error> {
         #[cfg(feature = "tls")]
         {
             // rustls needs one process-wide crypto provider; ring is the one

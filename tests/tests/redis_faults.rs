@@ -382,10 +382,17 @@ fn a_paused_server_costs_a_read_at_most_its_timeout_and_says_timed_out() {
         let t = Instant::now();
         let reading = source.read().unwrap();
         let waited = t.elapsed();
-        // During the backoff (50 ms from when that wait ended) a read does
-        // not ask the server: it returns at once. The bound is the timeout
-        // itself: a read that asked again would wait all of it.
+        // The backoff started when the wait ended: at least `timeout_ms`
+        // after `t`, so this overestimates the time since it started.
+        let failed_at = t + Duration::from_millis(timeout_ms);
+        // During the backoff (RECONNECT_FIRST from when that wait ended) a
+        // read does not ask the server: it returns at once. The bound is the
+        // timeout itself: a read that asked again would wait all of it. On a
+        // loaded host the next read may start after the backoff: then it
+        // rightly asks again, and only "known engines stay listed" holds.
         let t = Instant::now();
+        let in_backoff =
+            t.saturating_duration_since(failed_at) < engine_state_redis::RECONNECT_FIRST;
         let during_backoff = source.read().unwrap();
         let second = t.elapsed();
         let opened = Instant::now();
@@ -402,7 +409,7 @@ fn a_paused_server_costs_a_read_at_most_its_timeout_and_says_timed_out() {
             "{uri}: a read of 8 engines waited {waited:?}"
         );
         assert!(
-            second < Duration::from_millis(timeout_ms),
+            !in_backoff || second < Duration::from_millis(timeout_ms),
             "{uri}: the read during the backoff waited {second:?}"
         );
         assert_eq!(during_backoff.engines.len(), 8, "known engines stay listed");
@@ -424,9 +431,10 @@ fn a_paused_server_costs_a_read_at_most_its_timeout_and_says_timed_out() {
 /// half not engine ids, half valid ids with no key — used to cost every
 /// read 12–18 s (a quadratic rescan, and a GETRANGE of every member).
 /// Now a read costs one bounded registry step: the requirement is a p99 of
-/// 100 ms for a read of 8 real engines (measured ~2 ms; the bound is what
-/// the issue asks, generous for a busy 2-core host), and no real engine is
-/// ever read stale.
+/// 100 ms for a read of 8 real engines (measured p50 5.3 ms, p99 19.7 ms
+/// on the shared 2-core VM, as docs/REDIS.md says; the bound is what the
+/// issue asks, generous for a busy host), no real engine is ever read
+/// stale, and the junk ids with no key are counted, never listed.
 #[test]
 fn a_registry_flood_costs_a_read_little_and_no_real_engine_goes_stale() {
     let redis = RedisServer::start();
@@ -479,6 +487,8 @@ fn a_registry_flood_costs_a_read_little_and_no_real_engine_goes_stale() {
             8,
             "a real engine not fresh: {reading:?}"
         );
+        // The junk ids with no key are counted, never listed.
+        assert_eq!(reading.engines.len(), 8, "only the real engines are listed");
         std::thread::sleep(Duration::from_millis(5));
     }
     latencies.sort_unstable();
@@ -491,17 +501,25 @@ fn a_registry_flood_costs_a_read_little_and_no_real_engine_goes_stale() {
         *latencies.last().unwrap() as f64 / 1e6
     );
     assert!(p99 <= 100_000_000, "p99 {p99} ns over 100 ms");
-    let invalid = reading
+    // Two registry errors, exact counts: each member is counted once
+    // however often SSCAN returns it.
+    let errors: Vec<String> = reading
         .errors
         .iter()
-        .find(|e| e.name == registry)
-        .expect("the invalid members reported once, under the registry key")
-        .to_string();
+        .map(|e| {
+            assert_eq!(e.name, registry, "{e}");
+            e.to_string()
+        })
+        .collect();
+    assert_eq!(errors.len(), 2, "{errors:?}");
     assert!(
-        invalid.contains("50000 member(s) are not engine ids"),
-        "{invalid}"
+        errors[0].contains("50000 member(s) are not engine ids"),
+        "{errors:?}"
     );
-    assert_eq!(reading.errors.len(), 1, "{:?}", reading.errors);
+    assert!(
+        errors[1].contains("50000 registered id(s) have no key"),
+        "{errors:?}"
+    );
 }
 
 #[test]
@@ -637,4 +655,50 @@ fn a_publisher_whose_user_may_not_eval_is_told_so_at_start() {
             && !error.contains("noeval-pw"),
         "{error}"
     );
+}
+
+/// A reader whose Redis user may only read (ACL `+@read`) never fails a read
+/// for pruning: the server's NOPERM for the `SREM` used to fail the whole
+/// pipeline (and drop the connection) on every read while pruning was due.
+/// The id stays registered; a user that may write prunes it.
+#[test]
+fn a_read_only_reader_keeps_reading_while_pruning_is_due() {
+    let redis = RedisServer::start();
+    let mut admin = redis.connection();
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "r", "on", ">pw", "~*", "+ping", "+@read"][..])
+        .query(&mut admin)
+        .unwrap();
+    let registry = engine_state_redis::registry_key(engine_state_redis::DEFAULT_PREFIX);
+    let _: () = redis::cmd("SADD")
+        .arg(&registry)
+        .arg("gone")
+        .query(&mut admin)
+        .unwrap();
+    let _engine = publishing_running(&redis.uri(""), "real", 1);
+    let read_only = format!("redis://r:pw@127.0.0.1:{}/0", redis.port());
+    for (uri, prunes) in [(read_only, false), (redis.uri(""), true)] {
+        // A scan step every refresh, and "gone" due for pruning at once.
+        let target = RedisTarget::parse(&uri).unwrap();
+        let mut source = engine_state_redis::RedisSource::open(target, Duration::ZERO).unwrap();
+        source.set_prune_after(Duration::ZERO);
+        for _ in 0..20 {
+            source.refresh(Instant::now());
+            assert!(
+                source.connection_error().is_none(),
+                "{uri}: {:?}",
+                source.connection_error()
+            );
+            assert!(source.engines().any(|e| &**e.id == "real"), "{uri}");
+        }
+        let members: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(&registry)
+            .query(&mut admin)
+            .unwrap();
+        assert_eq!(
+            !members.contains(&"gone".to_owned()),
+            prunes,
+            "{uri}: {members:?}"
+        );
+    }
 }
