@@ -200,7 +200,11 @@ impl Relay {
     /// The full pass: read every engine and queue what the polls did not,
     /// delete the keys of engines that left, count unreadable files.
     pub fn tick(&mut self) -> TickReport {
-        let now = monotonic_ns();
+        self.tick_at(monotonic_ns())
+    }
+
+    /// [`Relay::tick`] at a given `CLOCK_MONOTONIC` time (tests pass time in).
+    pub fn tick_at(&mut self, now: u64) -> TickReport {
         let mut report = TickReport::default();
         if let Err(error) = self.shm.read_at(&mut self.reading, now) {
             metrics::counter!(telemetry::READ_ERRORS).increment(1);
@@ -487,15 +491,15 @@ mod tests {
         // Without the check, each of these was relayed with its stamp
         // clamped to `now`, and again at every pass as `now` advanced.
         assert_eq!(relay.poll(), 0, "a poll relays none of them");
-        for pass in 0..3 {
-            let report = relay.tick();
+        for pass in 0..3u64 {
+            // Each pass a relay step (50 ms) later than the one before.
+            let report = relay.tick_at(now + pass * 60_000_000);
             assert_eq!(report.engines, 3);
             assert_eq!(report.queued, 0, "pass {pass}: {report:?}");
             assert_eq!(report.read_errors, 3, "each is reported: {report:?}");
             for e in &relay.reading().engines {
                 assert_eq!(e.status, Status::Stale, "{e:?}");
             }
-            std::thread::sleep(Duration::from_millis(60)); // > a relay step
         }
         assert!(relay.sender.last_sent.is_empty(), "no key was ever written");
         assert!(relay.sender.batch.is_empty());
