@@ -4,8 +4,9 @@ use std::sync::atomic::Ordering;
 
 use engine_state_publisher::PublisherConfig;
 use engine_state_shm_format::Snapshot;
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::PyType;
+use pyo3::types::{PyDict, PyString, PyType};
 
 use crate::errors::publisher_error;
 
@@ -33,6 +34,18 @@ pub(crate) struct Publisher {
     period_ms: u64,
     /// The counters when `close()` began.
     closed_stats: Stats,
+}
+
+/// A bad value for keyword `name`, as pyo3 reports one for a declared
+/// argument: a TypeError names the argument, other errors (OverflowError) pass
+/// as they are.
+fn argument_error(py: Python<'_>, name: &str, error: PyErr) -> PyErr {
+    if !error.get_type(py).is(py.get_type::<PyTypeError>()) {
+        return error;
+    }
+    let named = PyTypeError::new_err(format!("argument '{name}': {}", error.value(py)));
+    named.set_cause(py, error.cause(py));
+    named
 }
 
 /// `stats()`: every key for both backends (0 where it does not apply).
@@ -110,54 +123,33 @@ impl Publisher {
         })
     }
 
-    /// Publishes one snapshot. Fields not given are 0; `captured_*` are stamped
-    /// here and the idle flag follows from `num_running` and `num_waiting`.
+    /// Publishes one snapshot. `fields`: keyword arguments named as in
+    /// `FIELD_NAMES` (`captured_*` excepted: they are stamped here), each an
+    /// unsigned 64-bit int; fields not given are 0, and the idle flag follows
+    /// from `num_running` and `num_waiting`. TypeError for another name or a
+    /// positional argument, OverflowError for a value out of range;
     /// ValueError (nothing published) when `gpu_blocks_free` exceeds
     /// `gpu_blocks_total` or `flags` has bits other than FLAG_IDLE and
     /// FLAG_SHUTTING_DOWN.
-    #[pyo3(signature = (
-        *,
-        step = 0,
-        num_running = 0,
-        num_waiting = 0,
-        gpu_blocks_total = 0,
-        gpu_blocks_free = 0,
-        pending_prefill_tokens = 0,
-        ongoing_decode_tokens = 0,
-        num_prefilling = 0,
-        max_prefill_remaining = 0,
-        num_preempted = 0,
-        flags = 0,
-    ))]
-    #[allow(clippy::too_many_arguments)]
-    fn publish(
-        &mut self,
-        step: u64,
-        num_running: u64,
-        num_waiting: u64,
-        gpu_blocks_total: u64,
-        gpu_blocks_free: u64,
-        pending_prefill_tokens: u64,
-        ongoing_decode_tokens: u64,
-        num_prefilling: u64,
-        max_prefill_remaining: u64,
-        num_preempted: u64,
-        flags: u64,
-    ) -> PyResult<()> {
-        let snapshot = Snapshot {
-            step,
-            num_running,
-            num_waiting,
-            gpu_blocks_total,
-            gpu_blocks_free,
-            pending_prefill_tokens,
-            ongoing_decode_tokens,
-            num_prefilling,
-            max_prefill_remaining,
-            num_preempted,
-            flags,
-            ..Snapshot::default()
-        };
+    #[pyo3(signature = (**fields))]
+    fn publish(&mut self, fields: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+        let mut snapshot = Snapshot::default();
+        for (name, value) in fields.into_iter().flatten() {
+            // Keyword names are always `str`.
+            let name = name.downcast_into::<PyString>()?;
+            let name = name.to_str()?;
+            let field = match snapshot.field_mut(name) {
+                Some(field) if !Snapshot::CAPTURE_STAMPS.contains(&name) => field,
+                _ => {
+                    return Err(PyTypeError::new_err(format!(
+                        "Publisher.publish() got an unexpected keyword argument '{name}'"
+                    )))
+                }
+            };
+            *field = value
+                .extract()
+                .map_err(|error| argument_error(value.py(), name, error))?;
+        }
         self.publish_snapshot(snapshot)
     }
 
