@@ -58,11 +58,6 @@ def test_methods_and_parameters_match():
                 continue
             stub_params = [a.arg for a in item.args.args[1:]] + [a.arg for a in item.args.kwonlyargs]
             sig = inspect.signature(getattr(runtime, item.name))
-            if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
-                # `**fields`: the stub spells the keywords, checked against the
-                # Rust owner's list by test_publish_keywords_are_the_snapshot_fields.
-                assert (cls.name, item.name) == ("Publisher", "publish"), f"{cls.name}.{item.name}"
-                continue
             assert stub_params == [p for p in sig.parameters if p != "self"], f"{cls.name}.{item.name}"
         init = next(
             (
@@ -118,6 +113,8 @@ def test_publish_keywords_are_the_snapshot_fields(uri):
     keywords = [a.arg for a in publish.args.kwonlyargs]
     settable = [n for n in _native.FIELD_NAMES if not n.startswith("captured_")]
     assert keywords == settable
+    runtime = inspect.signature(_native.Publisher.publish).parameters.values()
+    assert [p.name for p in runtime if p.kind is p.KEYWORD_ONLY] == settable
     assert all(isinstance(d, ast.Constant) and d.value == 0 for d in publish.args.kw_defaults)
     with _native.Publisher(uri=uri, engine_id="stub-fields") as publisher:
         publisher.publish(**{n: 0 for n in keywords})
