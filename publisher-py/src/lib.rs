@@ -11,6 +11,7 @@ mod publisher;
 mod reader;
 mod request_reader;
 mod router;
+mod to_python;
 mod totals;
 
 #[pymodule]

@@ -6,7 +6,6 @@ use std::time::Duration;
 use engine_state_reader::{
     millis, open, printable, Freshness, ReaderOptions, Reading, Source, StateUri,
 };
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -136,12 +135,7 @@ impl EngineState {
     /// The keys and values of `esdump --json`, made by the same `Serialize`
     /// (`reader/src/state.rs`), in the same order.
     fn dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let json = serde_json::to_string(&self.state)
-            .map_err(|e| PyValueError::new_err(format!("engine state as JSON: {e}")))?;
-        py.import("json")?
-            .call_method1("loads", (json,))?
-            .downcast_into::<PyDict>()
-            .map_err(PyErr::from)
+        crate::to_python::to_dict(py, &self.state)
     }
 
     fn repr(&self) -> String {
