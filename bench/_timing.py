@@ -7,10 +7,13 @@ import platform
 import statistics
 import time
 
-# The snapshot every benchmark publishes: a busy engine's numbers.
-FIELDS = dict(step=1, num_running=12, num_waiting=3, gpu_blocks_total=20000, gpu_blocks_free=5000,
-              pending_prefill_tokens=40000, ongoing_decode_tokens=90000, num_prefilling=2,
-              max_prefill_remaining=31000, num_preempted=0, flags=0)
+from engine_state import FIELD_NAMES
+
+# The snapshot every benchmark publishes: a busy engine's numbers, one per
+# field a caller sets, in word order (FIELD_NAMES; the capture stamps are the
+# publisher's).
+_BUSY_ENGINE = (1, 12, 3, 20000, 5000, 40000, 90000, 2, 31000, 0, 0)
+FIELDS = dict(zip((n for n in FIELD_NAMES if not n.startswith("captured_")), _BUSY_ENGINE, strict=True))
 
 
 def timed(calls: int, fn) -> list[int]:

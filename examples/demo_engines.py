@@ -22,6 +22,21 @@ from dataclasses import dataclass, field
 
 from engine_state import Publisher
 
+# The vLLM hook's own request capture (internal to engine_state.vllm, not an
+# API for users): the demo's requests are read through it, so the demo
+# publishes exactly what the hook would make of the same queues. Req below
+# has the attributes it reads.
+from engine_state._native import _RequestCapture
+
+CAPTURE = _RequestCapture(
+    prompt_attr="prompt",
+    computed_attr="computed",
+    tokens_attr="num_tokens",
+    tokens_is_sequence=False,
+    status_attr="preempted",
+    preempted_status=True,
+)
+
 BLOCK_TOKENS = 16
 STEP_S = 0.02
 
@@ -39,7 +54,8 @@ class Req:
         return self.prompt + self.out
 
     def remaining_prefill(self) -> int:
-        # DESIGN §3: the rest of the prompt, or the whole recompute after a preemption.
+        # The rest of the prompt, or the whole recompute after a preemption
+        # (the capture's rule, docs/FORMAT.md "Snapshot words").
         target = self.num_tokens - 1 if self.out else self.prompt
         return max(target - self.computed, 0)
 
@@ -105,21 +121,18 @@ class Engine:
             p *= self.rng.random()
         return k
 
-    def fields(self) -> dict[str, int]:
-        queue = self.waiting + self.running
-        remaining = [r.remaining_prefill() for r in queue]
+    def publish(self, publisher: Publisher) -> None:
+        """Publishes the engine's state as the vLLM hook does: its capture
+        sums the requests (shm-format's aggregation), the scheduler-wide
+        fields are added, the publisher stamps it."""
         used = min(self.blocks_used(), self.blocks_total)
-        return dict(
+        totals = CAPTURE.capture(self.running, [self.waiting])
+        totals.publish(
+            publisher,
             step=self.step_no,
-            num_running=len(self.running),
-            num_waiting=len(self.waiting),
             gpu_blocks_total=self.blocks_total,
             gpu_blocks_free=self.blocks_total - used,
-            pending_prefill_tokens=sum(remaining),
-            ongoing_decode_tokens=sum(r.num_tokens for r in self.running if r.remaining_prefill() == 0),
-            num_prefilling=sum(1 for r in self.running if r.remaining_prefill() > 0),
-            max_prefill_remaining=max(remaining, default=0),
-            num_preempted=sum(1 for r in self.waiting if r.preempted),
+            flags=0,
         )
 
 
@@ -130,7 +143,7 @@ def run_engine(engine: Engine, uri: str, period_s: float, stop: threading.Event)
             started = time.monotonic()
             engine.step()
             if started >= next_publish:
-                publisher.publish(**engine.fields())
+                engine.publish(publisher)
                 next_publish = started + period_s
             time.sleep(max(0.0, STEP_S - (time.monotonic() - started)))
 

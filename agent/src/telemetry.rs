@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use engine_state_reader::{millis, Reading, Status};
+use engine_state_shm_format::FIELD_COUNT;
 use metrics::Gauge;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 use metrics_util::MetricKindMask;
@@ -64,85 +65,69 @@ enum Scale {
     NanosToSeconds,
 }
 
-/// The gauge of each snapshot field, in `Snapshot::FIELD_NAMES` order:
-/// (field, metric name, scale, help). Renamed from `engine_state_<field>`:
-/// the stamps (ns → seconds) and `gpu_blocks_total` (a gauge: `_total` is
-/// for counters).
-const FIELD_GAUGES: [(&str, &str, Scale, &str); 13] = [
+/// The gauge of each snapshot field, in word order (`Snapshot::FIELD_NAMES`,
+/// which `EngineGauges::record` zips with the snapshot's words): (metric
+/// name, scale, help). Each is `engine_state_<field>` but the renamed ones
+/// (`renamed`): the stamps (ns → seconds) and the usable block count (a
+/// gauge: `_total` is for counters).
+const FIELD_GAUGES: [(&str, Scale, &str); FIELD_COUNT] = [
     (
-        "captured_mono_ns",
         "engine_state_captured_mono_seconds",
         Scale::NanosToSeconds,
         "CLOCK_MONOTONIC of the host at the snapshot's capture, in seconds",
     ),
     (
-        "captured_unix_ns",
         "engine_state_captured_timestamp_seconds",
         Scale::NanosToSeconds,
         "Unix time of the snapshot's capture, in seconds",
     ),
     (
-        "step",
         "engine_state_step",
         Scale::Same,
         "Scheduler steps seen by the engine's hook",
     ),
+    ("engine_state_num_running", Scale::Same, "Running requests"),
     (
-        "num_running",
-        "engine_state_num_running",
-        Scale::Same,
-        "Running requests",
-    ),
-    (
-        "num_waiting",
         "engine_state_num_waiting",
         Scale::Same,
         "Waiting requests (including those holding KV blocks)",
     ),
     (
-        "gpu_blocks_total",
         "engine_state_gpu_blocks_usable",
         Scale::Same,
         "Usable GPU KV-cache blocks (the snapshot field gpu_blocks_total)",
     ),
     (
-        "gpu_blocks_free",
         "engine_state_gpu_blocks_free",
         Scale::Same,
         "Free GPU KV-cache blocks (evictable cached blocks included)",
     ),
     (
-        "pending_prefill_tokens",
         "engine_state_pending_prefill_tokens",
         Scale::Same,
         "Remaining prefill tokens of waiting and running requests",
     ),
     (
-        "ongoing_decode_tokens",
         "engine_state_ongoing_decode_tokens",
         Scale::Same,
         "Tokens of running requests whose prefill is complete",
     ),
     (
-        "num_prefilling",
         "engine_state_num_prefilling",
         Scale::Same,
         "Running requests still prefilling",
     ),
     (
-        "max_prefill_remaining",
         "engine_state_max_prefill_remaining",
         Scale::Same,
         "Largest remaining prefill of any waiting or running request, in tokens",
     ),
     (
-        "num_preempted",
         "engine_state_num_preempted",
         Scale::Same,
         "Preempted requests",
     ),
     (
-        "flags",
         "engine_state_flags",
         Scale::Same,
         "Snapshot flags: bit 0 idle, bit 1 shutting down",
@@ -201,7 +186,7 @@ pub fn register_counters(relaying: bool) {
 }
 
 fn describe() {
-    for (_, name, scale, help) in FIELD_GAUGES {
+    for (name, scale, help) in FIELD_GAUGES {
         match scale {
             Scale::Same => metrics::describe_gauge!(name, help),
             Scale::NanosToSeconds => metrics::describe_gauge!(name, metrics::Unit::Seconds, help),
@@ -312,7 +297,7 @@ impl Gauges {
         Gauges {
             fields: FIELD_GAUGES
                 .iter()
-                .map(|(_, name, _, _)| {
+                .map(|(name, _, _)| {
                     CachedGauge::new(metrics::gauge!(*name, "engine" => id.clone()))
                 })
                 .collect(),
@@ -350,9 +335,11 @@ impl EngineGauges {
                 .engines
                 .entry(engine.engine_id.clone())
                 .or_insert_with(|| Gauges::new(&engine.engine_id));
-            let words = engine.snapshot.to_words();
-            for ((gauge, word), (_, _, scale, _)) in
-                gauges.fields.iter_mut().zip(words).zip(FIELD_GAUGES)
+            for ((gauge, (_, word)), (_, scale, _)) in gauges
+                .fields
+                .iter_mut()
+                .zip(engine.snapshot.fields())
+                .zip(FIELD_GAUGES)
             {
                 gauge.set(scale.apply(word), refresh);
             }
@@ -453,8 +440,21 @@ mod tests {
 
     #[test]
     fn field_gauges_follow_the_snapshot_fields() {
-        for ((field, name, scale, _), expected) in FIELD_GAUGES.iter().zip(Snapshot::FIELD_NAMES) {
-            assert_eq!(*field, expected);
+        // The families whose name is not `engine_state_<field>`.
+        let renamed = [
+            ("captured_mono_ns", "engine_state_captured_mono_seconds"),
+            (
+                "captured_unix_ns",
+                "engine_state_captured_timestamp_seconds",
+            ),
+            ("gpu_blocks_total", "engine_state_gpu_blocks_usable"),
+        ];
+        for ((name, scale, _), field) in FIELD_GAUGES.iter().zip(Snapshot::FIELD_NAMES) {
+            let expected = match renamed.iter().find(|(f, _)| *f == field) {
+                Some((_, name)) => name.to_string(),
+                None => format!("engine_state_{field}"),
+            };
+            assert_eq!(*name, expected, "{field}");
             assert!(!name.ends_with("_total"), "{name}: a gauge");
             assert_eq!(
                 *scale == Scale::NanosToSeconds,

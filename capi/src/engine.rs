@@ -77,29 +77,17 @@ pub struct EsSnapshot {
 }
 
 const _: () = assert!(size_of::<EsSnapshot>() == size_of::<Snapshot>());
+const _: () = assert!(offset_of!(EsSnapshot, reserved) == offset_of!(Snapshot, reserved));
 // Field by field at the same offset, so the cast below is the copy of each
-// field to the field of the same name.
+// field to the field of the same name. The list is shm-format's
+// (`snapshot_fields!`): a field added there and not here fails to compile.
+// (cbindgen reads the struct above as written, so it must be spelled out.)
 macro_rules! same_offsets {
-    ($($field:ident),* $(,)?) => {
+    ($($(#[$doc:meta])* $field:ident = $word:literal,)*) => {
         $(const _: () = assert!(offset_of!(EsSnapshot, $field) == offset_of!(Snapshot, $field));)*
     };
 }
-same_offsets!(
-    captured_mono_ns,
-    captured_unix_ns,
-    step,
-    num_running,
-    num_waiting,
-    gpu_blocks_total,
-    gpu_blocks_free,
-    pending_prefill_tokens,
-    ongoing_decode_tokens,
-    num_prefilling,
-    max_prefill_remaining,
-    num_preempted,
-    flags,
-    reserved,
-);
+engine_state_shm_format::snapshot_fields!(same_offsets);
 
 impl From<&Snapshot> for EsSnapshot {
     /// The same 16 words: `Snapshot` is the shm-format struct these fields

@@ -30,3 +30,28 @@ fn the_committed_header_is_what_cbindgen_makes() {
         path.display()
     );
 }
+
+/// The C struct's fields are the snapshot's, as the Rust owner of the list
+/// (shm-format's `snapshot_fields!`, `Snapshot::FIELD_NAMES`) names them, in
+/// word order, then the reserved words: C callers read them by these names.
+#[test]
+fn the_header_snapshot_fields_are_the_rust_fields() {
+    let header = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("include/engine_state.h"),
+    )
+    .unwrap();
+    let body = header
+        .split("typedef struct EsSnapshot {")
+        .nth(1)
+        .and_then(|rest| rest.split("} EsSnapshot;").next())
+        .expect("engine_state.h defines EsSnapshot");
+    let fields: Vec<&str> = body
+        .lines()
+        .map(str::trim)
+        .filter_map(|line| line.strip_prefix("uint64_t "))
+        .map(|declaration| declaration.trim_end_matches(';'))
+        .collect();
+    let mut expected: Vec<&str> = engine_state_shm_format::Snapshot::FIELD_NAMES.to_vec();
+    expected.push("reserved[3]");
+    assert_eq!(fields, expected);
+}

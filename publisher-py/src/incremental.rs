@@ -35,7 +35,10 @@ use std::hash::{BuildHasherDefault, Hasher};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
-use crate::capture::{for_each, RequestFields, RequestReader, Totals, WaitingContribution};
+use engine_state_shm_format::{RequestTokens, Snapshot, WaitingRequest};
+
+use crate::request_reader::{for_each, RequestReader};
+use crate::totals::Totals;
 
 /// A map keyed by object address. The default SipHash costs about as much
 /// as the rest of a cached request's lookup; an address needs no protection
@@ -89,7 +92,7 @@ pub(crate) struct IncrementalCapture {
 struct Entry {
     /// Keeps the address (the key) from being reused while the entry lives.
     _request: Py<PyAny>,
-    contribution: WaitingContribution,
+    contribution: WaitingRequest,
     seen: u64,
 }
 
@@ -162,7 +165,7 @@ impl IncrementalCapture {
         cached_queue: &Bound<'_, PyAny>,
     ) -> PyResult<Totals> {
         let (incremental, _) = self.run(running, &read_queues, cached_queue, false)?;
-        Ok(incremental)
+        Ok(Totals::from(incremental))
     }
 
     /// Reads every request: returns `(incremental, full)`, the sums
@@ -175,7 +178,10 @@ impl IncrementalCapture {
         cached_queue: &Bound<'_, PyAny>,
     ) -> PyResult<(Totals, Totals)> {
         let (incremental, full) = self.run(running, &read_queues, cached_queue, true)?;
-        Ok((incremental, full.unwrap_or(incremental)))
+        Ok((
+            Totals::from(incremental),
+            Totals::from(full.unwrap_or(incremental)),
+        ))
     }
 
     /// Reads `request` at every capture for as long as it is in a waiting
@@ -234,15 +240,15 @@ impl IncrementalCapture {
         read_queues: &[Bound<'_, PyAny>],
         cached_queue: &Bound<'_, PyAny>,
         verify: bool,
-    ) -> PyResult<(Totals, Option<Totals>)> {
+    ) -> PyResult<(Snapshot, Option<Snapshot>)> {
         self.generation += 1;
         let generation = self.generation;
         let reader = &self.reader;
         let volatile = &mut self.volatile;
         let cache = &mut self.cache;
         let prompts = &mut self.prompts;
-        let mut totals = Totals::default();
-        let mut full = verify.then(Totals::default);
+        let mut totals = Snapshot::default();
+        let mut full = verify.then(Snapshot::default);
         let mut reads = 0;
         for_each(running, |request| {
             let key = request.as_ptr() as usize;
@@ -253,7 +259,7 @@ impl IncrementalCapture {
                         Some(list) => list.bind(request.py()).len() as i64,
                         None => reader.tokens(&reader.tokens_value(request)?)?,
                     };
-                    RequestFields {
+                    RequestTokens {
                         prompt: entry.prompt,
                         computed: reader.computed(request)?,
                         tokens,
@@ -262,7 +268,7 @@ impl IncrementalCapture {
                 None => {
                     let prompt = reader.prompt(request)?;
                     let value = reader.tokens_value(request)?;
-                    let fields = RequestFields {
+                    let fields = RequestTokens {
                         prompt,
                         computed: reader.computed(request)?,
                         tokens: reader.tokens(&value)?,
@@ -283,7 +289,7 @@ impl IncrementalCapture {
             };
             totals.add_running(fields);
             if let Some(full) = full.as_mut() {
-                full.add_running(reader.fields(request)?);
+                full.add_running(reader.tokens_of(request)?);
             }
             reads += 1;
             Ok(())
@@ -294,7 +300,7 @@ impl IncrementalCapture {
                 if let Some(marked) = volatile.get_mut(&(request.as_ptr() as usize)) {
                     marked.seen = generation;
                 }
-                let contribution = reader.waiting_contribution(request)?;
+                let contribution = reader.waiting(request)?;
                 totals.add_waiting(contribution);
                 if let Some(full) = full.as_mut() {
                     full.add_waiting(contribution);
@@ -308,7 +314,7 @@ impl IncrementalCapture {
             let fresh = if let Some(marked) = volatile.get_mut(&key) {
                 marked.seen = generation;
                 cache.remove(key);
-                let contribution = reader.waiting_contribution(request)?;
+                let contribution = reader.waiting(request)?;
                 totals.add_waiting(contribution);
                 reads += 1;
                 Some(contribution)
@@ -316,12 +322,12 @@ impl IncrementalCapture {
                 entry.seen = generation;
                 totals.num_waiting += 1; // the sums come from the cache's
                 if verify {
-                    Some(reader.waiting_contribution(request)?)
+                    Some(reader.waiting(request)?)
                 } else {
                     None
                 }
             } else {
-                let contribution = reader.waiting_contribution(request)?;
+                let contribution = reader.waiting(request)?;
                 cache.insert(key, request, contribution, generation);
                 totals.num_waiting += 1;
                 reads += 1;
@@ -334,9 +340,7 @@ impl IncrementalCapture {
         })?;
         cache.drop_unseen(generation);
         volatile.retain(|_, marked| marked.seen == generation);
-        totals.pending_prefill_tokens += cache.pending_prefill_tokens;
-        totals.num_preempted += cache.num_preempted;
-        totals.max_prefill_remaining = totals.max_prefill_remaining.max(cache.max_remaining());
+        cache.add_sums_to(&mut totals);
         self.last_reads = reads;
         Ok((totals, full))
     }
@@ -347,7 +351,7 @@ impl WaitingCache {
         &mut self,
         key: usize,
         request: &Bound<'_, PyAny>,
-        contribution: WaitingContribution,
+        contribution: WaitingRequest,
         seen: u64,
     ) {
         self.add(contribution);
@@ -382,7 +386,7 @@ impl WaitingCache {
         }
     }
 
-    fn add(&mut self, contribution: WaitingContribution) {
+    fn add(&mut self, contribution: WaitingRequest) {
         self.pending_prefill_tokens += contribution.remaining_prefill;
         self.num_preempted += u64::from(contribution.preempted);
         if contribution.remaining_prefill > 0 {
@@ -393,7 +397,7 @@ impl WaitingCache {
         }
     }
 
-    fn subtract(&mut self, contribution: WaitingContribution) {
+    fn subtract(&mut self, contribution: WaitingRequest) {
         self.pending_prefill_tokens -= contribution.remaining_prefill;
         self.num_preempted -= u64::from(contribution.preempted);
         let remaining = contribution.remaining_prefill;
@@ -405,6 +409,14 @@ impl WaitingCache {
                 }
             }
         }
+    }
+
+    /// Adds the cached requests' prefill and preempted count to `sums`
+    /// (each cached request is already counted in `num_waiting`).
+    fn add_sums_to(&self, sums: &mut Snapshot) {
+        sums.pending_prefill_tokens += self.pending_prefill_tokens;
+        sums.num_preempted += self.num_preempted;
+        sums.max_prefill_remaining = sums.max_prefill_remaining.max(self.max_remaining());
     }
 
     fn max_remaining(&self) -> u64 {

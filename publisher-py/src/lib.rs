@@ -9,7 +9,10 @@ mod identity;
 mod incremental;
 mod publisher;
 mod reader;
+mod request_reader;
 mod router;
+mod to_python;
+mod totals;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -21,7 +24,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<router::Reservation>()?;
     m.add_function(wrap_pyfunction!(router::block_hashes, m)?)?;
     m.add_class::<capture::RequestCapture>()?;
-    m.add_class::<capture::Totals>()?;
+    m.add_class::<totals::Totals>()?;
     m.add_class::<incremental::IncrementalCapture>()?;
     m.add_function(wrap_pyfunction!(identity::engine_id_for, m)?)?;
     m.add_function(wrap_pyfunction!(identity::fallback_engine_id, m)?)?;

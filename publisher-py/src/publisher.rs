@@ -85,160 +85,149 @@ impl Publisher {
     }
 }
 
-#[pymethods]
-impl Publisher {
-    #[new]
-    #[pyo3(signature = (uri=None, engine_id=None, period_ms=None, file_mode=None))]
-    fn new(
-        py: Python<'_>,
-        uri: Option<&str>,
-        engine_id: Option<&str>,
-        period_ms: Option<u64>,
-        file_mode: Option<u32>,
-    ) -> PyResult<Publisher> {
-        let config = PublisherConfig::resolve(uri, engine_id, period_ms, file_mode)
-            .map_err(publisher_error)?;
-        let inner = py
-            .detach(|| engine_state_publisher::Publisher::start(config))
-            .map_err(publisher_error)?;
-        Ok(Publisher {
-            engine_id: inner.engine_id().to_owned(),
-            uri: inner.config().uri.to_string(),
-            period_ms: inner.config().period.as_millis() as u64,
-            closed_stats: Stats::default(),
-            inner: Some(inner),
-        })
-    }
+/// The Python methods. `publish` takes one keyword-only argument per
+/// snapshot field but the capture stamps, from shm-format's
+/// `snapshot_fields!` (the `@settable` rules drop the stamps): pyo3 parses
+/// them as declared arguments (the fast path, and its own errors for an
+/// unknown keyword, a positional argument or a value out of range). pyo3
+/// takes one `#[pymethods]` block per class, so the whole block is emitted
+/// here.
+macro_rules! publisher_methods {
+    (@settable [$($field:ident)*] $(#[$doc:meta])* captured_mono_ns = $word:literal, $($rest:tt)*) => {
+        publisher_methods!(@settable [$($field)*] $($rest)*);
+    };
+    (@settable [$($field:ident)*] $(#[$doc:meta])* captured_unix_ns = $word:literal, $($rest:tt)*) => {
+        publisher_methods!(@settable [$($field)*] $($rest)*);
+    };
+    (@settable [$($field:ident)*] $(#[$doc:meta])* $next:ident = $word:literal, $($rest:tt)*) => {
+        publisher_methods!(@settable [$($field)* $next] $($rest)*);
+    };
+    (@settable [$($field:ident)*]) => {
+        #[pymethods]
+        impl Publisher {
+            #[new]
+            #[pyo3(signature = (uri=None, engine_id=None, period_ms=None, file_mode=None))]
+            fn new(
+                py: Python<'_>,
+                uri: Option<&str>,
+                engine_id: Option<&str>,
+                period_ms: Option<u64>,
+                file_mode: Option<u32>,
+            ) -> PyResult<Publisher> {
+                let config = PublisherConfig::resolve(uri, engine_id, period_ms, file_mode)
+                    .map_err(publisher_error)?;
+                let inner = py
+                    .detach(|| engine_state_publisher::Publisher::start(config))
+                    .map_err(publisher_error)?;
+                Ok(Publisher {
+                    engine_id: inner.engine_id().to_owned(),
+                    uri: inner.config().uri.to_string(),
+                    period_ms: inner.config().period.as_millis() as u64,
+                    closed_stats: Stats::default(),
+                    inner: Some(inner),
+                })
+            }
 
-    /// Publishes one snapshot. Fields not given are 0; `captured_*` are stamped
-    /// here and the idle flag follows from `num_running` and `num_waiting`.
-    /// ValueError (nothing published) when `gpu_blocks_free` exceeds
-    /// `gpu_blocks_total` or `flags` has bits other than FLAG_IDLE and
-    /// FLAG_SHUTTING_DOWN.
-    #[pyo3(signature = (
-        *,
-        step = 0,
-        num_running = 0,
-        num_waiting = 0,
-        gpu_blocks_total = 0,
-        gpu_blocks_free = 0,
-        pending_prefill_tokens = 0,
-        ongoing_decode_tokens = 0,
-        num_prefilling = 0,
-        max_prefill_remaining = 0,
-        num_preempted = 0,
-        flags = 0,
-    ))]
-    #[allow(clippy::too_many_arguments)]
-    fn publish(
-        &mut self,
-        step: u64,
-        num_running: u64,
-        num_waiting: u64,
-        gpu_blocks_total: u64,
-        gpu_blocks_free: u64,
-        pending_prefill_tokens: u64,
-        ongoing_decode_tokens: u64,
-        num_prefilling: u64,
-        max_prefill_remaining: u64,
-        num_preempted: u64,
-        flags: u64,
-    ) -> PyResult<()> {
-        let snapshot = Snapshot {
-            step,
-            num_running,
-            num_waiting,
-            gpu_blocks_total,
-            gpu_blocks_free,
-            pending_prefill_tokens,
-            ongoing_decode_tokens,
-            num_prefilling,
-            max_prefill_remaining,
-            num_preempted,
-            flags,
-            ..Snapshot::default()
-        };
-        self.publish_snapshot(snapshot)
-    }
+            /// Publishes one snapshot: one keyword per field of `FIELD_NAMES`
+            /// (`captured_*` excepted: they are stamped here); fields not given are
+            /// 0, and the idle flag follows from `num_running` and `num_waiting`.
+            /// ValueError (nothing published) when `gpu_blocks_free` exceeds
+            /// `gpu_blocks_total` or `flags` has bits other than FLAG_IDLE and
+            /// FLAG_SHUTTING_DOWN.
+            #[pyo3(signature = (*, $($field = 0),*))]
+            #[allow(clippy::too_many_arguments)]
+            fn publish(&mut self, $($field: u64),*) -> PyResult<()> {
+                self.publish_snapshot(Snapshot {
+                    $($field,)*
+                    ..Snapshot::default()
+                })
+            }
 
-    /// Counters, every key for both backends (0 where it does not apply;
-    /// once closed, the counts when `close()` began).
-    ///
-    /// Shared memory: `files_lost` (times the file was found removed,
-    /// replaced or truncated under the publisher) and `files_recreated` (times it was
-    /// recreated, in a new generation, once its directory existed again).
-    /// Redis: `written` (records Redis acknowledged), `replaced` (records a
-    /// newer one replaced before they were sent), `errors` (failed
-    /// connections and writes), `refused` (records not written because
-    /// another live process writes this engine id; logged on stderr) and
-    /// `registry_errors` (registrations refused because the registry key
-    /// is not a set; logged on stderr).
-    fn stats(&self) -> std::collections::HashMap<&'static str, u64> {
-        match &self.inner {
-            Some(inner) => stats_of(inner).into(),
-            None => self.closed_stats.into(),
+            /// Counters, every key for both backends (0 where it does not apply;
+            /// once closed, the counts when `close()` began).
+            ///
+            /// Shared memory: `files_lost` (times the file was found removed,
+            /// replaced or truncated under the publisher) and `files_recreated` (times it was
+            /// recreated, in a new generation, once its directory existed again).
+            /// Redis: `written` (records Redis acknowledged), `replaced` (records a
+            /// newer one replaced before they were sent), `errors` (failed
+            /// connections and writes), `refused` (records not written because
+            /// another live process writes this engine id; logged on stderr) and
+            /// `registry_errors` (registrations refused because the registry key
+            /// is not a set; logged on stderr).
+            fn stats(&self) -> std::collections::HashMap<&'static str, u64> {
+                match &self.inner {
+                    Some(inner) => stats_of(inner).into(),
+                    None => self.closed_stats.into(),
+                }
+            }
+
+            /// Stops the heartbeat, retires the file and removes it (Redis: deletes
+            /// the key), with the GIL released. Idempotent; a `publish()` from
+            /// another thread meanwhile raises the "closed" error.
+            fn close(slf: PyRefMut<'_, Self>) {
+                Publisher::close_released(slf);
+            }
+
+            /// The engine id.
+            #[getter]
+            fn engine_id(&self) -> &str {
+                &self.engine_id
+            }
+
+            /// The URI published to (password hidden).
+            #[getter]
+            fn uri(&self) -> &str {
+                &self.uri
+            }
+
+            /// The file being published, or None once closed (and for Redis).
+            #[getter]
+            fn path(&self) -> Option<String> {
+                let inner = self.inner.as_ref()?;
+                inner.path().map(|p| p.display().to_string())
+            }
+
+            /// The heartbeat period in milliseconds.
+            #[getter]
+            fn period_ms(&self) -> u64 {
+                self.period_ms
+            }
+
+            /// True once closed.
+            #[getter]
+            fn closed(&self) -> bool {
+                !self.inner.as_ref().is_some_and(|inner| inner.is_open())
+            }
+
+            fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+                slf
+            }
+
+            #[pyo3(signature = (_exc_type=None, _exc_value=None, _traceback=None))]
+            fn __exit__(
+                slf: PyRefMut<'_, Self>,
+                _exc_type: Option<&Bound<'_, PyType>>,
+                _exc_value: Option<&Bound<'_, PyAny>>,
+                _traceback: Option<&Bound<'_, PyAny>>,
+            ) -> bool {
+                Publisher::close_released(slf);
+                false
+            }
+
+            fn __repr__(&self) -> String {
+                format!(
+                    "Publisher(engine_id={:?}, uri={:?}, closed={})",
+                    self.engine_id,
+                    self.uri,
+                    self.closed()
+                )
+            }
         }
-    }
-
-    /// Stops the heartbeat, retires the file and removes it (Redis: deletes
-    /// the key), with the GIL released. Idempotent; a `publish()` from
-    /// another thread meanwhile raises the "closed" error.
-    fn close(slf: PyRefMut<'_, Self>) {
-        Publisher::close_released(slf);
-    }
-
-    /// The engine id.
-    #[getter]
-    fn engine_id(&self) -> &str {
-        &self.engine_id
-    }
-
-    /// The URI published to (password hidden).
-    #[getter]
-    fn uri(&self) -> &str {
-        &self.uri
-    }
-
-    /// The file being published, or None once closed (and for Redis).
-    #[getter]
-    fn path(&self) -> Option<String> {
-        let inner = self.inner.as_ref()?;
-        inner.path().map(|p| p.display().to_string())
-    }
-
-    /// The heartbeat period in milliseconds.
-    #[getter]
-    fn period_ms(&self) -> u64 {
-        self.period_ms
-    }
-
-    /// True once closed.
-    #[getter]
-    fn closed(&self) -> bool {
-        !self.inner.as_ref().is_some_and(|inner| inner.is_open())
-    }
-
-    fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
-        slf
-    }
-
-    #[pyo3(signature = (_exc_type=None, _exc_value=None, _traceback=None))]
-    fn __exit__(
-        slf: PyRefMut<'_, Self>,
-        _exc_type: Option<&Bound<'_, PyType>>,
-        _exc_value: Option<&Bound<'_, PyAny>>,
-        _traceback: Option<&Bound<'_, PyAny>>,
-    ) -> bool {
-        Publisher::close_released(slf);
-        false
-    }
-
-    fn __repr__(&self) -> String {
-        format!(
-            "Publisher(engine_id={:?}, uri={:?}, closed={})",
-            self.engine_id,
-            self.uri,
-            self.closed()
-        )
-    }
+    };
+    ($($fields:tt)*) => {
+        publisher_methods!(@settable [] $($fields)*);
+    };
 }
+
+engine_state_shm_format::snapshot_fields!(publisher_methods);

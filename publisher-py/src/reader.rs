@@ -112,49 +112,13 @@ impl Reader {
     }
 }
 
-/// One engine's state: the fields of `esdump --json`.
+/// One engine's state: the fields of `esdump --json`, read from the reader's
+/// value it wraps.
 #[pyclass(module = "engine_state._native", name = "EngineState", frozen)]
 pub(crate) struct EngineState {
-    #[pyo3(get)]
-    engine_id: String,
-    #[pyo3(get)]
-    status: &'static str,
-    #[pyo3(get)]
-    captured_mono_ns: u64,
-    #[pyo3(get)]
-    captured_unix_ns: u64,
-    #[pyo3(get)]
-    step: u64,
-    #[pyo3(get)]
-    num_running: u64,
-    #[pyo3(get)]
-    num_waiting: u64,
-    #[pyo3(get)]
-    gpu_blocks_total: u64,
-    #[pyo3(get)]
-    gpu_blocks_free: u64,
-    #[pyo3(get)]
-    pending_prefill_tokens: u64,
-    #[pyo3(get)]
-    ongoing_decode_tokens: u64,
-    #[pyo3(get)]
-    num_prefilling: u64,
-    #[pyo3(get)]
-    max_prefill_remaining: u64,
-    #[pyo3(get)]
-    num_preempted: u64,
-    #[pyo3(get)]
-    flags: u64,
-    #[pyo3(get)]
-    heartbeat_age_ms: f64,
-    #[pyo3(get)]
-    capture_age_ms: f64,
-    #[pyo3(get)]
-    gpu_kv_used_frac: Option<f64>,
-    #[pyo3(get)]
-    generation: u64,
-    /// What the reader returned, for the router (`RealState::from` owns the
-    /// status → freshness rule; nothing is rebuilt from the Python fields).
+    /// What the reader returned: every attribute is read from it, and the
+    /// router takes it as it is (`RealState::from` owns the status →
+    /// freshness rule; nothing is rebuilt from the Python attributes).
     state: engine_state_reader::EngineState,
 }
 
@@ -167,78 +131,103 @@ impl EngineState {
     pub(crate) fn id(&self) -> &str {
         &self.state.engine_id
     }
+
+    /// The keys and values of `esdump --json`, made by the same `Serialize`
+    /// (`reader/src/state.rs`), in the same order.
+    fn dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        crate::to_python::to_dict(py, &self.state)
+    }
+
+    fn repr(&self) -> String {
+        let s = &self.state;
+        format!(
+            "EngineState(engine_id={:?}, status={:?}, num_running={}, num_waiting={}, \
+             pending_prefill_tokens={}, heartbeat_age_ms={:.1})",
+            s.engine_id.as_ref(),
+            s.status.as_str(),
+            s.snapshot.num_running,
+            s.snapshot.num_waiting,
+            s.snapshot.pending_prefill_tokens,
+            millis(s.heartbeat_age)
+        )
+    }
 }
 
 impl From<&engine_state_reader::EngineState> for EngineState {
     fn from(state: &engine_state_reader::EngineState) -> EngineState {
-        let s = &state.snapshot;
         EngineState {
-            engine_id: state.engine_id.to_string(),
-            status: state.status.as_str(),
-            captured_mono_ns: s.captured_mono_ns,
-            captured_unix_ns: s.captured_unix_ns,
-            step: s.step,
-            num_running: s.num_running,
-            num_waiting: s.num_waiting,
-            gpu_blocks_total: s.gpu_blocks_total,
-            gpu_blocks_free: s.gpu_blocks_free,
-            pending_prefill_tokens: s.pending_prefill_tokens,
-            ongoing_decode_tokens: s.ongoing_decode_tokens,
-            num_prefilling: s.num_prefilling,
-            max_prefill_remaining: s.max_prefill_remaining,
-            num_preempted: s.num_preempted,
-            flags: s.flags,
-            heartbeat_age_ms: millis(state.heartbeat_age),
-            capture_age_ms: millis(state.capture_age),
-            gpu_kv_used_frac: state.gpu_kv_used_frac(),
-            generation: state.generation,
             state: state.clone(),
         }
     }
 }
 
-#[pymethods]
-impl EngineState {
-    /// True when the state may be used (status "fresh").
-    #[getter]
-    fn fresh(&self) -> bool {
-        self.status == "fresh"
-    }
+/// The Python methods, with one read-only attribute per snapshot field
+/// (`snapshot_fields!`, documented as the field is). pyo3 takes one
+/// `#[pymethods]` block per class, so the whole block is emitted here.
+macro_rules! engine_state_methods {
+    ($($(#[$doc:meta])* $field:ident = $word:literal,)*) => {
+        #[pymethods]
+        impl EngineState {
+            /// The engine id (file name / key suffix).
+            #[getter]
+            fn engine_id(&self) -> &str {
+                &self.state.engine_id
+            }
 
-    /// The same keys as one object of `esdump --json`.
-    fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let d = PyDict::new(py);
-        d.set_item("engine_id", &self.engine_id)?;
-        d.set_item("captured_mono_ns", self.captured_mono_ns)?;
-        d.set_item("captured_unix_ns", self.captured_unix_ns)?;
-        d.set_item("step", self.step)?;
-        d.set_item("num_running", self.num_running)?;
-        d.set_item("num_waiting", self.num_waiting)?;
-        d.set_item("gpu_blocks_total", self.gpu_blocks_total)?;
-        d.set_item("gpu_blocks_free", self.gpu_blocks_free)?;
-        d.set_item("pending_prefill_tokens", self.pending_prefill_tokens)?;
-        d.set_item("ongoing_decode_tokens", self.ongoing_decode_tokens)?;
-        d.set_item("num_prefilling", self.num_prefilling)?;
-        d.set_item("max_prefill_remaining", self.max_prefill_remaining)?;
-        d.set_item("num_preempted", self.num_preempted)?;
-        d.set_item("flags", self.flags)?;
-        d.set_item("status", self.status)?;
-        d.set_item("heartbeat_age_ms", self.heartbeat_age_ms)?;
-        d.set_item("capture_age_ms", self.capture_age_ms)?;
-        d.set_item("gpu_kv_used_frac", self.gpu_kv_used_frac)?;
-        Ok(d)
-    }
+            /// "fresh", "stale", "dead" or "torn".
+            #[getter]
+            fn status(&self) -> &'static str {
+                self.state.status.as_str()
+            }
 
-    fn __repr__(&self) -> String {
-        format!(
-            "EngineState(engine_id={:?}, status={:?}, num_running={}, num_waiting={}, \
-             pending_prefill_tokens={}, heartbeat_age_ms={:.1})",
-            self.engine_id,
-            self.status,
-            self.num_running,
-            self.num_waiting,
-            self.pending_prefill_tokens,
-            self.heartbeat_age_ms
-        )
-    }
+            $(
+                $(#[$doc])*
+                #[getter]
+                fn $field(&self) -> u64 {
+                    self.state.snapshot.$field
+                }
+            )*
+
+            /// Time since the writer's last heartbeat, in ms.
+            #[getter]
+            fn heartbeat_age_ms(&self) -> f64 {
+                millis(self.state.heartbeat_age)
+            }
+
+            /// Time since the snapshot was captured, in ms.
+            #[getter]
+            fn capture_age_ms(&self) -> f64 {
+                millis(self.state.capture_age)
+            }
+
+            /// `1 - free / total` of the KV blocks; None without blocks.
+            #[getter]
+            fn gpu_kv_used_frac(&self) -> Option<f64> {
+                self.state.gpu_kv_used_frac()
+            }
+
+            /// The generation of the writer's file or key (a restart makes a new one).
+            #[getter]
+            fn generation(&self) -> u64 {
+                self.state.generation
+            }
+
+            /// True when the state may be used (status "fresh").
+            #[getter]
+            fn fresh(&self) -> bool {
+                self.state.is_fresh()
+            }
+
+            /// The same keys as one object of `esdump --json`.
+            fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+                self.dict(py)
+            }
+
+            fn __repr__(&self) -> String {
+                self.repr()
+            }
+        }
+    };
 }
+
+engine_state_shm_format::snapshot_fields!(engine_state_methods);

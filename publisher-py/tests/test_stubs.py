@@ -4,6 +4,8 @@ import ast
 import inspect
 import pathlib
 
+import pytest
+
 import engine_state
 from engine_state import _native
 
@@ -30,8 +32,16 @@ def test_every_public_name_is_stubbed_and_exported():
     # The vLLM hook's internal names (its capture types) are stubbed privately, and exist.
     for name in stubbed - stubbed_public:
         assert hasattr(_native, name), f"{name} is stubbed but missing"
-    # RequestCapture and IncrementalCapture serve the vLLM hook (engine_state.vllm), not users.
-    assert set(engine_state.__all__) == public - {"RequestCapture", "IncrementalCapture"}
+    # The package exports exactly the public API; the vLLM hook's capture types
+    # (engine_state.vllm) are underscored, stubbed, in neither __all__, and not
+    # re-exported by the package.
+    assert set(engine_state.__all__) == public
+    internal = {"_RequestCapture", "_IncrementalCapture", "_RequestTotals"}
+    assert internal <= stubbed - stubbed_public
+    for name in internal:
+        assert hasattr(_native, name), name
+        assert name not in _native.__all__ and name not in engine_state.__all__, name
+        assert not hasattr(engine_state, name), name
     assert not [n for n in public if "Capture" in n or "Totals" in n], public
 
 
@@ -78,3 +88,63 @@ def test_publisher_stats_keys_match(uri):
     stubbed = [key.value for key in stats_type.args[1].keys]
     with _native.Publisher(uri=uri, engine_id="stub-keys") as publisher:
         assert sorted(publisher.stats()) == sorted(stubbed)
+
+
+def stub_class(name):
+    (cls,) = [n for n in stub_tree().body if isinstance(n, ast.ClassDef) and n.name == name]
+    return cls
+
+
+def stub_method(cls, name):
+    (method,) = [i for i in cls.body if isinstance(i, ast.FunctionDef) and i.name == name]
+    return method
+
+
+def stub_attributes(cls):
+    return [i.target.id for i in cls.body if isinstance(i, ast.AnnAssign)]
+
+
+# What the stub must spell is checked against the Rust owner of the field list
+# (shm-format's snapshot_fields!, exported as FIELD_NAMES).
+
+
+def test_publish_keywords_are_the_snapshot_fields(uri):
+    publish = stub_method(stub_class("Publisher"), "publish")
+    keywords = [a.arg for a in publish.args.kwonlyargs]
+    settable = [n for n in _native.FIELD_NAMES if not n.startswith("captured_")]
+    assert keywords == settable
+    runtime = inspect.signature(_native.Publisher.publish).parameters.values()
+    assert [p.name for p in runtime if p.kind is p.KEYWORD_ONLY] == settable
+    assert all(isinstance(d, ast.Constant) and d.value == 0 for d in publish.args.kw_defaults)
+    with _native.Publisher(uri=uri, engine_id="stub-fields") as publisher:
+        publisher.publish(**{n: 0 for n in keywords})
+        for stamp in ("captured_mono_ns", "captured_unix_ns"):
+            with pytest.raises(TypeError, match=f"unexpected keyword argument '{stamp}'"):
+                publisher.publish(**{stamp: 1})
+
+
+def test_engine_state_attributes_are_the_snapshot_fields():
+    attributes = stub_attributes(stub_class("EngineState"))
+    fields = [a for a in attributes if a in _native.FIELD_NAMES]
+    assert fields == list(_native.FIELD_NAMES)
+    for name in attributes:
+        assert hasattr(_native.EngineState, name), name
+
+
+def test_request_totals_attributes_are_the_request_sums():
+    capture = _native._RequestCapture(
+        prompt_attr="p",
+        computed_attr="c",
+        tokens_attr="t",
+        tokens_is_sequence=False,
+        status_attr="s",
+        preempted_status=None,
+    )
+    totals = capture.capture([], [])
+    # "_RequestTotals(num_running=0, ...)": the Rust accumulator's names, in its order.
+    runtime = [part.split("=")[0] for part in repr(totals)[len("_RequestTotals(") : -1].split(", ")]
+    assert stub_attributes(stub_class("_RequestTotals")) == runtime
+    assert len(totals) == len(runtime)
+    assert set(runtime) < set(_native.FIELD_NAMES)
+    for name in runtime:
+        assert getattr(totals, name) == 0

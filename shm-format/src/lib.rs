@@ -4,7 +4,9 @@
 //! This crate owns the bytes and nothing else (no discovery, no staleness
 //! policy, no environment): the `engine-state-reader` crate builds on it.
 //!
-//! - [`Snapshot`]: sixteen `u64` words, field names as in DESIGN §3.
+//! - [`Snapshot`]: sixteen `u64` words; its field list is written once
+//!   ([`snapshot_fields!`]), and the request sums into it (remaining prefill,
+//!   [`Snapshot::add_running`], [`Snapshot::add_waiting`], the idle flag) once.
 //! - [`ShmWriter`]: the single writer of one engine's file; atomic creation,
 //!   `flock` against a second writer, seqlock publish, [`Heartbeat`] handle for
 //!   a timer thread, retirement.
@@ -40,6 +42,7 @@ compile_error!(
     "engine-state layout version 1 stores little-endian words; big-endian hosts are not supported"
 );
 
+mod aggregate;
 mod clock;
 mod engine_id;
 mod error;
@@ -59,6 +62,7 @@ mod snapshot;
 #[cfg(not(loom))]
 mod writer;
 
+pub use crate::aggregate::{RequestTokens, WaitingRequest};
 pub use crate::clock::{monotonic_ns, pid_namespace, unix_ns};
 pub use crate::engine_id::{EngineId, MAX_ENGINE_ID_LEN};
 pub use crate::error::Error;
@@ -67,7 +71,7 @@ pub use crate::layout::{Header, FILE_SIZE, LAYOUT_VERSION};
 pub use crate::seqlock::Torn;
 #[cfg(not(loom))]
 pub use crate::shm_file::ShmFile;
-pub use crate::snapshot::{Snapshot, FLAG_IDLE, FLAG_SHUTTING_DOWN, SNAPSHOT_WORDS};
+pub use crate::snapshot::{Snapshot, FIELD_COUNT, FLAG_IDLE, FLAG_SHUTTING_DOWN, SNAPSHOT_WORDS};
 #[cfg(not(loom))]
 pub use crate::writer::{Heartbeat, ShmWriter, WriterOptions, WrongProcess};
 

@@ -1,4 +1,5 @@
-//! The engine snapshot: sixteen little-endian `u64` words (DESIGN §3).
+//! The engine snapshot: sixteen little-endian `u64` words (docs/FORMAT.md,
+//! "Snapshot words"), and its field list, written once ([`snapshot_fields!`]).
 
 use bytemuck::{Pod, Zeroable};
 
@@ -10,73 +11,116 @@ pub const FLAG_IDLE: u64 = 1 << 0;
 /// Bit 1 of [`Snapshot::flags`]: the engine is shutting down.
 pub const FLAG_SHUTTING_DOWN: u64 = 1 << 1;
 
-/// One engine's scheduler state at one instant.
+/// The snapshot's field list: the one place the field names are written.
 ///
-/// The field names are the contract: they appear the same in Rust, Python,
-/// `esdump --json` and Prometheus labels ([`Snapshot::FIELD_NAMES`]).
-/// The word index of each field is its position here and is pinned by
-/// compile-time asserts and a golden-bytes test.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
-pub struct Snapshot {
-    /// `CLOCK_MONOTONIC` at capture, in ns (same-host ages).
-    pub captured_mono_ns: u64,
-    /// `CLOCK_REALTIME` at capture, in ns since the Unix epoch (display, cross-host).
-    pub captured_unix_ns: u64,
-    /// Scheduler steps seen by the hook.
-    pub step: u64,
-    /// `len(scheduler.running)`.
-    pub num_running: u64,
-    /// `len(waiting) + len(kv_holding_waiting)`.
-    pub num_waiting: u64,
-    /// Usable KV blocks (`num_gpu_blocks - 1`: the null block is excluded).
-    pub gpu_blocks_total: u64,
-    /// Free KV blocks (`block_pool.get_num_free_blocks()`, evictable cached blocks included).
-    pub gpu_blocks_free: u64,
-    /// Sum over waiting and running requests of their remaining prefill tokens.
-    pub pending_prefill_tokens: u64,
-    /// Sum of `num_tokens` over running requests whose prefill is complete.
-    pub ongoing_decode_tokens: u64,
-    /// Running requests with remaining prefill > 0.
-    pub num_prefilling: u64,
-    /// Largest remaining prefill of any waiting or running request.
-    pub max_prefill_remaining: u64,
-    /// Requests currently in state `PREEMPTED`.
-    pub num_preempted: u64,
-    /// [`FLAG_IDLE`], [`FLAG_SHUTTING_DOWN`].
-    pub flags: u64,
-    /// Zero in layout version 1.
-    pub reserved: [u64; 3],
+/// `snapshot_fields!(callback)` calls `callback!` with every meaningful word
+/// of the snapshot, in word order, as `/// docs  name = word_index,`. This
+/// module defines [`Snapshot`] from it (the struct, [`Snapshot::FIELD_NAMES`],
+/// the offset asserts, the by-name accessors); code in other crates that
+/// must name each field as a Rust item (a Python attribute, a C struct's
+/// offset check) expands its own macro from it instead of typing the list
+/// again. Everything else iterates [`Snapshot::fields`] or goes by name
+/// ([`Snapshot::field`], [`Snapshot::field_mut`]). What another language
+/// must spell (the C header, the Go layout, the Python stub) is checked
+/// against [`Snapshot::FIELD_NAMES`] by a test (docs/ARCHITECTURE.md, "Where
+/// each concept lives").
+///
+/// ```
+/// macro_rules! names {
+///     ($($(#[$doc:meta])* $field:ident = $word:literal,)*) => {
+///         [$(stringify!($field)),*]
+///     };
+/// }
+/// let names = engine_state_shm_format::snapshot_fields!(names);
+/// assert_eq!(names, engine_state_shm_format::Snapshot::FIELD_NAMES);
+/// ```
+#[macro_export]
+macro_rules! snapshot_fields {
+    ($callback:ident) => {
+        $callback! {
+            /// `CLOCK_MONOTONIC` at capture, in ns (same-host ages).
+            captured_mono_ns = 0,
+            /// `CLOCK_REALTIME` at capture, in ns since the Unix epoch (display, cross-host).
+            captured_unix_ns = 1,
+            /// Scheduler steps seen by the hook.
+            step = 2,
+            /// `len(scheduler.running)`.
+            num_running = 3,
+            /// `len(waiting) + len(kv_holding_waiting)`.
+            num_waiting = 4,
+            /// Usable KV blocks (`num_gpu_blocks - 1`: the null block is excluded).
+            gpu_blocks_total = 5,
+            /// Free KV blocks (`block_pool.get_num_free_blocks()`, evictable cached blocks included).
+            gpu_blocks_free = 6,
+            /// Sum over waiting and running requests of their remaining prefill tokens.
+            pending_prefill_tokens = 7,
+            /// Sum of `num_tokens` over running requests whose prefill is complete.
+            ongoing_decode_tokens = 8,
+            /// Running requests with remaining prefill > 0.
+            num_prefilling = 9,
+            /// Largest remaining prefill of any waiting or running request.
+            max_prefill_remaining = 10,
+            /// Requests currently in state `PREEMPTED`.
+            num_preempted = 11,
+            /// `FLAG_IDLE` (bit 0), `FLAG_SHUTTING_DOWN` (bit 1).
+            flags = 12,
+        }
+    };
 }
+
+/// Emits `Snapshot` and what must follow its field list (from `snapshot_fields!`).
+macro_rules! define_snapshot {
+    ($($(#[$doc:meta])* $field:ident = $word:literal,)*) => {
+        /// One engine's scheduler state at one instant.
+        ///
+        /// The field names are the contract: they appear the same in Rust,
+        /// Python, `esdump --json` and Prometheus labels
+        /// ([`Snapshot::FIELD_NAMES`]). The word index of each field is its
+        /// position here and is pinned by compile-time asserts and a
+        /// golden-bytes test.
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+        pub struct Snapshot {
+            $($(#[$doc])* pub $field: u64,)*
+            /// Zero in layout version 1.
+            pub reserved: [u64; 3],
+        }
+
+        $(const _: () = assert!(core::mem::offset_of!(Snapshot, $field) == $word * 8);)*
+
+        impl Snapshot {
+            /// The names of the meaningful words, in word order.
+            pub const FIELD_NAMES: [&'static str; FIELD_COUNT] = [$(stringify!($field)),*];
+
+            /// The value of a field by its contract name (see [`Snapshot::FIELD_NAMES`]).
+            pub fn field(&self, name: &str) -> Option<u64> {
+                match name {
+                    $(stringify!($field) => Some(self.$field),)*
+                    _ => None,
+                }
+            }
+
+            /// The field of this contract name, to set it (see [`Snapshot::FIELD_NAMES`]).
+            pub fn field_mut(&mut self, name: &str) -> Option<&mut u64> {
+                match name {
+                    $(stringify!($field) => Some(&mut self.$field),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+/// Number of meaningful words (named fields) in a snapshot; the rest are reserved.
+pub const FIELD_COUNT: usize = 13;
+
+snapshot_fields!(define_snapshot);
 
 const _: () = assert!(core::mem::size_of::<Snapshot>() == SNAPSHOT_WORDS * 8);
 const _: () = assert!(core::mem::align_of::<Snapshot>() == 8);
-const _: () = assert!(core::mem::offset_of!(Snapshot, captured_mono_ns) == 0);
-const _: () = assert!(core::mem::offset_of!(Snapshot, step) == 2 * 8);
-const _: () = assert!(core::mem::offset_of!(Snapshot, gpu_blocks_total) == 5 * 8);
-const _: () = assert!(core::mem::offset_of!(Snapshot, pending_prefill_tokens) == 7 * 8);
-const _: () = assert!(core::mem::offset_of!(Snapshot, max_prefill_remaining) == 10 * 8);
-const _: () = assert!(core::mem::offset_of!(Snapshot, flags) == 12 * 8);
-const _: () = assert!(core::mem::offset_of!(Snapshot, reserved) == 13 * 8);
+const _: () = assert!(core::mem::offset_of!(Snapshot, reserved) == FIELD_COUNT * 8);
 
 impl Snapshot {
-    /// The names of the 13 meaningful words, in word order.
-    pub const FIELD_NAMES: [&'static str; 13] = [
-        "captured_mono_ns",
-        "captured_unix_ns",
-        "step",
-        "num_running",
-        "num_waiting",
-        "gpu_blocks_total",
-        "gpu_blocks_free",
-        "pending_prefill_tokens",
-        "ongoing_decode_tokens",
-        "num_prefilling",
-        "max_prefill_remaining",
-        "num_preempted",
-        "flags",
-    ];
-
     /// The snapshot as its 16 words, in layout order.
     #[inline]
     pub fn to_words(&self) -> [u64; SNAPSHOT_WORDS] {
@@ -107,16 +151,38 @@ impl Snapshot {
         Snapshot::from_words(words)
     }
 
-    /// The value of a field by its contract name (see [`Snapshot::FIELD_NAMES`]).
-    pub fn field(&self, name: &str) -> Option<u64> {
-        let index = Self::FIELD_NAMES.iter().position(|n| *n == name)?;
-        Some(self.to_words()[index])
+    /// The fields a writer stamps at each publish (the capture clocks): a
+    /// producer never sets them.
+    pub const CAPTURE_STAMPS: [&'static str; 2] = ["captured_mono_ns", "captured_unix_ns"];
+
+    /// Every named field and its value, in word order (`esdump --json`, the
+    /// esdump table, the Prometheus gauges).
+    #[inline]
+    pub fn fields(&self) -> impl Iterator<Item = (&'static str, u64)> {
+        Self::FIELD_NAMES.into_iter().zip(self.to_words())
     }
 
     /// The engine had no running and no waiting requests at capture.
     #[inline]
     pub fn is_idle(&self) -> bool {
         self.flags & FLAG_IDLE != 0
+    }
+
+    /// The engine has requests, running or waiting (the idle flag's negation).
+    #[inline]
+    pub fn has_requests(&self) -> bool {
+        self.num_running + self.num_waiting > 0
+    }
+
+    /// Sets [`FLAG_IDLE`] from the counts: set without running and waiting
+    /// requests, clear otherwise. Other flags are kept.
+    #[inline]
+    pub fn set_idle_from_counts(&mut self) {
+        if self.has_requests() {
+            self.flags &= !FLAG_IDLE;
+        } else {
+            self.flags |= FLAG_IDLE;
+        }
     }
 
     /// The engine was shutting down at capture.
@@ -151,6 +217,40 @@ mod tests {
         assert_eq!(snap.num_running, 103);
         assert_eq!(snap.flags, 112);
         assert_eq!(snap.field("reserved"), None);
+        let named: Vec<(&str, u64)> = snap.fields().collect();
+        assert_eq!(named.len(), FIELD_COUNT);
+        assert_eq!(named[3], ("num_running", 103));
+        assert_eq!(named[12], ("flags", 112));
+    }
+
+    #[test]
+    fn fields_are_set_by_name() {
+        let mut snap = Snapshot::default();
+        for (index, name) in Snapshot::FIELD_NAMES.iter().enumerate() {
+            *snap.field_mut(name).unwrap() = 1000 + index as u64;
+        }
+        assert_eq!(snap.pending_prefill_tokens, 1007);
+        assert_eq!(
+            snap.to_words()[..FIELD_COUNT],
+            core::array::from_fn::<u64, FIELD_COUNT, _>(|i| 1000 + i as u64)
+        );
+        assert!(snap.field_mut("reserved").is_none());
+        assert!(snap.field_mut("num_runing").is_none());
+    }
+
+    #[test]
+    fn idle_follows_the_counts_and_keeps_other_flags() {
+        let mut s = Snapshot {
+            flags: FLAG_SHUTTING_DOWN,
+            ..Snapshot::default()
+        };
+        s.set_idle_from_counts();
+        assert_eq!(s.flags, FLAG_IDLE | FLAG_SHUTTING_DOWN);
+        assert!(!s.has_requests());
+        s.num_waiting = 1;
+        s.set_idle_from_counts();
+        assert_eq!(s.flags, FLAG_SHUTTING_DOWN);
+        assert!(s.has_requests());
     }
 
     #[test]

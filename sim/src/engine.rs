@@ -11,6 +11,8 @@
 
 use std::collections::VecDeque;
 
+use engine_state_shm_format::{RequestTokens, Snapshot, WaitingRequest};
+
 use crate::kv::{BlockPool, U64Map};
 use crate::profile::{EngineProfile, KV_BLOCK_TOKENS};
 use crate::trace::mix;
@@ -69,13 +71,19 @@ impl Live {
         self.request.prompt_len + self.num_output
     }
 
-    /// DESIGN §3: remaining prefill, 0 for a decoding request.
-    fn remaining_prefill(&self) -> u64 {
-        if self.num_output > 0 {
-            (self.num_tokens() - 1).saturating_sub(self.num_computed)
-        } else {
-            self.request.prompt_len.saturating_sub(self.num_computed)
+    /// The token counts its remaining prefill and decode load come from,
+    /// as the vLLM hook reads them from a vLLM request.
+    fn tokens(&self) -> RequestTokens {
+        RequestTokens {
+            prompt: self.request.prompt_len as i64,
+            computed: self.num_computed as i64,
+            tokens: self.num_tokens() as i64,
         }
+    }
+
+    /// Remaining prefill, 0 for a decoding request (shm-format's rule).
+    fn remaining_prefill(&self) -> u64 {
+        self.tokens().remaining_prefill()
     }
 }
 
@@ -404,31 +412,32 @@ impl Engine {
         output
     }
 
-    /// The DESIGN §3 snapshot of this state (`captured_*` and `step` left 0
-    /// for the caller to stamp; `flags` bit 0 when idle).
-    pub fn snapshot(&self) -> engine_state_shm_format::Snapshot {
-        let mut s = engine_state_shm_format::Snapshot {
+    /// The snapshot of this state (docs/FORMAT.md, "Snapshot words"; the
+    /// request sums by shm-format's aggregation, as the vLLM hook's capture
+    /// makes them): `captured_*` left 0 for the caller to stamp; the idle
+    /// flag from the counts.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut s = Snapshot {
             step: self.counters.steps,
-            num_running: self.running.len() as u64,
-            num_waiting: self.waiting.len() as u64,
             gpu_blocks_total: self.pool.total() as u64,
             gpu_blocks_free: self.pool.num_free() as u64,
-            ..Default::default()
+            ..Snapshot::default()
         };
         for live in self.live.values() {
-            let remaining = live.remaining_prefill();
-            s.pending_prefill_tokens += remaining;
-            s.max_prefill_remaining = s.max_prefill_remaining.max(remaining);
             match live.status {
-                Status::Running if remaining > 0 => s.num_prefilling += 1,
-                Status::Running => s.ongoing_decode_tokens += live.num_tokens(),
-                Status::Preempted => s.num_preempted += 1,
-                Status::Waiting => {}
+                Status::Running => s.add_running(live.tokens()),
+                Status::Waiting | Status::Preempted => s.add_waiting(WaitingRequest {
+                    remaining_prefill: live.remaining_prefill(),
+                    preempted: live.status == Status::Preempted,
+                }),
             }
         }
-        if self.live.is_empty() {
-            s.flags |= engine_state_shm_format::FLAG_IDLE;
-        }
+        // Every live request is in exactly the queue its status names.
+        debug_assert_eq!(
+            (s.num_running, s.num_waiting),
+            (self.running.len() as u64, self.waiting.len() as u64)
+        );
+        s.set_idle_from_counts();
         s
     }
 }

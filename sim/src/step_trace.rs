@@ -12,6 +12,8 @@
 
 use std::collections::BTreeMap;
 
+use engine_state_shm_format::Snapshot;
+use serde::ser::{SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
 
 use crate::engine::{Admission, Engine, EngineRequest};
@@ -49,7 +51,7 @@ pub struct ScenarioRequest {
 }
 
 /// The engine after one step.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StepRecord {
     /// The scenario's step index.
     pub step: u64,
@@ -61,22 +63,32 @@ pub struct StepRecord {
     pub admitted: Vec<Admission>,
     /// Requests that sampled their last token.
     pub finished: Vec<u64>,
-    /// Running requests after the step.
-    pub num_running: u64,
-    /// Waiting (and preempted) requests after the step.
-    pub num_waiting: u64,
-    /// Free KV blocks (evictable cached ones included) after the step.
-    pub gpu_blocks_free: u64,
-    /// DESIGN §3 fields of the engine's snapshot after the step.
-    pub pending_prefill_tokens: u64,
-    /// DESIGN §3.
-    pub ongoing_decode_tokens: u64,
-    /// DESIGN §3.
-    pub num_prefilling: u64,
-    /// DESIGN §3.
-    pub max_prefill_remaining: u64,
-    /// DESIGN §3.
-    pub num_preempted: u64,
+    /// The engine's snapshot after the step ([`Engine::snapshot`]).
+    pub state: Snapshot,
+}
+
+/// Snapshot fields a record's JSON leaves out: the stamps (never set by the
+/// model), the engine's own step count (the record's `step` is the
+/// scenario's), the fixed block count and the flags. Every other field is
+/// written under its snapshot name, in word order, as vLLM's side of the
+/// comparison names it.
+const NOT_COMPARED: [&str; 3] = ["step", "gpu_blocks_total", "flags"];
+
+impl Serialize for StepRecord {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(None)?;
+        map.serialize_entry("step", &self.step)?;
+        map.serialize_entry("scheduled", &self.scheduled)?;
+        map.serialize_entry("preempted", &self.preempted)?;
+        map.serialize_entry("admitted", &self.admitted)?;
+        map.serialize_entry("finished", &self.finished)?;
+        for (name, value) in self.state.fields() {
+            if !NOT_COMPARED.contains(&name) && !Snapshot::CAPTURE_STAMPS.contains(&name) {
+                map.serialize_entry(name, &value)?;
+            }
+        }
+        map.end()
+    }
 }
 
 /// Run `scenario` through one engine with `profile`; one record per step run.
@@ -132,21 +144,13 @@ pub fn step_trace(
         }
         let scheduled = engine.schedule();
         let output = engine.finish_step(&scheduled);
-        let s = engine.snapshot();
         records.push(StepRecord {
             step,
             scheduled: scheduled.scheduled,
             preempted: scheduled.preempted,
             admitted: scheduled.admitted,
             finished: output.finished,
-            num_running: s.num_running,
-            num_waiting: s.num_waiting,
-            gpu_blocks_free: s.gpu_blocks_free,
-            pending_prefill_tokens: s.pending_prefill_tokens,
-            ongoing_decode_tokens: s.ongoing_decode_tokens,
-            num_prefilling: s.num_prefilling,
-            max_prefill_remaining: s.max_prefill_remaining,
-            num_preempted: s.num_preempted,
+            state: engine.snapshot(),
         });
         step += 1;
     }
@@ -182,7 +186,7 @@ mod tests {
         assert_eq!(records[2].finished, vec![7]);
         assert_eq!(records[3].admitted.len(), 1);
         assert_eq!(
-            records[3].num_running, 0,
+            records[3].state.num_running, 0,
             "request 8 finished in its first step"
         );
     }
@@ -204,5 +208,35 @@ mod tests {
         );
         let err = step_trace(&profile, &twice).unwrap_err().to_string();
         assert!(err.contains("appears twice"), "{err}");
+    }
+
+    #[test]
+    fn a_record_is_the_json_the_vllm_comparison_reads() {
+        let s = scenario(
+            r#"{"requests": [{"id": 7, "arrival_step": 0, "prompt_len": 100, "output_len": 2},
+                             {"id": 8, "arrival_step": 0, "prompt_len": 40, "output_len": 3}]}"#,
+        );
+        let records = step_trace(&EngineProfile::default(), &s).unwrap();
+        let value = serde_json::to_value(&records[0]).unwrap();
+        let object = value.as_object().unwrap();
+        let mut keys: Vec<&str> = object.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        let fields = Snapshot::FIELD_NAMES.into_iter().filter(|name| {
+            !NOT_COMPARED.contains(name) && !Snapshot::CAPTURE_STAMPS.contains(name)
+        });
+        let mut expected: Vec<&str> = ["step", "scheduled", "preempted", "admitted", "finished"]
+            .into_iter()
+            .chain(fields.clone())
+            .collect();
+        expected.sort_unstable();
+        assert_eq!(keys, expected);
+        for name in fields {
+            assert_eq!(
+                object[name],
+                records[0].state.field(name).unwrap(),
+                "{name}"
+            );
+        }
+        assert_eq!(object["scheduled"], serde_json::json!([[7, 100], [8, 40]]));
     }
 }

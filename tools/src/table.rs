@@ -3,68 +3,119 @@
 use std::borrow::Cow;
 use std::fmt::Write;
 
-use engine_state_reader::{millis, printable, Reading};
-use engine_state_shm_format::EngineId;
+use engine_state_reader::{millis, printable, EngineState, Reading};
+use engine_state_shm_format::{EngineId, Snapshot, FIELD_COUNT};
 
-const COLUMNS: [&str; 18] = [
-    "ENGINE",
-    "STATUS",
+/// The column label of each snapshot field, in word order
+/// (`Snapshot::FIELD_NAMES`).
+const FIELD_LABELS: [&str; FIELD_COUNT] = [
+    "MONO_NS",
+    "CAPTURED_UTC",
+    "STEP",
     "RUN",
     "WAIT",
-    "KV_USED",
-    "BLK_FREE",
     "BLK_TOTAL",
+    "BLK_FREE",
     "PEND_PREFILL",
     "DECODE_TOK",
     "PREFILLING",
     "MAX_PREFILL",
     "PREEMPT",
-    "STEP",
     "FLAGS",
-    "HB_AGE_MS",
-    "CAP_AGE_MS",
-    "CAPTURED_UTC",
-    "MONO_NS",
 ];
+
+/// What a column shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Column {
+    Engine,
+    Status,
+    /// The snapshot word of this index.
+    Field(usize),
+    KvUsed,
+    HeartbeatAge,
+    CaptureAge,
+}
+
+/// The columns, in order: the engine and its status, every snapshot field
+/// in word order (the KV used fraction after the free blocks), both ages,
+/// and the capture stamps last (wall clock, then monotonic).
+fn columns() -> Vec<(&'static str, Column)> {
+    let is_stamp = |name: &&str| Snapshot::CAPTURE_STAMPS.contains(name);
+    let mut columns = vec![("ENGINE", Column::Engine), ("STATUS", Column::Status)];
+    for (word, name) in Snapshot::FIELD_NAMES.iter().enumerate() {
+        if is_stamp(name) {
+            continue;
+        }
+        columns.push((FIELD_LABELS[word], Column::Field(word)));
+        if *name == "gpu_blocks_free" {
+            columns.push(("KV_USED", Column::KvUsed));
+        }
+    }
+    columns.push(("HB_AGE_MS", Column::HeartbeatAge));
+    columns.push(("CAP_AGE_MS", Column::CaptureAge));
+    for (word, name) in Snapshot::FIELD_NAMES.iter().enumerate().rev() {
+        if is_stamp(name) {
+            columns.push((FIELD_LABELS[word], Column::Field(word)));
+        }
+    }
+    columns
+}
+
+impl Column {
+    /// The cell of `engine` in this column.
+    fn cell(self, engine: &EngineState) -> String {
+        match self {
+            Column::Engine => shown_name(&engine.engine_id).into_owned(),
+            Column::Status => engine.status.to_string(),
+            Column::Field(word) => {
+                let value = engine.snapshot.to_words()[word];
+                match Snapshot::FIELD_NAMES[word] {
+                    "flags" => flags(value),
+                    "captured_unix_ns" => utc_time(value),
+                    _ => value.to_string(),
+                }
+            }
+            Column::KvUsed => engine
+                .gpu_kv_used_frac()
+                .map_or("-".into(), |f| format!("{:.1}%", f * 100.0)),
+            Column::HeartbeatAge => format!("{:.1}", millis(engine.heartbeat_age)),
+            Column::CaptureAge => format!("{:.1}", millis(engine.capture_age)),
+        }
+    }
+
+    /// Names and words left-aligned, numbers right-aligned.
+    fn left_aligned(self) -> bool {
+        match self {
+            Column::Engine | Column::Status => true,
+            Column::Field(word) => Snapshot::FIELD_NAMES[word] == "flags",
+            _ => false,
+        }
+    }
+}
 
 /// Renders `reading` as an aligned table, one row per engine, errors below.
 pub fn render(reading: &Reading) -> String {
-    let mut rows: Vec<Vec<String>> = vec![COLUMNS.iter().map(|c| c.to_string()).collect()];
-    for e in &reading.engines {
-        let s = &e.snapshot;
-        rows.push(vec![
-            shown_name(&e.engine_id).into_owned(),
-            e.status.to_string(),
-            s.num_running.to_string(),
-            s.num_waiting.to_string(),
-            e.gpu_kv_used_frac()
-                .map_or("-".into(), |f| format!("{:.1}%", f * 100.0)),
-            s.gpu_blocks_free.to_string(),
-            s.gpu_blocks_total.to_string(),
-            s.pending_prefill_tokens.to_string(),
-            s.ongoing_decode_tokens.to_string(),
-            s.num_prefilling.to_string(),
-            s.max_prefill_remaining.to_string(),
-            s.num_preempted.to_string(),
-            s.step.to_string(),
-            flags(s.flags),
-            format!("{:.1}", millis(e.heartbeat_age)),
-            format!("{:.1}", millis(e.capture_age)),
-            utc_time(s.captured_unix_ns),
-            s.captured_mono_ns.to_string(),
-        ]);
+    let columns = columns();
+    let mut rows: Vec<Vec<String>> =
+        vec![columns.iter().map(|(label, _)| label.to_string()).collect()];
+    for engine in &reading.engines {
+        rows.push(
+            columns
+                .iter()
+                .map(|(_, column)| column.cell(engine))
+                .collect(),
+        );
     }
-    let widths: Vec<usize> = (0..COLUMNS.len())
+    let widths: Vec<usize> = (0..columns.len())
         .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
         .collect();
     let mut out = String::new();
     for row in &rows {
-        for (c, cell) in row.iter().enumerate() {
-            // Names and words left-aligned, numbers right-aligned.
-            if c < 2 || c == 13 {
-                let _ = write!(out, "{cell:<w$}  ", w = widths[c]);
+        for ((cell, (_, column)), width) in row.iter().zip(&columns).zip(&widths) {
+            if column.left_aligned() {
+                let _ = write!(out, "{cell:<width$}  ");
             } else {
-                let _ = write!(out, "{cell:>w$}  ", w = widths[c]);
+                let _ = write!(out, "{cell:>width$}  ");
             }
         }
         out.truncate(out.trim_end().len());
@@ -130,7 +181,7 @@ fn utc_time(unix_ns: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use engine_state_reader::{EngineState, Snapshot, Status};
+    use engine_state_reader::Status;
     use std::time::Duration;
 
     #[test]
@@ -173,6 +224,45 @@ mod tests {
             assert!(lines[1].contains(cell), "{cell} missing in {}", lines[1]);
         }
         assert!(render(&Reading::default()).contains("(no engines)"));
+    }
+
+    #[test]
+    fn every_snapshot_field_has_its_column() {
+        let columns = columns();
+        assert_eq!(columns.len(), 2 + FIELD_COUNT + 3);
+        for word in 0..FIELD_COUNT {
+            let at = columns
+                .iter()
+                .filter(|(_, c)| *c == Column::Field(word))
+                .count();
+            assert_eq!(at, 1, "{}", Snapshot::FIELD_NAMES[word]);
+        }
+        // Every plain count in its own column, under its label.
+        let engine = EngineState {
+            engine_id: "e".into(),
+            status: Status::Fresh,
+            snapshot: Snapshot::from_words(core::array::from_fn(|i| 1000 + i as u64)),
+            heartbeat_age: Duration::ZERO,
+            capture_age: Duration::ZERO,
+            generation: 1,
+            read_mono_ns: 0,
+        };
+        let text = render(&Reading {
+            engines: vec![engine],
+            errors: vec![],
+        });
+        let lines: Vec<Vec<&str>> = text
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        for (index, (label, column)) in columns.iter().enumerate() {
+            assert_eq!(lines[0][index], *label);
+            if let Column::Field(word) = column {
+                if *label != "FLAGS" && *label != "CAPTURED_UTC" {
+                    assert_eq!(lines[1][index], (1000 + word).to_string(), "{label}");
+                }
+            }
+        }
     }
 
     #[test]
