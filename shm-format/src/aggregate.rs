@@ -4,8 +4,8 @@
 //! snapshots: the vLLM hook's capture (`publisher-py/src/capture.rs` and `incremental.rs`,
 //! per request, on vLLM's scheduler thread: no allocation here) and the
 //! simulator's engine model (`sim/src/engine.rs`). It lives in `shm-format`
-//! because that is the one crate both depend on and it is what the sums
-//! are sums into (docs/ARCHITECTURE.md, "Where each concept lives").
+//! because the sums are sums into its [`Snapshot`], which both producers
+//! already use (docs/ARCHITECTURE.md, "Where each concept lives").
 
 use crate::snapshot::Snapshot;
 

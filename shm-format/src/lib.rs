@@ -1,8 +1,8 @@
 //! Layout version 1 of engine-state: the fixed-layout engine [`Snapshot`], the
 //! seqlock protocol that publishes it, and the shared-memory file it lives in.
 //!
-//! This crate owns the bytes and nothing else (no discovery, no staleness
-//! policy, no environment): the `engine-state-reader` crate builds on it.
+//! This crate owns the bytes and the rules that fill them (the request sums),
+//! nothing else (no discovery, no staleness policy, no environment): the `engine-state-reader` crate builds on it.
 //!
 //! - [`Snapshot`]: sixteen `u64` words; its field list is written once
 //!   ([`snapshot_fields!`]), and the request sums into it (remaining prefill,

@@ -171,7 +171,7 @@ impl Snapshot {
     /// The engine has requests, running or waiting (the idle flag's negation).
     #[inline]
     pub fn has_requests(&self) -> bool {
-        self.num_running + self.num_waiting > 0
+        self.num_running != 0 || self.num_waiting != 0
     }
 
     /// Sets [`FLAG_IDLE`] from the counts: set without running and waiting
@@ -236,6 +236,23 @@ mod tests {
         );
         assert!(snap.field_mut("reserved").is_none());
         assert!(snap.field_mut("num_runing").is_none());
+    }
+
+    #[test]
+    fn capture_stamps_are_fields() {
+        for name in Snapshot::CAPTURE_STAMPS {
+            assert!(Snapshot::FIELD_NAMES.contains(&name), "{name}");
+        }
+    }
+
+    #[test]
+    fn counts_at_their_limit_still_have_requests() {
+        let s = Snapshot {
+            num_running: u64::MAX,
+            num_waiting: 1,
+            ..Snapshot::default()
+        };
+        assert!(s.has_requests());
     }
 
     #[test]

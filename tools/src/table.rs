@@ -181,6 +181,27 @@ fn utc_time(unix_ns: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const EXPECTED_HEADER: [&str; 18] = [
+        "ENGINE",
+        "STATUS",
+        "STEP",
+        "RUN",
+        "WAIT",
+        "BLK_TOTAL",
+        "BLK_FREE",
+        "KV_USED",
+        "PEND_PREFILL",
+        "DECODE_TOK",
+        "PREFILLING",
+        "MAX_PREFILL",
+        "PREEMPT",
+        "FLAGS",
+        "HB_AGE_MS",
+        "CAP_AGE_MS",
+        "CAPTURED_UTC",
+        "MONO_NS",
+    ];
     use engine_state_reader::Status;
     use std::time::Duration;
 
@@ -208,7 +229,9 @@ mod tests {
         let text = render(&reading);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 2);
-        assert!(lines[0].starts_with("ENGINE") && lines[0].contains("KV_USED"));
+        // The header, pinned: a change of columns or their order shows here.
+        let header: Vec<&str> = lines[0].split_whitespace().collect();
+        assert_eq!(header, EXPECTED_HEADER);
         for cell in [
             "engine-0",
             "fresh",
