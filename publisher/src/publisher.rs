@@ -5,7 +5,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use engine_state_reader::StateUri;
+use engine_state_redis::StateUri;
 use engine_state_redis::{
     engine_key, holder_pid, RedisRecord, RedisSink, RedisTarget, SinkHandle, SinkOp,
     SET_IF_OWNER_SCRIPT, STATE_ACTIVE,

@@ -46,7 +46,8 @@ pub use crate::sink::RedisSink;
 pub use crate::source::{EngineView, RedisSource, PRUNE_AFTER};
 pub use crate::stats::SinkStats;
 pub use crate::target::{
-    is_permission_error, RedisTarget, DEFAULT_PREFIX, DEFAULT_TTL, NETWORK_TIMEOUT, READ_TIMEOUT,
+    is_permission_error, RedisTarget, StateUri, DEFAULT_PREFIX, DEFAULT_TTL, NETWORK_TIMEOUT,
+    READ_TIMEOUT,
 };
 /// A record's `state` values are the shared-memory file's.
 pub use engine_state_shm_format::layout::{STATE_ACTIVE, STATE_RETIRED};
