@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use engine_state_redis::StateUri;
 use engine_state_redis::{
-    engine_key, holder_pid, RedisRecord, RedisSink, RedisTarget, SinkHandle, SinkOp,
-    SET_IF_OWNER_SCRIPT, STATE_ACTIVE,
+    Claim, RecordWriter, RedisRecord, RedisSink, RedisTarget, SinkHandle, SinkOp,
 };
 use engine_state_shm_format::{
     fork_generation, heartbeat, monotonic_ns, unix_ns, ShmWriter, Snapshot, WriterOptions,
@@ -128,17 +127,18 @@ impl Publisher {
                 };
                 let engine_id: Arc<str> = Arc::from(config.engine_id.as_str());
                 let first = stamp(Snapshot::default());
-                let record = Arc::new(Mutex::new(RedisRecord {
-                    writer_pid: std::process::id(),
+                let writer = RecordWriter {
+                    pid: std::process::id(),
                     publish_period_us: config.period.as_micros().min(u32::MAX as u128) as u32,
-                    state: STATE_ACTIVE,
                     // Differs between runs; only ever compared for equality.
                     generation: unix_ns(),
-                    heartbeat_seq: 1,
-                    heartbeat_mono_ns: first.captured_mono_ns,
-                    snapshot: first,
-                    ..RedisRecord::default()
-                }));
+                };
+                let record = Arc::new(Mutex::new(RedisRecord::active(
+                    writer,
+                    1,
+                    first.captured_mono_ns,
+                    first,
+                )));
                 let owner = *lock(&record);
                 if let Some(con) = connection.as_mut() {
                     match claim(con, &target, &engine_id, owner) {
@@ -376,33 +376,22 @@ fn create_dir(dir: &PathBuf) -> Result<(), Error> {
 }
 
 /// Writes the first record unless another live writer holds the engine's
-/// key (one round trip, bounded by the network timeout).
+/// key ([`engine_state_redis::claim`]).
 fn claim(
     con: &mut redis::Connection,
     target: &RedisTarget,
     engine_id: &str,
-    mut record: RedisRecord,
+    record: RedisRecord,
 ) -> Result<(), Error> {
-    let key = engine_key(target.prefix(), engine_id);
-    let ttl_ms = target.ttl().as_millis() as u32;
-    record.ttl_ms = ttl_ms;
-    let reply: redis::Value = redis::cmd("EVAL")
-        .arg(SET_IF_OWNER_SCRIPT)
-        .arg(1)
-        .arg(&key)
-        .arg(&record.encode()[..])
-        .arg(ttl_ms)
-        .query(con)
-        .map_err(|e| Error::Redis(target.error("cannot claim the engine's key", &e)))?;
-    match reply {
-        redis::Value::BulkString(header) => Err(Error::AlreadyPublished {
+    match engine_state_redis::claim(con, target, engine_id, record).map_err(Error::Redis)? {
+        Claim::Written => Ok(()),
+        Claim::Held { holder_pid, key } => Err(Error::AlreadyPublished {
             engine_id: engine_id.to_owned(),
-            holder: format!("pid {} on its host", holder_pid(&header)),
+            holder: format!("pid {holder_pid} on its host"),
             location: format!("Redis key {key:?} ({target})"),
             takeover: "; a restarted engine takes its id over once the old key expires \
                        (ttl_ms after the last write of its predecessor)",
         }),
-        _ => Ok(()),
     }
 }
 
