@@ -1,0 +1,19 @@
+//! What the publisher sets on every snapshot, whatever the caller passed:
+//! the capture clocks and the idle flag (docs/FORMAT.md, "The snapshot").
+
+use engine_state_shm_format::{unix_ns, Clock, Snapshot, FLAG_IDLE};
+
+/// Sets the capture clocks from `clock` and derives the idle flag from the
+/// counts. `captured_unix_ns` (display only) is the wall clock's, also under
+/// a clock given by `Clock::from_fn`, which has none.
+#[inline]
+pub(crate) fn stamp(mut snapshot: Snapshot, clock: &Clock) -> Snapshot {
+    snapshot.captured_mono_ns = clock.now_ns();
+    snapshot.captured_unix_ns = clock.unix_ns().unwrap_or_else(unix_ns);
+    if snapshot.num_running == 0 && snapshot.num_waiting == 0 {
+        snapshot.flags |= FLAG_IDLE;
+    } else {
+        snapshot.flags &= !FLAG_IDLE;
+    }
+    snapshot
+}
