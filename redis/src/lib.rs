@@ -3,7 +3,9 @@
 //!
 //! - [`RedisTarget`]: the server, database, key prefix and timeouts a
 //!   `redis://` URI names, and how to connect to it ([`redact`] hides its
-//!   credentials in everything shown).
+//!   credentials in everything shown); [`StateUri`]: an engine-state URI
+//!   whose Redis part is a `RedisTarget` (the parser is
+//!   `engine-state-settings`'; the reader re-exports this type).
 //! - [`RedisRecord`] / [`RecordHeader`]: the key schema ([`engine_key`],
 //!   [`registry_key`]) and the bytes of a value ([`RedisRecord::active`]
 //!   makes every record a writer sends); the owner-check scripts, and
