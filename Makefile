@@ -133,13 +133,21 @@ lint-py: lint-venv py
 	$(VENV)/bin/ruff check .
 	$(PY) -m mypy.stubtest engine_state._native
 
-# A shared-memory-only router builds the reader with default-features = false:
-# no Redis client and no TLS in its dependency tree, and it still builds.
+# A shared-memory-only build has no Redis client and no TLS in its dependency
+# tree, and it still builds: the reader without default features, the router
+# (which depends on the reader without them) and the C ABI without its
+# default `redis` feature (with it, libengine_state reads redis:// URIs by
+# design).
+SHM_ONLY = engine-state-reader engine-state-router engine-state-capi
 lint-shm-only:
-	@if $(CARGO) tree -p engine-state-reader --no-default-features -e normal --prefix none \
-		| grep -E '^(redis|rustls|engine-state-redis) '; then \
-		echo "engine-state-reader without default features depends on the above"; exit 1; fi
-	$(CARGO) clippy -p engine-state-reader --no-default-features --all-targets -- -D warnings
+	@for p in $(SHM_ONLY); do \
+		if $(CARGO) tree -p $$p --no-default-features -e normal --prefix none \
+			| grep -E '^(redis|rustls|engine-state-redis) '; then \
+			echo "$$p without default features depends on the above"; exit 1; fi; \
+	done
+	@for p in $(SHM_ONLY); do \
+		$(CARGO) clippy -p $$p --no-default-features --all-targets -- -D warnings || exit 1; \
+	done
 
 # capi/include/engine_state.h is what cbindgen makes of capi/src now.
 lint-capi:

@@ -38,3 +38,11 @@ pub enum Error {
         io: std::io::Error,
     },
 }
+
+impl From<engine_state_reader::BadUri> for Error {
+    /// A URI the parser refused: the reader's bad URI, as for every other
+    /// reader error.
+    fn from(error: engine_state_reader::BadUri) -> Error {
+        Error::Reader(error.into())
+    }
+}

@@ -17,7 +17,7 @@ use std::time::Duration;
 use engine_state_reader::{
     EngineState, Freshness, ReaderOptions, Reading, ShmDir, Snapshot, Status,
 };
-use engine_state_redis::{InlineSink, RedisRecord, RedisTarget, SinkOp, SinkStats, STATE_ACTIVE};
+use engine_state_redis::{InlineSink, RecordWriter, RedisRecord, RedisTarget, SinkOp, SinkStats};
 use engine_state_shm_format::{heartbeat, monotonic_ns, Header};
 
 use crate::config::AgentConfig;
@@ -383,16 +383,12 @@ impl RecordSender {
             }
         };
         self.next_seq += 1;
-        let record = RedisRecord {
-            writer_pid: current.writer_pid,
+        let writer = RecordWriter {
+            pid: current.writer_pid,
             publish_period_us: current.publish_period_us,
-            state: STATE_ACTIVE,
             generation: current.generation,
-            heartbeat_seq: self.next_seq,
-            heartbeat_mono_ns,
-            snapshot: engine.snapshot,
-            ..RedisRecord::default()
         };
+        let record = RedisRecord::active(writer, self.next_seq, heartbeat_mono_ns, engine.snapshot);
         self.batch
             .push((engine.engine_id.clone(), SinkOp::Set(record)));
         self.snapshot_age.record(engine.capture_age.as_secs_f64());

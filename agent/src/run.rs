@@ -409,17 +409,21 @@ mod tests {
     async fn a_pause_ends_at_its_deadline_or_at_once_on_shutdown() {
         let shutdown = CancellationToken::new();
         let token = shutdown.clone();
+        // Told when the short pause is over: the shutdown comes after it
+        // (an event, not a sleep that hopes the thread got there).
+        let (short_over, short_is_over) = tokio::sync::oneshot::channel();
         let waiting = tokio::task::spawn_blocking(move || {
             let pause = Pause::new(token);
             let short = Instant::now() + Duration::from_millis(10);
             assert!(!pause.until(short), "not cancelled");
             assert!(Instant::now() >= short);
+            short_over.send(()).unwrap();
             let started = Instant::now();
             // Twenty seconds, unless the shutdown cuts it short.
             assert!(pause.until(started + Duration::from_secs(20)));
             started.elapsed()
         });
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        short_is_over.await.unwrap();
         shutdown.cancel();
         let waited = tokio::time::timeout(Duration::from_secs(10), waiting)
             .await

@@ -25,6 +25,12 @@ impl Failure {
     }
 }
 
+impl From<engine_state_reader::BadUri> for Failure {
+    fn from(error: engine_state_reader::BadUri) -> Self {
+        engine_state_reader::Error::from(error).into()
+    }
+}
+
 impl From<engine_state_reader::Error> for Failure {
     fn from(error: engine_state_reader::Error) -> Failure {
         Failure::new(EsCode::of(&error), error.to_string())

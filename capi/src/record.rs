@@ -109,6 +109,7 @@ mod tests {
     use std::ffi::CString;
 
     use super::*;
+    #[cfg(feature = "redis")]
     use crate::engine::EsStatus;
 
     /// `es_decode_record` of `value` with `pttl_ms` under id `engine_id`.

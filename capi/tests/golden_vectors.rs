@@ -9,8 +9,8 @@ use std::ffi::{c_char, CStr, CString};
 use std::path::{Path, PathBuf};
 
 use engine_state::{
-    es_close, es_decode_record, es_engine_error, es_error_count, es_last_error, es_open,
-    es_options_init, es_read_at, EsCode, EsEngine, EsOptions, EsSource, EsStatus,
+    es_close, es_engine_error, es_error_count, es_last_error, es_open, es_options_init, es_read_at,
+    EsCode, EsEngine, EsOptions, EsSource, EsStatus,
 };
 use std::time::Duration;
 
@@ -253,6 +253,8 @@ fn the_c_abi_reads_the_whole_vector_directory_at_once() {
 #[test]
 #[cfg(feature = "redis")] // es_decode_record is ES_CODE_UNSUPPORTED without it
 fn the_c_abi_passes_every_redis_vector() {
+    use engine_state::es_decode_record;
+
     let manifest = manifest();
     let mut checked = 0;
     for case in manifest.cases.iter().filter(|c| c["kind"] == "redis") {

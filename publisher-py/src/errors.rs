@@ -23,9 +23,9 @@ pyo3::create_exception!(
 pub(crate) fn publisher_error(error: engine_state_publisher::Error) -> PyErr {
     use engine_state_publisher::Error as E;
     match &error {
-        E::Config { .. }
-        | E::Reader(engine_state_reader::Error::BadUri { .. })
-        | E::InvalidSnapshot { .. } => PyValueError::new_err(error.to_string()),
+        E::Config { .. } | E::BadUri(_) | E::InvalidSnapshot { .. } => {
+            PyValueError::new_err(error.to_string())
+        }
         E::Shm(engine_state_shm_format::Error::InvalidEngineId { .. }) => {
             PyValueError::new_err(error.to_string())
         }

@@ -36,7 +36,7 @@ impl Reader {
         stale_after_ms: Option<u64>,
         max_capture_age_ms: Option<u64>,
     ) -> PyResult<Reader> {
-        let uri = StateUri::from_flag_or_env(uri).map_err(reader_error)?;
+        let uri = StateUri::from_flag_or_env(uri).map_err(|e| reader_error(e.into()))?;
         let mut freshness = Freshness::default();
         if let Some(ms) = stale_after_ms {
             freshness.stale_after = Duration::from_millis(ms);

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use engine_state_reader::StateUri;
+use engine_state_redis::StateUri;
 use engine_state_settings::{env, hostname, DEFAULT_FILE_MODE, DEFAULT_PERIOD_MS};
 use engine_state_shm_format::EngineId;
 

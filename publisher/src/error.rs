@@ -12,9 +12,9 @@ pub enum Error {
         /// What is wrong and what would be right.
         what: String,
     },
-    /// The URI is invalid or names a backend this build lacks.
+    /// The URI is invalid.
     #[error(transparent)]
-    Reader(#[from] engine_state_reader::Error),
+    BadUri(#[from] engine_state_settings::BadUri),
     /// Redis refused the connection for good (wrong password, no permission).
     #[error(transparent)]
     Redis(engine_state_redis::Error),

@@ -26,8 +26,13 @@
 
 mod config;
 mod error;
+mod heartbeat;
 mod publisher;
 mod recreate;
+mod redis_backend;
+mod shm_backend;
+mod stamp;
+mod validate;
 
 pub use crate::config::{
     default_engine_id, PublisherConfig, DEFAULT_PERIOD, ENGINE_ID_ENV, FILE_MODE_ENV, PERIOD_ENV,
@@ -39,4 +44,4 @@ pub use crate::recreate::PublisherStats;
 pub use engine_state_redis::SinkStats;
 
 #[cfg(test)]
-mod tests;
+mod publisher_tests;

@@ -29,10 +29,10 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::Duration;
 
 use engine_state_shm_format::{
-    fork_generation, heartbeat, monotonic_ns, unix_ns, EngineId, Heartbeat, ShmWriter, Snapshot,
+    fork_generation, heartbeat, unix_ns, Clock, EngineId, Heartbeat, ShmWriter, Snapshot,
     WriterOptions,
 };
 
@@ -126,9 +126,11 @@ pub(crate) struct Keeper {
     beat: Heartbeat,
     handoff: Arc<Handoff>,
     ticks: u32,
-    /// When the file was found missing, and the last reason it could not be
-    /// recreated (reported once).
-    lost: Option<(Instant, Option<String>)>,
+    /// When the file was found missing (the clock's ns), and the last reason
+    /// it could not be recreated (reported once).
+    lost: Option<(u64, Option<String>)>,
+    /// Stamps a recreated file's snapshot and times the gap.
+    clock: Clock,
     /// The latest snapshot seen in the file, every period: a truncated file
     /// has lost its own, and it is carried over from here.
     last_snapshot: Option<Snapshot>,
@@ -141,6 +143,7 @@ impl Keeper {
         writer: &ShmWriter,
         options: WriterOptions,
         handoff: Arc<Handoff>,
+        clock: Clock,
     ) -> Keeper {
         Keeper {
             dir,
@@ -151,6 +154,7 @@ impl Keeper {
             ticks: 0,
             lost: None,
             last_snapshot: None,
+            clock,
             fork_generation: fork_generation(),
         }
     }
@@ -187,7 +191,7 @@ impl Keeper {
             return true;
         }
         if self.lost.is_none() {
-            self.lost = Some((Instant::now(), None));
+            self.lost = Some((self.clock.now_ns(), None));
             self.handoff.files_lost.fetch_add(1, Ordering::Relaxed);
             eprintln!(
                 "engine-state publisher: the file of engine {} ({}) was removed, replaced, \
@@ -216,7 +220,8 @@ impl Keeper {
         // The carried-over snapshot is as old as it is; readers age it from
         // its capture stamps, which are kept.
         if first.captured_mono_ns == 0 {
-            (first.captured_mono_ns, first.captured_unix_ns) = (monotonic_ns(), unix_ns());
+            first.captured_mono_ns = self.clock.now_ns();
+            first.captured_unix_ns = self.clock.unix_ns().unwrap_or_else(unix_ns);
         }
         // `self.beat` is the newest writer's (the adopted one, or the
         // replacement waiting in the hand-off): alive, so `create_after` may
@@ -239,7 +244,7 @@ impl Keeper {
                      after {:.1} s",
                     self.engine_id,
                     self.beat.generation(),
-                    since.elapsed().as_secs_f64()
+                    Duration::from_nanos(self.clock.now_ns().saturating_sub(since)).as_secs_f64()
                 );
             }
             Err(e) => {

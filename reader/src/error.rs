@@ -58,6 +58,16 @@ pub enum Error {
     Redis(engine_state_redis::Error),
 }
 
+impl From<engine_state_settings::BadUri> for Error {
+    /// A URI the parser refused (`engine_state_settings::StateUri::parse`).
+    fn from(error: engine_state_settings::BadUri) -> Error {
+        Error::BadUri {
+            uri: error.uri,
+            reason: error.reason,
+        }
+    }
+}
+
 #[cfg(feature = "redis")]
 impl From<engine_state_redis::Error> for Error {
     /// A bad `redis://` URI is a bad URI like any other.

@@ -56,7 +56,7 @@ pub use crate::redis_source::RedisSource;
 pub use crate::shm_dir::{RawEngine, ShmDir};
 pub use crate::source::{open, ReaderOptions, Source};
 pub use crate::state::{millis, EngineState, Reading, JSON_KEYS};
-pub use crate::uri::{StateUri, DEFAULT_URI, URI_ENV};
+pub use crate::uri::{BadUri, StateUri, DEFAULT_URI, URI_ENV};
 /// The Redis crate (schema, target, fetch helpers), for programs that read
 /// Redis records with their own client.
 #[cfg(feature = "redis")]

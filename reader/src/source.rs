@@ -53,5 +53,7 @@ pub fn open(uri: &StateUri, options: ReaderOptions) -> Result<Box<dyn Source>, E
         StateUri::Shm { dir } => Ok(Box::new(ShmDir::open(dir, options)?)),
         #[cfg(feature = "redis")]
         StateUri::Redis { target } => Ok(Box::new(RedisSource::open(target.clone(), options)?)),
+        #[cfg(not(feature = "redis"))]
+        StateUri::Redis { target } => match *target {},
     }
 }

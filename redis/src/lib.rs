@@ -3,9 +3,13 @@
 //!
 //! - [`RedisTarget`]: the server, database, key prefix and timeouts a
 //!   `redis://` URI names, and how to connect to it ([`redact`] hides its
-//!   credentials in everything shown).
+//!   credentials in everything shown); [`StateUri`]: an engine-state URI
+//!   whose Redis part is a `RedisTarget` (the parser is
+//!   `engine-state-settings`'; the reader re-exports this type).
 //! - [`RedisRecord`] / [`RecordHeader`]: the key schema ([`engine_key`],
-//!   [`registry_key`]) and the bytes of a value; the owner-check scripts.
+//!   [`registry_key`]) and the bytes of a value ([`RedisRecord::active`]
+//!   makes every record a writer sends); the owner-check scripts, and
+//!   [`claim`]: a publisher's first, owner-checked write.
 //! - [`Backoff`]: the one reconnection backoff of every client here.
 //! - [`RedisSink`]: a thread that owns a connection and writes the latest
 //!   [`SinkOp`] of each engine, pipelined (callers hand ops over through a
@@ -15,6 +19,7 @@
 //!   read; the reader crate turns what it saw into engine states.
 
 mod backoff;
+mod claim;
 mod encoder;
 mod error;
 mod fetch;
@@ -31,6 +36,7 @@ mod stats;
 mod target;
 
 pub use crate::backoff::{Backoff, RECONNECT_CAP, RECONNECT_FIRST};
+pub use crate::claim::{claim, Claim};
 pub use crate::error::Error;
 pub use crate::fetch::{decode_fetched, heartbeat_age_at_fetch};
 pub use crate::inline_sink::InlineSink;
@@ -39,14 +45,15 @@ pub use crate::ops::{AckLagObserver, SinkOp};
 pub use crate::redact::{is_secret_parameter, redact};
 pub use crate::replies::holder_pid;
 pub use crate::schema::{
-    engine_key, registry_key, RecordHeader, RedisRecord, DELETE_IF_OWNER_SCRIPT,
-    RECORD_HEADER_SIZE, RECORD_MAGIC, RECORD_SIZE, SET_IF_OWNER_SCRIPT,
+    engine_key, registry_key, RecordHeader, RecordWriter, RedisRecord, DELETE_IF_OWNER_SCRIPT,
+    RECORD_HEADER_SIZE, RECORD_MAGIC, RECORD_SIZE, SET_IF_OWNER_SCRIPT, SET_IF_OWNER_SCRIPT_SHA1,
 };
 pub use crate::sink::RedisSink;
 pub use crate::source::{EngineView, RedisSource, PRUNE_AFTER};
 pub use crate::stats::SinkStats;
 pub use crate::target::{
-    is_permission_error, RedisTarget, DEFAULT_PREFIX, DEFAULT_TTL, NETWORK_TIMEOUT, READ_TIMEOUT,
+    is_permission_error, RedisTarget, StateUri, DEFAULT_PREFIX, DEFAULT_TTL, NETWORK_TIMEOUT,
+    READ_TIMEOUT,
 };
 /// A record's `state` values are the shared-memory file's.
 pub use engine_state_shm_format::layout::{STATE_ACTIVE, STATE_RETIRED};

@@ -117,6 +117,11 @@ redis.call('SET', KEYS[1], new, 'PX', ARGV[2])
 return 1
 "#;
 
+/// SHA-1 of [`SET_IF_OWNER_SCRIPT`], for `EVALSHA` ([`crate::claim`]); a
+/// test checks it against the server's `SCRIPT LOAD`
+/// (tests/tests/redis_claim.rs).
+pub const SET_IF_OWNER_SCRIPT_SHA1: &str = "dfc6557a843be18a9eae3f9b8372b6acbff34da9";
+
 /// Lua script: a clean close of the writer whose record is `ARGV[1]`:
 /// deletes `KEYS[1]` and removes the id `ARGV[2]` from the registry
 /// `KEYS[2]`, unless the key holds another writer's record (then it is left
@@ -168,7 +173,41 @@ pub struct RedisRecord {
     pub snapshot: Snapshot,
 }
 
+/// Who writes an engine's records, fixed for one run of its writer: what
+/// the owner check compares (`writer_pid`, `generation`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordWriter {
+    /// The writer's pid on its host.
+    pub pid: u32,
+    /// The writer's publish period in µs.
+    pub publish_period_us: u32,
+    /// Differs between two runs of the same engine id.
+    pub generation: u64,
+}
+
 impl RedisRecord {
+    /// An ACTIVE record of `writer`: heartbeat number `heartbeat_seq`,
+    /// stamped `heartbeat_mono_ns`, holding `snapshot`. The sink fills in
+    /// `ttl_ms` and `write_delay_us` when it writes it. The one way the
+    /// publisher and the node agent make a record.
+    pub fn active(
+        writer: RecordWriter,
+        heartbeat_seq: u64,
+        heartbeat_mono_ns: u64,
+        snapshot: Snapshot,
+    ) -> RedisRecord {
+        RedisRecord {
+            writer_pid: writer.pid,
+            publish_period_us: writer.publish_period_us,
+            state: STATE_ACTIVE,
+            generation: writer.generation,
+            heartbeat_seq,
+            heartbeat_mono_ns,
+            snapshot,
+            ..RedisRecord::default()
+        }
+    }
+
     /// The record's header.
     pub fn header(&self) -> RecordHeader {
         RecordHeader {

@@ -357,6 +357,22 @@ fn scrub(text: &str, password: Option<&str>) -> String {
     }
 }
 
+/// A parsed engine-state URI whose Redis part is a [`RedisTarget`]: the
+/// scheme-level rules are `engine-state-settings`' (`settings/src/uri.rs`),
+/// the Redis part is parsed here. The reader re-exports it as
+/// `engine_state_reader::StateUri`.
+pub type StateUri = engine_state_settings::StateUri<RedisTarget>;
+
+impl engine_state_settings::RedisUri for RedisTarget {
+    fn parse_redis_uri(uri: &str) -> Result<Self, engine_state_settings::BadUri> {
+        RedisTarget::parse(uri).map_err(|e| match e {
+            Error::BadUri { uri, reason } => engine_state_settings::BadUri { uri, reason },
+            // Parsing makes no other error; shown as a bad URI all the same.
+            other => engine_state_settings::BadUri::new(uri, &other.to_string()),
+        })
+    }
+}
+
 impl fmt::Display for RedisTarget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.display)

@@ -1,18 +1,21 @@
 //! engine-state's settings, in one place (DESIGN §9): the environment
 //! variables every component reads, their defaults, the engine-id rule
-//! ([`engine_id`]), what in a URI is a secret ([`redact`]) and, with the
+//! ([`engine_id`]), what in a URI is a secret ([`redact`]), where engine
+//! state lives ([`StateUri`], parsed at the scheme level) and, with the
 //! `cli` feature, the command-line flags the
 //! binaries share ([`cli`]). Explicit values (flags, arguments) always win
 //! over the environment, which wins over the defaults.
 
 mod engine_id;
 mod redact;
+mod uri;
 
 #[cfg(feature = "cli")]
 pub mod cli;
 
 pub use engine_id::{default_engine_id, engine_id, fallback_engine_id, hostname, DataParallel};
 pub use redact::{is_secret_parameter, redact, VISIBLE_PARAMETERS};
+pub use uri::{BadUri, NoRedis, RedisUri, StateUri};
 
 /// Environment variable naming where engine state lives (a `file://`
 /// directory or a `redis://` server).

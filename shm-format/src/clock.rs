@@ -1,7 +1,9 @@
-//! Clocks and process identity recorded in snapshots and headers.
+//! Clocks and process identity recorded in snapshots and headers, and
+//! [`Clock`]: time passed in to the components that read it.
 
+use std::fmt;
 use std::os::unix::fs::MetadataExt;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use nix::time::{clock_gettime, ClockId};
 
@@ -35,6 +37,73 @@ pub fn pid_namespace() -> u64 {
             .map(|m| m.ino())
             .unwrap_or(0)
     })
+}
+
+/// A time source passed in: `CLOCK_MONOTONIC` (with the wall clock beside
+/// it) in production, any nanosecond source in a test or a simulation, so
+/// that tests advance time instead of sleeping. The one clock type of the
+/// workspace: the router reads it once per decision (to age stored real
+/// state, on the clock of `RealState::read_mono_ns`) and once per view or
+/// advice; the publisher stamps snapshots and heartbeats with it, and its
+/// keeper its recreated files.
+///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::sync::Arc;
+/// use engine_state_shm_format::Clock;
+///
+/// let now = Arc::new(AtomicU64::new(5));
+/// let simulated = Clock::from_fn({
+///     let now = Arc::clone(&now);
+///     move || now.load(Ordering::Relaxed)
+/// });
+/// now.store(7, Ordering::Relaxed);
+/// assert_eq!(simulated.now_ns(), 7);
+/// ```
+#[derive(Clone, Default)]
+pub struct Clock {
+    /// `None`: `CLOCK_MONOTONIC` ([`monotonic_ns`]).
+    source: Option<Arc<dyn Fn() -> u64 + Send + Sync>>,
+}
+
+impl Clock {
+    /// `CLOCK_MONOTONIC`, the clock writers stamp and readers age with (the default).
+    pub fn monotonic() -> Clock {
+        Clock { source: None }
+    }
+
+    /// Any source of nanoseconds standing in for `CLOCK_MONOTONIC` (a
+    /// simulator's simulated time, a test's). It must never go backwards.
+    pub fn from_fn(source: impl Fn() -> u64 + Send + Sync + 'static) -> Clock {
+        Clock {
+            source: Some(Arc::new(source)),
+        }
+    }
+
+    /// The wall-clock time (Unix ns) for records a person reads alongside
+    /// other logs: `Some` for the real clock, `None` for a clock given by
+    /// [`Clock::from_fn`] (simulated time has no wall-clock counterpart).
+    pub fn unix_ns(&self) -> Option<u64> {
+        self.source.is_none().then(unix_ns)
+    }
+
+    /// Now, in nanoseconds.
+    #[inline]
+    pub fn now_ns(&self) -> u64 {
+        match &self.source {
+            None => monotonic_ns(),
+            Some(source) => source(),
+        }
+    }
+}
+
+impl fmt::Debug for Clock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self.source {
+            None => "Clock::monotonic",
+            Some(_) => "Clock::from_fn",
+        })
+    }
 }
 
 #[cfg(test)]

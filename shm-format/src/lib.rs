@@ -63,7 +63,7 @@ mod snapshot;
 mod writer;
 
 pub use crate::aggregate::{RequestTokens, WaitingRequest};
-pub use crate::clock::{monotonic_ns, pid_namespace, unix_ns};
+pub use crate::clock::{monotonic_ns, pid_namespace, unix_ns, Clock};
 pub use crate::engine_id::{EngineId, MAX_ENGINE_ID_LEN};
 pub use crate::error::Error;
 pub use crate::fork::fork_generation;

@@ -523,3 +523,46 @@ fn set_len(path: &Path, len: u64) {
         .set_len(len)
         .unwrap();
 }
+
+/// Time passed in: `publish` stamps the capture clock and the heartbeat
+/// from the publisher's `Clock`, not from `CLOCK_MONOTONIC`.
+#[test]
+fn publish_stamps_from_the_clock_it_was_given() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    let dir = tempfile::tempdir().unwrap();
+    let now = Arc::new(AtomicU64::new(1_000));
+    let clock = engine_state_shm_format::Clock::from_fn({
+        let now = Arc::clone(&now);
+        move || now.load(Ordering::Relaxed)
+    });
+    let uri = format!("file://{}", dir.path().display());
+    // A period of a minute: the heartbeat thread does not tick during the test.
+    let config = PublisherConfig::resolve(Some(&uri), Some("clocked"), Some(60_000), None).unwrap();
+    let mut publisher = Publisher::start_with_clock(config, clock).unwrap();
+    let file = engine_state_shm_format::ShmFile::open(dir.path().join("clocked")).unwrap();
+    assert_eq!(
+        file.read().unwrap().0.captured_mono_ns,
+        1_000,
+        "the first snapshot"
+    );
+    now.store(5_000, Ordering::Relaxed);
+    publisher
+        .publish(Snapshot {
+            num_running: 1,
+            ..Snapshot::default()
+        })
+        .unwrap();
+    let (snapshot, _) = file.read().unwrap();
+    assert_eq!(snapshot.captured_mono_ns, 5_000);
+    assert_eq!(
+        file.heartbeat_mono_ns(),
+        5_000,
+        "a publish stamps the heartbeat"
+    );
+    assert!(
+        snapshot.captured_unix_ns > 1_600_000_000_000_000_000,
+        "the wall clock's"
+    );
+}
