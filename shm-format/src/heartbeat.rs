@@ -3,6 +3,8 @@
 //! writer (shared memory and Redis), the reader and the node agent's relay
 //! all take their numbers from here.
 //!
+//! - A writer publishes, and its heartbeat thread ticks, every publish
+//!   period ([`DEFAULT_PUBLISH_PERIOD`] unless configured).
 //! - A writer's heartbeat thread ticks every publish period and stores a
 //!   stamp unless a publish stamped one less than [`skip_if_younger`] ago
 //!   (a busy engine's publishes are its heartbeats).
@@ -17,6 +19,11 @@
 //!   (the reader's default; a Redis key's default expiry is the same).
 
 use std::time::Duration;
+
+/// Default publish (and heartbeat) period: what a writer records in its
+/// file's header unless configured (`WriterOptions::default`; the settings
+/// crate's `DEFAULT_PERIOD_MS` is this, in the unit of its variable).
+pub const DEFAULT_PUBLISH_PERIOD: Duration = Duration::from_millis(50);
 
 /// Default `stale_after`: a heartbeat older than this is stale (DESIGN §6).
 pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(2);
