@@ -209,6 +209,9 @@ def test_advice_for_a_reserved_request_does_not_count_it_against_itself():
     assert before["migrate"] is False
     decision, held = router.pick("big", tokens=big)
     assert decision.instance_id == "e0"
+    # Asked by name, it would count against itself: refused.
+    with pytest.raises(ValueError, match="migration_advice_for"):
+        router.migration_advice("e0", "big", tokens=big)
     after = router.migration_advice_for(held, "big", tokens=big)
     assert after == before
     assert router.migrate(held, "big", tokens=big) is None
