@@ -204,13 +204,23 @@ fn real_state_expires_when_no_update_follows() {
         real_state_expiry_s: 0.0,
         ..RouterSettings::default()
     };
-    let r = Router::with_instances(settings, ["a", "b"]).unwrap();
+    // Time passed in (the router's clock), not slept.
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let now = Arc::new(AtomicU64::new(1_000_000_000));
+    let clock = crate::Clock::from_fn({
+        let now = Arc::clone(&now);
+        move || now.load(Ordering::Relaxed)
+    });
+    let r = Router::with_clock(settings, clock).unwrap();
+    r.add_instance("a").unwrap();
+    r.add_instance("b").unwrap();
     let busy = Snapshot {
         num_running: 5,
         ..Snapshot::default()
     };
-    r.update_real_state([("a", fresh(busy))]);
-    std::thread::sleep(Duration::from_millis(2));
+    let read_ns = now.load(Ordering::Relaxed);
+    r.update_real_state([("a", fresh(busy).read_at(read_ns, Duration::ZERO))]);
+    now.fetch_add(2_000_000, Ordering::Relaxed);
     assert_eq!(
         r.instance("a").unwrap().effective.num_requests,
         0,
