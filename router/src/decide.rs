@@ -79,7 +79,9 @@ impl Router {
                     return Err(Error::InvalidRequest {
                         request_id: request.request_id.clone(),
                         reason: format!(
-                            "it holds a reservation on {id:?}, which asked by instance name                              would count against it: pass the reservation instead                              (migration_advice_for, migrate_reservation)"
+                            "it holds a reservation on {id:?}, which asked by instance name \
+                             would count against it: pass the reservation instead \
+                             (migration_advice_for, migrate_reservation)"
                         ),
                     });
                 }
