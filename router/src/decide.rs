@@ -124,11 +124,13 @@ impl Router {
         request: &Request,
         placement: Placement<'_>,
     ) -> Result<Option<(Decision, Reservation)>, Error> {
-        // Hash before locking: the slowest part of a decision needs no shared state.
+        // Hash before locking: the slowest part of a decision needs no shared
+        // state (nor does the request id's key).
         let prompt = request.hashed()?;
+        let request_key = request_key(&request.request_id);
         let placed = {
             let mut state = self.shared.lock();
-            self.decide_locked(&mut state, request, &prompt, placement)?
+            self.decide_locked(&mut state, request, request_key, &prompt, placement)?
         };
         let Some(placed) = placed else {
             return Ok(None);
@@ -150,6 +152,7 @@ impl Router {
         &self,
         state: &mut RouterState,
         request: &Request,
+        request_key: u64,
         prompt: &HashedPrompt<'_>,
         placement: Placement<'_>,
     ) -> Result<Option<Placed>, Error> {
@@ -263,7 +266,6 @@ impl Router {
             input_len: prompt.input_len,
             new_prefill: prompt.input_len.saturating_sub(cache_hit_tokens),
         };
-        let request_key = request_key(&request.request_id);
         state.reserve(position, load, &prompt.blocks, request_key);
         if let Some((source, held)) = migrated_from {
             // Under the same lock hold as the new reservation: no decision
