@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::hash::{BuildHasherDefault, DefaultHasher, Hash, Hasher};
 
 use crate::effective::{EffectiveState, RealLoad, RealState};
 use crate::error::Error;
@@ -34,7 +34,30 @@ pub(crate) struct Instance {
     /// Request-id key ([`request_key`]) → reservations live on this
     /// instance, so that a question asked by instance name about a request
     /// reserved here (which would count it against itself) is refused.
-    reserved_requests: HashMap<u64, u32>,
+    reserved_requests: HashMap<u64, u32, BuildHasherDefault<KeyHasher>>,
+}
+
+/// The keys of `Instance::reserved_requests` are already hashes
+/// ([`request_key`]): used as they are, not hashed again (this map is
+/// touched by every reservation and release).
+#[derive(Default)]
+pub(crate) struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used (the key type is u64); folded in anyway.
+        for &byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
+        }
+    }
+
+    fn write_u64(&mut self, key: u64) {
+        self.0 = key;
+    }
 }
 
 /// Fresh real state as stored: reduced to what the merge reads, with the
@@ -198,7 +221,7 @@ impl RouterState {
             shadow: InstanceShadow::new(cache_blocks),
             real: None,
             shutting_down: false,
-            reserved_requests: HashMap::new(),
+            reserved_requests: HashMap::default(),
         });
         self.next_uid += 1;
         Ok(())
