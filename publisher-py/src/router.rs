@@ -142,7 +142,9 @@ impl Router {
     /// The migration trigger and target for a request that would run on
     /// `source` and holds no reservation yet (advise before reserving), as a
     /// dict. For a request a pick already reserved, use
-    /// `migration_advice_for(reservation, ...)`.
+    /// `migration_advice_for(reservation, ...)`: asked here while a
+    /// reservation for `request_id` is live on `source`, it would count the
+    /// request against itself, so it raises `ValueError`.
     #[pyo3(signature = (source, request_id, *, tokens=None, block_hashes=None, input_len=None, session_id=None))]
     #[allow(clippy::too_many_arguments)] // mirrors pick(): the prompt's forms are keywords
     fn migration_advice<'py>(

@@ -1,10 +1,23 @@
 import os
 import pathlib
 import sys
+import time
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+
+
+def wait_until(condition, what, timeout=10.0):
+    """Polls `condition` (every 5 ms) until it returns something true, and
+    returns that; fails naming `what` after `timeout` seconds. Tests wait on
+    the event they need with this, never a fixed sleep."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.005)
+    return value
 
 
 @pytest.fixture

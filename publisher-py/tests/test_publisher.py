@@ -2,9 +2,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
+from conftest import wait_until
 
 import engine_state
 from engine_state import EngineStateError, Publisher, Reader
@@ -190,17 +190,20 @@ def test_forked_child_never_writes_the_parents_file(uri, state_dir):
     assert state.num_running == 7
     assert state.status == "fresh"
     assert (state_dir / "parent").exists()
-    time.sleep(0.1)  # the parent's heartbeat thread still runs
-    (state,) = Reader(uri=uri).read()
-    assert state.heartbeat_age_ms < 100
+    # The parent's heartbeat thread still runs: a new stamp comes (the age
+    # only grows between two stamps, so a younger one is new).
+    reader = Reader(uri=uri)
+    (at_fork,) = reader.read()
+    wait_until(lambda: reader.read()[0].heartbeat_age_ms < at_fork.heartbeat_age_ms,
+               "a heartbeat stamped after the fork")
     pub.close()
 
 
 def test_killed_publisher_reads_as_dead(uri):
     code = (
-        "import sys, time\nfrom engine_state import Publisher\n"
+        "import signal\nfrom engine_state import Publisher\n"
         f"p = Publisher(uri={uri!r}, engine_id='victim', period_ms=20)\n"
-        "p.publish(num_running=2)\nprint('ready', flush=True)\ntime.sleep(60)\n"
+        "p.publish(num_running=2)\nprint('ready', flush=True)\nsignal.pause()\n"
     )
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
     try:
@@ -209,10 +212,7 @@ def test_killed_publisher_reads_as_dead(uri):
         assert reader.read()[0].status == "fresh"
         os.kill(child.pid, signal.SIGKILL)
         child.wait()
-        deadline = time.monotonic() + 5
-        while reader.read()[0].status != "dead":
-            assert time.monotonic() < deadline, "never became dead"
-            time.sleep(0.02)
+        wait_until(lambda: reader.read()[0].status == "dead", "the killed writer to read as dead", timeout=5)
         assert reader.read()[0].num_running == 2
     finally:
         child.kill()
@@ -241,16 +241,11 @@ def test_a_removed_directory_is_recreated_with_a_new_generation(tmp_path):
         (before,) = Reader(uri=uri).read()
         assert pub.stats().items() >= {"files_lost": 0, "files_recreated": 0}.items()
         shutil.rmtree(d)
-        deadline = time.monotonic() + 5
-        while pub.stats()["files_lost"] == 0:
-            assert time.monotonic() < deadline, "the loss was not noticed"
-            time.sleep(0.01)
+        wait_until(lambda: pub.stats()["files_lost"] > 0, "the loss to be noticed", timeout=5)
         pub.publish(step=2, num_running=2)  # no error: the hook must not fail
         d.mkdir()
         reader = Reader(uri=uri)
-        while not reader.read():
-            assert time.monotonic() < deadline, "the file was not recreated"
-            time.sleep(0.01)
+        wait_until(reader.read, "the file to be recreated", timeout=5)
         (after,) = reader.read()
         assert after.fresh and after.generation > before.generation
         assert (after.step, after.num_running) == (2, 2)

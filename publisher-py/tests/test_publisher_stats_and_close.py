@@ -10,7 +10,7 @@ import textwrap
 import threading
 import time
 
-import pytest
+from conftest import wait_until
 from test_redis import _free_port, _start_redis, redis_port  # noqa: F401 - a fixture
 
 from engine_state import EngineStateError, Publisher, Reader
@@ -37,15 +37,8 @@ CHILD = textwrap.dedent(
 )
 
 
-def _wait(condition, what, timeout=20):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.01)
+def _wait(condition, what):
+    return wait_until(condition, what, timeout=20)
 
 
 def test_a_publisher_whose_key_another_process_took_counts_refused_and_says_so_once(tmp_path):

@@ -1,8 +1,8 @@
 import json
 import subprocess
-import time
 
 import pytest
+from conftest import wait_until
 
 from engine_state import EngineStateError, Publisher, Reader
 
@@ -22,8 +22,8 @@ def test_rust_writer_is_read_by_the_python_reader(uri, bin_dir):
         assert (s.num_running, s.num_waiting, s.max_prefill_remaining) == (6, 2, 31000)
         assert s.gpu_kv_used_frac == pytest.approx(0.75)
         first_step = s.step
-        time.sleep(0.2)
-        (s,) = reader.read()
+        (s,) = wait_until(lambda: (r := reader.read()) and r[0].step > first_step and r,
+                          "the writer to publish again")
         assert s.step > first_step, "the writer keeps publishing"
         assert s.heartbeat_age_ms < 200
     finally:
@@ -62,7 +62,7 @@ def test_stale_after_is_a_setting(uri):
         pub.publish(num_running=1)
         reader = Reader(uri=uri, stale_after_ms=50)
         assert reader.read()[0].status == "fresh"
-        time.sleep(0.15)
+        wait_until(lambda: reader.read()[0].heartbeat_age_ms >= 150, "a heartbeat 150 ms old")
         (s,) = reader.read()
         assert s.status == "stale" and not s.fresh
         assert s.heartbeat_age_ms >= 150

@@ -12,6 +12,7 @@ import threading
 import time
 
 import pytest
+from conftest import wait_until
 
 from engine_state import EngineStateError, Publisher, Reader
 
@@ -58,21 +59,13 @@ def redis_port(tmp_path):
     proc.wait()
 
 
-def _wait(condition, what):
-    deadline = time.monotonic() + 10
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.005)
-
-
 def test_publisher_to_reader_and_esdump_over_redis(redis_port, bin_dir):
     uri = f"redis://127.0.0.1:{redis_port}/0?prefix=py:"
     with Publisher(uri=uri, engine_id="r0", period_ms=20) as pub:
         assert pub.path is None and pub.uri == uri
         pub.publish(num_running=3, num_waiting=1, gpu_blocks_total=100, gpu_blocks_free=40)
         reader = Reader(uri=uri)
-        _wait(lambda: [s.num_running for s in reader.read()] == [3], "the engine via Redis")
+        wait_until(lambda: [s.num_running for s in reader.read()] == [3], "the engine via Redis")
         (s,) = reader.read()
         assert (s.engine_id, s.status, s.fresh) == ("r0", "fresh", True)
         assert s.gpu_kv_used_frac == pytest.approx(0.6)
@@ -81,7 +74,7 @@ def test_publisher_to_reader_and_esdump_over_redis(redis_port, bin_dir):
         assert [d["engine_id"] for d in dumped] == ["r0"]
         assert list(dumped[0]) == list(s.to_dict())
         assert dumped[0]["num_running"] == 3
-    _wait(lambda: reader.read() == [], "the closed engine to leave the registry")
+    wait_until(lambda: reader.read() == [], "the closed engine to leave the registry")
 
 
 def test_heartbeat_and_staleness_over_redis(redis_port):
@@ -89,8 +82,8 @@ def test_heartbeat_and_staleness_over_redis(redis_port):
     with Publisher(uri=uri, engine_id="slow", period_ms=1000) as pub:
         pub.publish(num_running=1)
         reader = Reader(uri=uri, stale_after_ms=50)
-        _wait(lambda: [s.status for s in reader.read()] == ["fresh"], "fresh")
-        time.sleep(0.15)
+        wait_until(lambda: [s.status for s in reader.read()] == ["fresh"], "fresh")
+        wait_until(lambda: reader.read()[0].heartbeat_age_ms >= 150, "a heartbeat 150 ms old")
         (s,) = reader.read()
         assert s.status == "stale" and s.heartbeat_age_ms >= 100
 
@@ -111,7 +104,7 @@ def test_wrong_password_is_a_clear_error_without_the_password(tmp_path):
         with Publisher(uri=good, engine_id="ok") as pub:
             pub.publish(num_running=2)
             reader = Reader(uri=good)
-            _wait(lambda: [s.num_running for s in reader.read()] == [2], "the engine")
+            wait_until(lambda: [s.num_running for s in reader.read()] == [2], "the engine")
             assert "right-pass-123" not in reader.uri and "right-pass-123" not in repr(pub)
     finally:
         proc.kill()
@@ -151,10 +144,10 @@ def test_a_stalled_redis_does_not_hold_the_gil_and_a_read_says_timed_out(tmp_pat
         for pub in engines:
             pub.publish(num_running=1)
         reader = Reader(uri=uri)
-        _wait(lambda: len(reader.read()) == 8, "the 8 engines")
+        wait_until(lambda: len(reader.read()) == 8, "the 8 engines")
         assert reader.errors == []
         worker.start()
-        _wait(lambda: published[0] > 100, "the publisher thread to run")
+        wait_until(lambda: published[0] > 100, "the publisher thread to run")
         # How many publishes the thread makes in 0.5 s while this thread
         # sleeps (without the GIL): the pace a non-blocking read keeps.
         before = published[0]
@@ -217,11 +210,11 @@ def test_a_second_live_publisher_of_an_id_is_refused_over_redis(redis_port):
         with pytest.raises(EngineStateError, match="already published by a live process"):
             Publisher(uri=uri, engine_id="dup-0")
         reader = Reader(uri=uri)
-        _wait(lambda: [s.num_running for s in reader.read()] == [1], "the first publisher")
+        wait_until(lambda: [s.num_running for s in reader.read()] == [1], "the first publisher")
     # Closed cleanly: the id is free at once.
     with Publisher(uri=uri, engine_id="dup-0") as second:
         second.publish(num_running=2)
-        _wait(lambda: [s.num_running for s in reader.read()] == [2], "the second publisher")
+        wait_until(lambda: [s.num_running for s in reader.read()] == [2], "the second publisher")
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import wait_until
 
 from engine_state import Publisher, Reader, Router, block_hashes
 
@@ -66,9 +67,9 @@ def test_stale_engine_state_is_ignored(tmp_path):
     uri = f"file://{tmp_path}"
     with Publisher(uri=uri, engine_id="a", period_ms=60_000) as a:
         a.publish(num_running=30)
-        import time
-        time.sleep(0.05)
-        states = Reader(uri=uri, stale_after_ms=1).read()
+        reader = Reader(uri=uri, stale_after_ms=1)
+        states = wait_until(lambda: (r := reader.read())[0].status == "stale" and r,
+                            "a heartbeat older than 1 ms")
         assert states[0].status == "stale"
         router = Router(["a"])
         router.update_real_state(states)
@@ -184,8 +185,6 @@ def test_placement_mode_consults_real_state_when_a_session_is_first_bound(tmp_pa
 
 
 def test_an_old_reading_handed_over_late_is_stale(tmp_path):
-    import time
-
     uri = f"file://{tmp_path}"
     router = Router(["e0", "e1"], policy="load_only")
     with Publisher(uri=uri, engine_id="e0") as e0:
@@ -195,9 +194,13 @@ def test_an_old_reading_handed_over_late_is_stale(tmp_path):
     # A reading just taken is merged, aged from the read.
     router.update_real_state(states)
     assert router.instances()[0]["effective"]["num_requests"] == 9
-    time.sleep(2.3)
-    # The same (old) reading, handed over again 2.3 s later: stale by now.
-    router.update_real_state(states)
+    # The same (old) reading, handed over again until its age from the read
+    # passes real_state_expiry_s (2 s): stale by then, never merged again.
+    def handed_over_again():
+        router.update_real_state(states)
+        return router.instances()[0]["effective"]["real"] is None
+
+    wait_until(handed_over_again, "the reading to age past real_state_expiry_s")
     eff = router.instances()[0]["effective"]
     assert (eff["num_requests"], eff["real"]) == (0, None)
 
@@ -209,6 +212,9 @@ def test_advice_for_a_reserved_request_does_not_count_it_against_itself():
     assert before["migrate"] is False
     decision, held = router.pick("big", tokens=big)
     assert decision.instance_id == "e0"
+    # Asked by name, it would count against itself: refused.
+    with pytest.raises(ValueError, match="migration_advice_for"):
+        router.migration_advice("e0", "big", tokens=big)
     after = router.migration_advice_for(held, "big", tokens=big)
     assert after == before
     assert router.migrate(held, "big", tokens=big) is None

@@ -48,7 +48,7 @@ fn scenario(
     let settings = RouterSettings {
         policy,
         // Real state is given once; keep it fresh for the whole run.
-        real_state_expiry_s: 86_400.0,
+        real_state_expiry_s: 3_600.0,
         ..RouterSettings::default()
     };
     let ids: Vec<String> = (0..instances).map(|i| format!("engine-{i}")).collect();

@@ -14,7 +14,7 @@ use crate::reservation::{HeldReservation, Reservation};
 use crate::router::Router;
 use crate::settings::{Policy, RealStateUse};
 use crate::shadow::Load;
-use crate::state::{session_key, RouterState};
+use crate::state::{request_key, session_key, RouterState};
 
 /// What kind of placement a decision is.
 #[derive(Clone, Copy, Debug)]
@@ -70,7 +70,23 @@ impl Router {
         let expiry = self.shared.real_state_expiry;
         state.fill_candidates(consult_real, Some(&prompt.blocks), now_ns, expiry);
         match source {
-            MigrationSource::Named(id) => state.position(id),
+            MigrationSource::Named(id) => {
+                let position = state.position(id)?;
+                // Asked by name, the request's own reservation on the source
+                // would count against it (its prefill in the source's
+                // pending prefill): refused, never silently answered.
+                if state.instances[position].holds_request(request_key(&request.request_id)) {
+                    return Err(Error::InvalidRequest {
+                        request_id: request.request_id.clone(),
+                        reason: format!(
+                            "it holds a reservation on {id:?}, which asked by instance name \
+                             would count against it: pass the reservation instead \
+                             (migration_advice_for, migrate_reservation)"
+                        ),
+                    });
+                }
+                Ok(position)
+            }
             MigrationSource::Reserved { instance_id, held } => {
                 let position = state
                     .position_of_uid(held.uid, held.position_hint)
@@ -108,11 +124,13 @@ impl Router {
         request: &Request,
         placement: Placement<'_>,
     ) -> Result<Option<(Decision, Reservation)>, Error> {
-        // Hash before locking: the slowest part of a decision needs no shared state.
+        // Hash before locking: the slowest part of a decision needs no shared
+        // state (nor does the request id's key).
         let prompt = request.hashed()?;
+        let request_key = request_key(&request.request_id);
         let placed = {
             let mut state = self.shared.lock();
-            self.decide_locked(&mut state, request, &prompt, placement)?
+            self.decide_locked(&mut state, request, request_key, &prompt, placement)?
         };
         let Some(placed) = placed else {
             return Ok(None);
@@ -134,6 +152,7 @@ impl Router {
         &self,
         state: &mut RouterState,
         request: &Request,
+        request_key: u64,
         prompt: &HashedPrompt<'_>,
         placement: Placement<'_>,
     ) -> Result<Option<Placed>, Error> {
@@ -247,7 +266,7 @@ impl Router {
             input_len: prompt.input_len,
             new_prefill: prompt.input_len.saturating_sub(cache_hit_tokens),
         };
-        state.reserve(position, load, &prompt.blocks);
+        state.reserve(position, load, &prompt.blocks, request_key);
         if let Some((source, held)) = migrated_from {
             // Under the same lock hold as the new reservation: no decision
             // ever sees the request on both instances, or on neither.
@@ -289,6 +308,7 @@ impl Router {
             instance.uid,
             position,
             load,
+            request_key,
         );
         Ok(Some(Placed {
             decision,

@@ -21,7 +21,8 @@
 //!   migration trigger and target scorer for a request a pick reserved (its
 //!   own reservation left out of its instance's load);
 //!   [`Router::migration_advice`] / [`Router::migrate`] for one not yet
-//!   reserved; [`DecisionLog`]: optional JSON Lines decision records.
+//!   reserved (an error for a request id reserved on the named instance);
+//!   [`DecisionLog`]: optional JSON Lines decision records.
 //!
 //! Layout: `settings` (policies, thresholds), `request` and `blocks` (prompt
 //! hashing), `lru` and `shadow` (per-instance accounting), `effective` (real

@@ -28,6 +28,9 @@ pub struct Reservation {
     /// The instance's position at reservation; checked against `uid` before use.
     position_hint: usize,
     load: Load,
+    /// Its request's id key (`state::request_key`), counted live on its
+    /// instance until released.
+    request_key: u64,
     phase: Phase,
 }
 
@@ -37,6 +40,7 @@ pub(crate) struct HeldReservation {
     pub uid: u64,
     pub position_hint: usize,
     pub load: Load,
+    pub request_key: u64,
     /// Its `prefill_done` was called.
     pub decoding: bool,
 }
@@ -56,6 +60,7 @@ impl Reservation {
         uid: u64,
         position_hint: usize,
         load: Load,
+        request_key: u64,
     ) -> Reservation {
         Reservation {
             shared,
@@ -63,6 +68,7 @@ impl Reservation {
             uid,
             position_hint,
             load,
+            request_key,
             phase: Phase::Prefill,
         }
     }
@@ -100,6 +106,7 @@ impl Reservation {
             uid: self.uid,
             position_hint: self.position_hint,
             load: self.load,
+            request_key: self.request_key,
             decoding: self.phase == Phase::Decode,
         })
     }
@@ -143,10 +150,13 @@ impl Reservation {
         let decoding = self.phase == Phase::Decode;
         self.phase = Phase::Released;
         let load = self.load;
-        self.shared
-            .end_reservation(self.uid, self.position_hint, ending, |shadow| {
-                shadow.release(load, decoding)
-            });
+        self.shared.end_reservation(
+            self.uid,
+            self.position_hint,
+            self.request_key,
+            ending,
+            |shadow| shadow.release(load, decoding),
+        );
     }
 }
 

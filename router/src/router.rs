@@ -61,6 +61,7 @@ impl Shared {
         &self,
         uid: u64,
         hint: usize,
+        request_key: u64,
         ending: Ending,
         f: impl FnOnce(&mut InstanceShadow),
     ) {
@@ -72,7 +73,9 @@ impl Shared {
             Ending::Dropped => counts.dropped += 1,
         }
         if let Some(position) = state.position_of_uid(uid, hint) {
-            f(&mut state.instances[position].shadow);
+            let instance = &mut state.instances[position];
+            f(&mut instance.shadow);
+            instance.forget_request(request_key);
         }
     }
 }
@@ -329,7 +332,9 @@ impl Router {
     ///
     /// Advise before reserving: a request already reserved on the source
     /// would count against itself (its own prefill in the source's pending
-    /// prefill). For a request that holds a reservation — every request a
+    /// prefill), so that question fails with [`Error::InvalidRequest`] while
+    /// a reservation for the same request id is live on `source_instance`.
+    /// For a request that holds a reservation — every request a
     /// [`pick`](Router::pick) placed — ask
     /// [`migration_advice_for`](Router::migration_advice_for) instead.
     pub fn migration_advice(
@@ -378,7 +383,9 @@ impl Router {
     /// it on `source_instance` and a target exists, reserve it on the target
     /// (one step, as [`pick`](Router::pick)) and move its session there.
     /// `None`: it stays. For a request already reserved, use
-    /// [`migrate_reservation`](Router::migrate_reservation).
+    /// [`migrate_reservation`](Router::migrate_reservation): this fails, as
+    /// [`migration_advice`](Router::migration_advice) does, while a
+    /// reservation for the same request id is live on `source_instance`.
     pub fn migrate(
         &self,
         request: &Request,

@@ -204,13 +204,23 @@ fn real_state_expires_when_no_update_follows() {
         real_state_expiry_s: 0.0,
         ..RouterSettings::default()
     };
-    let r = Router::with_instances(settings, ["a", "b"]).unwrap();
+    // Time passed in (the router's clock), not slept.
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let now = Arc::new(AtomicU64::new(1_000_000_000));
+    let clock = crate::Clock::from_fn({
+        let now = Arc::clone(&now);
+        move || now.load(Ordering::Relaxed)
+    });
+    let r = Router::with_clock(settings, clock).unwrap();
+    r.add_instance("a").unwrap();
+    r.add_instance("b").unwrap();
     let busy = Snapshot {
         num_running: 5,
         ..Snapshot::default()
     };
-    r.update_real_state([("a", fresh(busy))]);
-    std::thread::sleep(Duration::from_millis(2));
+    let read_ns = now.load(Ordering::Relaxed);
+    r.update_real_state([("a", fresh(busy).read_at(read_ns, Duration::ZERO))]);
+    now.fetch_add(2_000_000, Ordering::Relaxed);
     assert_eq!(
         r.instance("a").unwrap().effective.num_requests,
         0,
@@ -556,10 +566,55 @@ fn advice_for_a_reserved_request_leaves_its_own_reservation_out() {
         .is_none());
     assert_eq!(held.instance_id(), "e0");
     assert_eq!(shadow(&r, "e0").num_requests, 1);
-    // The question that counts it against itself (asked by name) would move it.
-    assert!(r.migration_advice(&request, "e0").unwrap().migrate);
+    // The question that would count it against itself (asked by name, which
+    // would then advise moving it) is refused, and so is `migrate` by name.
+    let refused = r.migration_advice(&request, "e0").unwrap_err();
+    assert!(
+        refused.to_string().contains("migration_advice_for"),
+        "{refused}"
+    );
+    assert!(r.migrate(&request, "e0").is_err());
+    assert_eq!(
+        shadow(&r, "e0").num_requests,
+        1,
+        "a refusal changes nothing"
+    );
+    // Asked about another instance, the name is no misuse.
+    assert!(!r.migration_advice(&request, "e1").unwrap().migrate);
     held.complete();
     assert!(r.migration_advice_for(&request, &held).is_err());
+    // Released, the request holds nothing: asking by name is right again
+    // (its prompt now in e0's prefix cache, so the advice differs).
+    assert!(r.migration_advice(&request, "e0").is_ok());
+}
+
+#[test]
+fn advice_by_name_counts_reservations_not_ids_seen() {
+    let r = router(Policy::LoadOnly, &["e0", "e1"]);
+    let request = Request::from_tokens("twice", tokens(3, 1024));
+    let (_, mut first) = r.reserve_on(&request, "e0").unwrap();
+    let (_, mut second) = r.reserve_on(&request, "e0").unwrap();
+    first.complete();
+    assert!(
+        r.migration_advice(&request, "e0").is_err(),
+        "one reservation of the id is still live"
+    );
+    second.complete();
+    assert!(r.migration_advice(&request, "e0").is_ok());
+    // A reservation migrated away is no longer on its old instance.
+    let (_, mut moved) = r.reserve_on(&request, "e0").unwrap();
+    let big = Snapshot {
+        num_running: 4,
+        pending_prefill_tokens: 60_000,
+        ..Snapshot::default()
+    };
+    r.update_real_state([("e0", fresh(big))]);
+    r.migrate_reservation(&request, &mut moved)
+        .unwrap()
+        .expect("the trigger fires on a drowning e0");
+    assert_eq!(moved.instance_id(), "e1");
+    assert!(r.migration_advice(&request, "e0").is_ok());
+    assert!(r.migration_advice(&request, "e1").is_err());
 }
 
 #[test]

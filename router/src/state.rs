@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::hash::{BuildHasherDefault, DefaultHasher, Hash, Hasher};
 
 use crate::effective::{EffectiveState, RealLoad, RealState};
 use crate::error::Error;
@@ -31,6 +31,33 @@ pub(crate) struct Instance {
     /// now stale or dead, its shadow drained to zero — does not become the
     /// least-loaded instance of every policy.
     pub shutting_down: bool,
+    /// Request-id key ([`request_key`]) → reservations live on this
+    /// instance, so that a question asked by instance name about a request
+    /// reserved here (which would count it against itself) is refused.
+    reserved_requests: HashMap<u64, u32, BuildHasherDefault<KeyHasher>>,
+}
+
+/// The keys of `Instance::reserved_requests` are already hashes
+/// ([`request_key`]): used as they are, not hashed again (this map is
+/// touched by every reservation and release).
+#[derive(Default)]
+pub(crate) struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used (the key type is u64); folded in anyway.
+        for &byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
+        }
+    }
+
+    fn write_u64(&mut self, key: u64) {
+        self.0 = key;
+    }
 }
 
 /// Fresh real state as stored: reduced to what the merge reads, with the
@@ -58,6 +85,24 @@ impl StoredReal {
 }
 
 impl Instance {
+    /// Whether a reservation for the request with this key ([`request_key`])
+    /// is live on this instance.
+    pub(crate) fn holds_request(&self, request_key: u64) -> bool {
+        self.reserved_requests.contains_key(&request_key)
+    }
+
+    /// A reservation for the request with this key ended (or moved away).
+    pub(crate) fn forget_request(&mut self, request_key: u64) {
+        if let std::collections::hash_map::Entry::Occupied(mut live) =
+            self.reserved_requests.entry(request_key)
+        {
+            *live.get_mut() -= 1;
+            if *live.get() == 0 {
+                live.remove();
+            }
+        }
+    }
+
     /// Its effective state at `now_ns` (`CLOCK_MONOTONIC`). Inlined into the
     /// loop over every instance that each decision runs.
     #[inline]
@@ -124,6 +169,13 @@ pub(crate) fn session_key(session_id: &str) -> u64 {
     hasher.finish()
 }
 
+/// Request ids are kept as 64-bit hashes too (the same hasher), for the
+/// live-reservation check of `Instance::holds_request`: a collision only
+/// makes a question asked by name about another request an error.
+pub(crate) fn request_key(request_id: &str) -> u64 {
+    session_key(request_id)
+}
+
 impl RouterState {
     pub(crate) fn new(settings: &RouterSettings) -> RouterState {
         RouterState {
@@ -169,6 +221,7 @@ impl RouterState {
             shadow: InstanceShadow::new(cache_blocks),
             real: None,
             shutting_down: false,
+            reserved_requests: HashMap::default(),
         });
         self.next_uid += 1;
         Ok(())
@@ -237,9 +290,9 @@ impl RouterState {
 
     /// Release a migrated request's reservation on its old instance.
     pub(crate) fn release_migrated(&mut self, position: usize, held: HeldReservation) {
-        self.instances[position]
-            .shadow
-            .release(held.load, held.decoding);
+        let instance = &mut self.instances[position];
+        instance.shadow.release(held.load, held.decoding);
+        instance.forget_request(held.request_key);
         self.counts.migrated += 1;
     }
 
@@ -278,9 +331,16 @@ impl RouterState {
         self.sessions.remove(session)
     }
 
-    pub(crate) fn reserve(&mut self, position: usize, load: Load, blocks: &[u64]) {
-        let shadow = &mut self.instances[position].shadow;
-        shadow.reserve(load);
-        shadow.remember_prefix(blocks);
+    pub(crate) fn reserve(
+        &mut self,
+        position: usize,
+        load: Load,
+        blocks: &[u64],
+        request_key: u64,
+    ) {
+        let instance = &mut self.instances[position];
+        instance.shadow.reserve(load);
+        instance.shadow.remember_prefix(blocks);
+        *instance.reserved_requests.entry(request_key).or_insert(0) += 1;
     }
 }

@@ -26,12 +26,16 @@ pub const DEFAULT_URI: &str = "file:///dev/shm/agentic_engine_state";
 pub const ENGINE_ID_ENV: &str = "AGENTIC_WORKER_ID";
 /// Environment variable holding the publish (and heartbeat) period in ms.
 pub const PERIOD_ENV: &str = "AGENTIC_ENGINE_STATE_PERIOD_MS";
-/// Default publish (and heartbeat) period in ms.
-pub const DEFAULT_PERIOD_MS: u64 = 50;
+/// Default publish (and heartbeat) period in ms: the heartbeat policy's
+/// number (shm-format owns it, as `WriterOptions::default` uses it), in the
+/// unit of the variable.
+pub const DEFAULT_PERIOD_MS: u64 =
+    engine_state_shm_format::heartbeat::DEFAULT_PUBLISH_PERIOD.as_millis() as u64;
 /// Environment variable holding a shared-memory file's mode (octal, e.g. `644`).
 pub const FILE_MODE_ENV: &str = "AGENTIC_ENGINE_STATE_FILE_MODE";
-/// Default mode of a shared-memory file: the owner reads and writes.
-pub const DEFAULT_FILE_MODE: u32 = 0o600;
+/// Default mode of a shared-memory file: the owner reads and writes
+/// (shm-format owns it, as `WriterOptions::default` uses it).
+pub use engine_state_shm_format::DEFAULT_FILE_MODE;
 /// Default staleness threshold in ms: a heartbeat older than this makes an
 /// engine stale (the heartbeat policy's number, in the unit of the flags).
 pub const DEFAULT_STALE_AFTER_MS: u64 =

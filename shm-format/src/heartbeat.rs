@@ -3,6 +3,8 @@
 //! writer (shared memory and Redis), the reader and the node agent's relay
 //! all take their numbers from here.
 //!
+//! - A writer publishes, and its heartbeat thread ticks, every publish
+//!   period ([`DEFAULT_PUBLISH_PERIOD`] unless configured).
 //! - A writer's heartbeat thread ticks every publish period and stores a
 //!   stamp unless a publish stamped one less than [`skip_if_younger`] ago
 //!   (a busy engine's publishes are its heartbeats).
@@ -17,6 +19,11 @@
 //!   (the reader's default; a Redis key's default expiry is the same).
 
 use std::time::Duration;
+
+/// Default publish (and heartbeat) period: what a writer records in its
+/// file's header unless configured (`WriterOptions::default`; the settings
+/// crate's `DEFAULT_PERIOD_MS` is this, in the unit of its variable).
+pub const DEFAULT_PUBLISH_PERIOD: Duration = Duration::from_millis(50);
 
 /// Default `stale_after`: a heartbeat older than this is stale (DESIGN §6).
 pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(2);
@@ -53,7 +60,6 @@ mod tests {
     #[test]
     fn thresholds_of_a_50_ms_period() {
         let period = Duration::from_millis(50);
-        assert_eq!(skip_if_younger(period), period);
         assert_eq!(relay_step(period), Duration::from_millis(45));
         assert_eq!(
             late_after(period, Duration::from_millis(10)),
@@ -67,5 +73,30 @@ mod tests {
             replaced_after(relay_step(period)),
             Duration::from_millis(180)
         );
+    }
+
+    /// What the policy needs of `skip_if_younger`, for any period: a busy
+    /// engine's stamps are left to its publishes (one each period, so the
+    /// thread skips a stamp younger than that), an idle engine's stamp is
+    /// never late (skipped, then stored on the next tick, one period later),
+    /// and a relay forwards every stamp the thread stores.
+    #[test]
+    fn skipping_young_stamps_leaves_no_live_writer_late() {
+        for ms in [1, 10, 50, 100, 1000, 60_000] {
+            let period = Duration::from_millis(ms);
+            let skip = skip_if_younger(period);
+            assert!(
+                skip >= period,
+                "{ms} ms: a busy engine's publishes would get extra stamps"
+            );
+            assert!(
+                skip + period <= late_after(period, Duration::ZERO),
+                "{ms} ms: an idle writer's stamp, skipped then stored a tick later, is late"
+            );
+            assert!(
+                relay_step(period) <= skip,
+                "{ms} ms: a relay would drop some of an idle engine's heartbeats"
+            );
+        }
     }
 }

@@ -73,7 +73,7 @@ pub use crate::seqlock::Torn;
 pub use crate::shm_file::ShmFile;
 pub use crate::snapshot::{Snapshot, FIELD_COUNT, FLAG_IDLE, FLAG_SHUTTING_DOWN, SNAPSHOT_WORDS};
 #[cfg(not(loom))]
-pub use crate::writer::{Heartbeat, ShmWriter, WriterOptions, WrongProcess};
+pub use crate::writer::{Heartbeat, ShmWriter, WriterOptions, WrongProcess, DEFAULT_FILE_MODE};
 
 #[cfg(all(test, not(loom)))]
 mod file_tests;

@@ -90,8 +90,10 @@ pub fn write_after<const N: usize>(
     for (word, value) in words.iter().zip(values) {
         word.store(*value, Ordering::Relaxed);
     }
-    // Pairs with the reader's Acquire load of `seq`: a reader that sees s+2
-    // sees every word stored above.
+    // Pairs with the reader's first Relaxed load of `seq` and the
+    // `fence(Acquire)` after it (`try_read`; no Acquire load: on a read-only
+    // mapping only Relaxed loads are documented to work): a reader whose load
+    // sees s+2 sees every word stored above.
     seq.store(s.wrapping_add(2), Ordering::Release);
 }
 

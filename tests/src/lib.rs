@@ -178,6 +178,22 @@ pub fn wait_for_within(limit: Duration, mut condition: impl FnMut() -> bool, wha
     }
 }
 
+/// Runs `f` on another thread and waits at most `limit` for it to return
+/// (choose it generously: the host may be busy); panics naming `what` if it
+/// does not. For "this returns, it does not hang" checks, instead of timing a
+/// call against a tight wall-clock bound.
+pub fn returns_within<T: Send>(limit: Duration, what: &str, f: impl FnOnce() -> T + Send) -> T {
+    let (done, returned) = std::sync::mpsc::channel();
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            let _ = done.send(f());
+        });
+        returned
+            .recv_timeout(limit)
+            .unwrap_or_else(|_| panic!("{what} did not return within {limit:?}"))
+    })
+}
+
 /// Reader options for tests: a directory listing (or registry read) on
 /// every read, and the given `stale_after`.
 pub fn test_options(stale_after: Duration) -> engine_state_reader::ReaderOptions {

@@ -176,6 +176,9 @@ fn sees_every_update(backend: &impl Backend) {
 fn heartbeat_keeps_an_idle_engine_fresh(backend: &impl Backend) {
     let _p = publisher(backend, "hb", 10);
     let mut source = reader(backend, Duration::from_millis(150));
+    // Idle for 400 ms is the premise (the publisher runs on real time in
+    // another process, so time passes here too): the capture must age
+    // while heartbeats keep coming, and no event marks "400 ms idle".
     std::thread::sleep(Duration::from_millis(400));
     let reading = source.read().unwrap();
     let state = reading.get("hb").unwrap();
@@ -200,7 +203,10 @@ fn stale_threshold_is_a_reader_setting(backend: &impl Backend) {
     wait_for_engine(&mut *source, "slow", "fresh right after a publish", |s| {
         s.status == Status::Fresh && s.snapshot.num_running == 1
     });
-    std::thread::sleep(Duration::from_millis(150));
+    // Until the 50 ms threshold is well past (polled, not slept).
+    wait_for_engine(&mut *source, "slow", "a heartbeat 150 ms old", |s| {
+        s.heartbeat_age >= Duration::from_millis(150)
+    });
     let reading = source.read().unwrap();
     let state = reading.get("slow").unwrap();
     assert_eq!(state.status, Status::Stale, "{state:?}");

@@ -4,7 +4,7 @@
 
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use engine_state_reader::{ShmDir, Source, Status};
 use engine_state_shm_format::layout::SEQ_OFFSET;
@@ -70,14 +70,13 @@ fn writer_killed_mid_write_reads_as_torn_within_the_bound() {
         test_options(engine_state_reader::DEFAULT_STALE_AFTER),
     )
     .unwrap();
-    let started = Instant::now();
-    let e = &source.read().unwrap().engines[0];
+    // Bounded retries: the read returns (no wall-clock bound: the host may
+    // be busy; the retry bound itself is seqlock.rs's, unit-tested there).
+    let reading = returns_within(Duration::from_secs(30), "a read of a torn file", || {
+        source.read().unwrap()
+    });
+    let e = &reading.engines[0];
     assert_eq!(e.status, Status::Torn, "{e:?}");
-    assert!(
-        started.elapsed() < Duration::from_millis(100),
-        "bounded retries, took {:?}",
-        started.elapsed()
-    );
     let (value, _) = esdump_json(&uri);
     assert_eq!(value[0]["status"], "torn");
 }

@@ -417,8 +417,20 @@ fn truncating_a_mapped_file_kills_no_reader() {
         },
         "the truncated file reported by esdump and the Python Reader",
     );
-    // A few more rounds of every reader over the truncated file.
-    std::thread::sleep(Duration::from_millis(500));
+    // A few more rounds of every reader over the truncated file: three more
+    // esdump frames and Python lines (waited for, not slept), meanwhile
+    // esagent's 1 ms change detection went over it many times.
+    let frames = || {
+        std::fs::read_to_string(&screen_path)
+            .unwrap()
+            .matches("\x1b[2J")
+            .count()
+    };
+    let (frames_then, lines_then) = (frames(), python_lines.lock().unwrap().len());
+    wait_for(
+        || frames() >= frames_then + 3 && python_lines.lock().unwrap().len() >= lines_then + 3,
+        "three more rounds of esdump and the Python Reader over the truncated file",
+    );
     running(&mut esdump, "esdump --watch");
     running(&mut python_reader, "the Python Reader");
     running(&mut agent, "esagent");

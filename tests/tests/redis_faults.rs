@@ -613,7 +613,13 @@ fn a_registry_key_of_the_wrong_type_is_counted_and_the_records_are_still_written
         || stats.registry_errors.load(Ordering::Relaxed) >= 1,
         "the refused registration to be counted",
     );
-    std::thread::sleep(Duration::from_millis(300));
+    // Ten more periods of writes after it (waited for, not slept): the
+    // heartbeat thread kept going on the same connection.
+    let written = stats.written.load(Ordering::Relaxed);
+    wait_for(
+        || stats.written.load(Ordering::Relaxed) >= written + 10,
+        "ten more writes after the refused registration",
+    );
     // Not a connection failure: no reconnect loop, the key stays refreshed.
     assert_eq!(stats.errors.load(Ordering::Relaxed), 0, "{stats:?}");
     assert!(stats.connected.load(Ordering::Relaxed));

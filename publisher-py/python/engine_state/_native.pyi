@@ -185,6 +185,8 @@ class Router:
         session_id: str | None = None,
     ) -> tuple[Decision, Reservation]: ...
     def update_real_state(self, states: Sequence[EngineState]) -> int: ...
+    # Raises ValueError while a reservation for request_id is live on source:
+    # ask migration_advice_for(reservation, ...) for a reserved request.
     def migration_advice(
         self,
         source: str,
