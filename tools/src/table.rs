@@ -151,6 +151,8 @@ mod tests {
                 capture_age: Duration::from_millis(40),
                 generation: 1,
                 read_mono_ns: 0,
+                writer: Default::default(),
+                clock_ahead: false,
             }],
             errors: vec![],
         };
