@@ -28,9 +28,11 @@ pub fn record_state(
     freshness: &Freshness,
     read_mono_ns: u64,
 ) -> EngineState {
+    // A key that expired before a record was seen has no snapshot.
+    let none = Snapshot::default();
     let observation = Observation {
         engine_id,
-        snapshot: record.map_or(Snapshot::default(), |r| r.snapshot),
+        snapshot: record.map_or(&none, |r| &r.snapshot),
         writer: record.map_or(Writer::default(), |r| Writer {
             pid: r.writer_pid,
             publish_period_us: r.publish_period_us,

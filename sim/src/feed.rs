@@ -217,7 +217,7 @@ impl EngineFeed {
         };
         let observation = Observation {
             engine_id: Arc::clone(&self.engine_id),
-            snapshot,
+            snapshot: &snapshot,
             writer: Writer {
                 pid: 0,
                 publish_period_us: (HEARTBEAT_PERIOD_NS / 1000) as u32,

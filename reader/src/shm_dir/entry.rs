@@ -119,7 +119,7 @@ impl Entry {
         let state = judge(
             Observation {
                 engine_id: self.id.clone(),
-                snapshot,
+                snapshot: &snapshot,
                 writer: Writer {
                     heartbeat_mono_ns: self.seen_heartbeat_ns,
                     ..self.writer
