@@ -15,10 +15,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use engine_state_reader::{
-    EngineState, Freshness, ReaderOptions, Reading, ShmDir, Snapshot, Status,
+    EngineState, Freshness, ReaderOptions, Reading, ShmDir, Snapshot, Status, Writer,
 };
 use engine_state_redis::{InlineSink, RecordWriter, RedisRecord, RedisTarget, SinkOp, SinkStats};
-use engine_state_shm_format::{heartbeat, monotonic_ns, Header};
+use engine_state_shm_format::{heartbeat, monotonic_ns};
 
 use crate::config::AgentConfig;
 use crate::error::Error;
@@ -94,16 +94,17 @@ struct SentRecord {
 }
 
 /// The Redis `generation` of the records relayed from a file: its header's
-/// `created_unix_ns`, as a direct publisher's is its start time (one rule:
-/// when the writer started, in ns since 1970).
+/// `created_unix_ns` (carried on every state read from it,
+/// [`Writer::created_unix_ns`]), as a direct publisher's is its start time
+/// (one rule: when the writer started, in ns since 1970).
 ///
 /// Not the file's own generation, which is 1 for every fresh file: engines in
 /// containers often have the same pid in every pod, and the key's owner is
 /// (`writer_pid`, `generation`), so two hosts relaying one engine id would
 /// both pass the owner check and overwrite (and delete) each other's key. A
 /// new file of the same engine (a restart, a replacement) is a new run too.
-fn run_of(header: &Header) -> u64 {
-    header.created_unix_ns
+fn run_of(writer: &Writer) -> u64 {
+    writer.created_unix_ns
 }
 
 impl Relay {
@@ -191,7 +192,7 @@ impl Relay {
         }
         let mut queued = 0;
         for engine in &self.changed.engines {
-            queued += usize::from(self.sender.queue(&self.shm, engine, now));
+            queued += usize::from(self.sender.queue(engine, now));
         }
         self.sender.send();
         queued
@@ -237,7 +238,7 @@ impl Relay {
             &[]
         };
         for engine in relayed {
-            report.queued += usize::from(self.sender.queue(&self.shm, engine, now));
+            report.queued += usize::from(self.sender.queue(engine, now));
         }
         if self.sender.sent_before != self.sender.last_sent.len() {
             // Not every engine relayed before is still there.
@@ -316,7 +317,7 @@ impl RecordSender {
     /// period, a stopped heartbeat lets the key expire, and a busy engine,
     /// whose publishes already carry its heartbeat (and whose heartbeat
     /// thread ticks at its own phase), costs one record a period, not two.
-    fn queue(&mut self, shm: &ShmDir, engine: &EngineState, now: u64) -> bool {
+    fn queue(&mut self, engine: &EngineState, now: u64) -> bool {
         let last = self.last_sent.get_mut(&engine.engine_id);
         self.sent_before += usize::from(last.is_some());
         // A dead or torn engine is not refreshed: its key expires, and
@@ -324,21 +325,18 @@ impl RecordSender {
         if matches!(engine.status, Status::Dead | Status::Torn) {
             return false;
         }
-        let Some(raw) = shm.raw(&engine.engine_id) else {
-            return false; // not an engine of this directory's reader
-        };
         // A stamp too far ahead of this host's clock (a forged file, a writer
         // in another time namespace) has no age: relaying it, clamped to
         // `now` below, would make the key look freshly stamped at every pass
         // and keep it alive forever. Not refreshed, the key expires, and Redis
         // readers see the engine dead (the full pass reports the file's error).
-        if raw.clock_ahead {
+        if engine.clock_ahead {
             return false;
         }
         // The writer's own stamp, as the reader read it; one taken after
         // `now` (another CPU) counts as `now`, as its age does.
-        let heartbeat_mono_ns = raw.heartbeat_mono_ns.min(now);
-        let run = run_of(raw.header);
+        let heartbeat_mono_ns = engine.writer.heartbeat_mono_ns.min(now);
+        let run = run_of(&engine.writer);
         let current = match last {
             Some(last)
                 if last.generation == run
@@ -370,8 +368,8 @@ impl RecordSender {
                     generation: run,
                     heartbeat_mono_ns,
                     snapshot: engine.snapshot,
-                    writer_pid: raw.header.writer_pid,
-                    publish_period_us: raw.header.publish_period_us,
+                    writer_pid: engine.writer.pid,
+                    publish_period_us: engine.writer.publish_period_us,
                 };
                 match last {
                     Some(last) => *last = current,

@@ -389,6 +389,8 @@ mod tests {
             capture_age: Duration::from_millis(30),
             generation: 1,
             read_mono_ns: 0,
+            writer: Default::default(),
+            clock_ahead: false,
         }
     }
 

@@ -231,6 +231,8 @@ mod tests {
             capture_age: Duration::from_secs(3),
             generation: 9,
             read_mono_ns: 11,
+            writer: Default::default(),
+            clock_ahead: false,
         };
         let engine = EsEngine::from(&state);
         assert_eq!(engine.engine_id(), "x".repeat(63));

@@ -174,10 +174,7 @@ unsafe fn read_into_array(
                 write(n, &state);
                 n += 1;
             };
-            match now_mono_ns {
-                Some(now) => dir.read_each_at(now, &mut reading.errors, each)?,
-                None => dir.read_each(&mut reading.errors, each)?,
-            }
+            dir.read_each(now_mono_ns, &mut reading.errors, each)?;
             n
         }
         Backend::Other(source) => {
@@ -312,7 +309,7 @@ pub unsafe extern "C" fn es_read_engine(
             backend, scratch, ..
         } = &mut *inner;
         let engine = match backend {
-            Backend::Shm(dir) => dir.try_read_engine(engine_id)?.as_ref().map(EsEngine::from),
+            Backend::Shm(dir) => dir.read_engine(engine_id)?.as_ref().map(EsEngine::from),
             Backend::Other(source) => {
                 source.read_into(scratch)?;
                 scratch.get(engine_id).map(EsEngine::from)

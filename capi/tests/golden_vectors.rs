@@ -42,6 +42,8 @@ fn engine_state(e: &EsEngine) -> EngineState {
         capture_age: Duration::from_nanos(e.capture_age_ns),
         generation: e.generation,
         read_mono_ns: e.read_mono_ns,
+        writer: Default::default(),
+        clock_ahead: false,
     };
     // The one field the JSON derives rather than copies: the C struct's own.
     assert_eq!(

@@ -196,7 +196,7 @@ fn a_removed_directory_is_noticed_and_the_file_recreated_when_it_is_back() {
     };
     publisher.publish(busy(1)).unwrap();
     let reader = |dir: &std::path::Path| ShmDir::open(dir, ReaderOptions::default()).unwrap();
-    let first = reader(&dir).read_engine("phoenix").unwrap();
+    let first = reader(&dir).read_engine("phoenix").unwrap().unwrap();
     assert_eq!(publisher.stats(), PublisherStats::default());
 
     std::fs::remove_dir_all(&dir).unwrap();
@@ -214,7 +214,7 @@ fn a_removed_directory_is_noticed_and_the_file_recreated_when_it_is_back() {
     let mut seen = None;
     eventually(
         || {
-            seen = source.read_engine("phoenix");
+            seen = source.read_engine("phoenix").ok().flatten();
             seen.is_some()
         },
         "the file recreated",
@@ -237,13 +237,13 @@ fn a_removed_directory_is_noticed_and_the_file_recreated_when_it_is_back() {
     // Publishing goes to the new file, and the heartbeat thread stamps it
     // (after the publish: the thread's own stamp, not the publish's).
     publisher.publish(busy(3)).unwrap();
-    let published = source.read_engine("phoenix").unwrap().snapshot;
+    let published = source.read_engine("phoenix").unwrap().unwrap().snapshot;
     assert_eq!(published.step, 3);
     eventually(
         || heartbeat_word(&dir, "phoenix") > published.captured_mono_ns,
         "the heartbeat thread stamping the new file",
     );
-    let idle = source.read_engine("phoenix").unwrap();
+    let idle = source.read_engine("phoenix").unwrap().unwrap();
     assert_eq!(idle.status, Status::Fresh, "{idle:?}");
     // Generous (100 periods): this host is noisy.
     assert!(idle.heartbeat_age < Duration::from_secs(1), "{idle:?}");
@@ -383,6 +383,8 @@ fn a_truncated_file_is_replaced_and_the_engine_seen_again() {
         || {
             source
                 .read_engine("cut")
+                .ok()
+                .flatten()
                 .is_some_and(|e| e.snapshot.step > 10)
         },
         "the publishing thread's snapshots",
@@ -400,6 +402,8 @@ fn a_truncated_file_is_replaced_and_the_engine_seen_again() {
         || {
             source
                 .read_engine("cut")
+                .ok()
+                .flatten()
                 .is_some_and(|e| e.snapshot.step > step)
         },
         "publishes landing in the new file",
@@ -485,7 +489,7 @@ fn seen_with_a_heartbeat_after(dir: &Path, id: &str) -> (ShmDir, EngineState) {
         ..ReaderOptions::default()
     };
     let mut source = ShmDir::open(dir, options).unwrap();
-    let first = source.read_engine(id).unwrap();
+    let first = source.read_engine(id).unwrap().unwrap();
     assert_eq!(first.status, Status::Fresh, "{first:?}");
     eventually(
         || heartbeat_word(dir, id) > first.snapshot.captured_mono_ns,
@@ -506,6 +510,8 @@ fn fresh_in_a_later_generation(
         || {
             seen = source
                 .read_engine(id)
+                .ok()
+                .flatten()
                 .filter(|e| e.generation > generation && e.status == Status::Fresh);
             seen.is_some()
         },

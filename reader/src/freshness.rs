@@ -1,5 +1,7 @@
-//! The staleness rule of DESIGN §6. Every backend calls [`Freshness::classify`];
-//! the rule lives nowhere else.
+//! The staleness rule (docs/FORMAT.md, "Liveness and staleness"):
+//! `Freshness::classify`, which only the judge (`judge.rs`) calls, and
+//! [`heartbeat_recent`], its heartbeat half, which the router applies again
+//! at decision time. The rule lives nowhere else.
 
 use std::fmt;
 use std::time::Duration;
@@ -154,9 +156,9 @@ impl fmt::Display for Status {
     }
 }
 
-/// What a backend observed about one engine.
+/// What the judge (`judge.rs`) measured of one engine: the rule's input.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Observation {
+pub(crate) struct Evidence {
     /// The seqlock could not be read consistently.
     pub torn: bool,
     /// The writer retired its file (or its key says so).
@@ -173,6 +175,17 @@ pub struct Observation {
     /// A stamp of the writer is more than [`max_ahead`] ahead of the
     /// reader's clock ([`Ages::clock_ahead`]): its ages cannot be told.
     pub clock_ahead: bool,
+}
+
+/// The heartbeat half of the rule: a heartbeat `age` old is recent under
+/// `stale_after` (the bound is inclusive: exactly `stale_after` old is
+/// recent). The judge's `Freshness::classify` applies it at read time; the router
+/// applies it once more at decision time, with its own threshold
+/// (`real_state_expiry_s`), to a reading's heartbeat age plus the time
+/// since the reading (docs/ARCHITECTURE.md, "Multi-node and routing").
+#[inline]
+pub fn heartbeat_recent(age: Duration, stale_after: Duration) -> bool {
+    age <= stale_after
 }
 
 /// The thresholds of the staleness rule.
@@ -194,15 +207,16 @@ impl Default for Freshness {
 }
 
 impl Freshness {
-    /// The status of an engine given what was observed (DESIGN §6).
+    /// The status of an engine given what was measured of it
+    /// (docs/FORMAT.md, "Liveness and staleness").
     #[inline]
-    pub fn classify(&self, obs: &Observation) -> Status {
+    pub(crate) fn classify(&self, obs: &Evidence) -> Status {
         if obs.torn {
             Status::Torn
         } else if obs.retired || obs.writer_alive == Some(false) {
             Status::Dead
         } else if obs.clock_ahead
-            || obs.heartbeat_age > self.stale_after
+            || !heartbeat_recent(obs.heartbeat_age, self.stale_after)
             || (obs.capture_age > self.max_capture_age && !obs.idle)
         {
             Status::Stale
@@ -216,12 +230,12 @@ impl Freshness {
 mod tests {
     use super::*;
 
-    fn obs(hb_ms: u64, cap_ms: u64) -> Observation {
-        Observation {
+    fn obs(hb_ms: u64, cap_ms: u64) -> Evidence {
+        Evidence {
             heartbeat_age: Duration::from_millis(hb_ms),
             capture_age: Duration::from_millis(cap_ms),
             writer_alive: Some(true),
-            ..Observation::default()
+            ..Evidence::default()
         }
     }
 
@@ -240,7 +254,7 @@ mod tests {
             Status::Stale,
             "busy engine, old capture"
         );
-        let idle = Observation {
+        let idle = Evidence {
             idle: true,
             ..obs(10, 600_000)
         };
@@ -249,7 +263,7 @@ mod tests {
             Status::Fresh,
             "idle engines are captured rarely"
         );
-        let idle_no_heartbeat = Observation {
+        let idle_no_heartbeat = Evidence {
             idle: true,
             ..obs(5000, 10)
         };
@@ -260,28 +274,28 @@ mod tests {
     fn dead_and_torn_win() {
         let f = Freshness::default();
         assert_eq!(
-            f.classify(&Observation {
+            f.classify(&Evidence {
                 retired: true,
                 ..obs(1, 1)
             }),
             Status::Dead
         );
         assert_eq!(
-            f.classify(&Observation {
+            f.classify(&Evidence {
                 writer_alive: Some(false),
                 ..obs(1, 1)
             }),
             Status::Dead
         );
         assert_eq!(
-            f.classify(&Observation {
+            f.classify(&Evidence {
                 writer_alive: None,
                 ..obs(1, 1)
             }),
             Status::Fresh
         );
         assert_eq!(
-            f.classify(&Observation {
+            f.classify(&Evidence {
                 torn: true,
                 retired: true,
                 ..obs(1, 1)
@@ -324,7 +338,7 @@ mod tests {
             let ahead = ClockAhead::of(now, heartbeat, capture, limit).expect("ahead");
             assert_eq!(ahead.stamp, stamp);
             assert_eq!(ahead.limit, Duration::from_nanos(limit));
-            let observation = Observation {
+            let observation = Evidence {
                 clock_ahead: true,
                 idle: true,
                 heartbeat_age: ages.heartbeat_age,
@@ -337,7 +351,7 @@ mod tests {
                 "{heartbeat} {capture}"
             );
             // Dead and torn still win.
-            let dead = Observation {
+            let dead = Evidence {
                 writer_alive: Some(false),
                 ..observation
             };

@@ -8,9 +8,12 @@
 //!   crate's, re-exported as [`redis`]); `state_at_fetch`: one fetch of a
 //!   key judged, for programs that fetch with their own client.
 //! - [`EngineState`]: per engine, the [`Snapshot`], `heartbeat_age`,
-//!   `capture_age`, `gpu_kv_used_frac()` and a [`Status`]
-//!   (`fresh | stale | dead | torn`).
-//! - [`Freshness`]: the staleness rule of DESIGN §6, the one place it lives.
+//!   `capture_age`, `gpu_kv_used_frac()`, a [`Status`]
+//!   (`fresh | stale | dead | torn`) and the [`Writer`]'s stamps.
+//! - [`judge`]: what a source observed of one engine ([`Observation`])
+//!   becomes its [`EngineState`], for every source (shared memory, Redis,
+//!   the simulator), by [`Freshness`]: the staleness rule (docs/FORMAT.md,
+//!   "Liveness and staleness"), the one place it lives.
 //! - [`Reading`]: the engines of one read plus per-engine errors: a bad file
 //!   never stops the others from being read.
 //!
@@ -32,6 +35,7 @@
 
 mod error;
 mod freshness;
+mod judge;
 mod liveness;
 mod printable;
 #[cfg(feature = "redis")]
@@ -45,17 +49,18 @@ mod uri;
 
 pub use crate::error::{EngineError, Error, FormatError};
 pub use crate::freshness::{
-    max_ahead, Ages, ClockAhead, Freshness, Observation, Stamp, Status, CLOCK_AHEAD_SLACK,
+    heartbeat_recent, max_ahead, Ages, ClockAhead, Freshness, Stamp, Status, CLOCK_AHEAD_SLACK,
     DEFAULT_MAX_CAPTURE_AGE, DEFAULT_STALE_AFTER,
 };
+pub use crate::judge::{judge, Clocks, Observation};
 pub use crate::printable::printable;
 #[cfg(feature = "redis")]
 pub use crate::redis_fetch::{record_state, state_at_fetch};
 #[cfg(feature = "redis")]
 pub use crate::redis_source::RedisSource;
-pub use crate::shm_dir::{RawEngine, ShmDir};
+pub use crate::shm_dir::ShmDir;
 pub use crate::source::{open, ReaderOptions, Source};
-pub use crate::state::{millis, EngineState, Reading, JSON_KEYS};
+pub use crate::state::{millis, EngineState, Reading, Writer, JSON_KEYS};
 pub use crate::uri::{BadUri, StateUri, DEFAULT_URI, URI_ENV};
 /// The Redis crate (schema, target, fetch helpers), for programs that read
 /// Redis records with their own client.

@@ -1,14 +1,113 @@
 //! Whether a file's writer process still lives (docs/FORMAT.md, "Liveness
 //! and staleness"): `kill(pid, 0)`, and for a writer whose heartbeat is
 //! late, its state in `/proc/<pid>/stat`, since a killed writer that its
-//! parent has not reaped yet (a zombie) still answers `kill`.
+//! parent has not reaped yet (a zombie) still answers `kill`; and when a
+//! reader asks ([`WriterCheck`]).
 
 use std::sync::OnceLock;
+use std::time::Duration;
 
-use engine_state_shm_format::{pid_namespace, Header};
+use engine_state_shm_format::{heartbeat, pid_namespace, Header};
 use nix::errno::Errno;
 use nix::sys::signal::kill;
 use nix::unistd::Pid;
+
+/// Least time between two pid checks of one writer on reads, in ns.
+const PID_CHECK_INTERVAL_NS: u64 = 10_000_000;
+
+/// Least time between two `/proc` lookups (is it a zombie?) of one writer
+/// whose heartbeat is late, in ns: three system calls and procfs
+/// formatting, so not at every pid check; a zombie is still dead within
+/// two periods plus 100 ms, long before `stale_after`.
+const ZOMBIE_CHECK_INTERVAL_NS: u64 = 100_000_000;
+
+/// When a reader asks whether one file's writer lives, and the last answer.
+///
+/// At open and at every directory listing ([`WriterCheck::at_listing`]);
+/// on a read only when the heartbeat is late ([`WriterCheck::on_read`]), at
+/// most every 10 ms: a live writer stamps every period, so a read of a
+/// writer on time makes no system call. A writer whose heartbeat is late is
+/// also looked up in `/proc` (a zombie?), at most every 100 ms.
+#[derive(Debug)]
+pub(crate) struct WriterCheck {
+    alive: Option<bool>,
+    /// A heartbeat older than this (ns) is late: the heartbeat policy's
+    /// `late_after` of the file's period, at least the pid check interval.
+    late_after_ns: u64,
+    /// Monotonic ns before which a read does not check the pid again.
+    next_pid_check_ns: u64,
+    /// Monotonic ns before which a late writer is not looked up in `/proc`.
+    next_zombie_check_ns: u64,
+}
+
+impl WriterCheck {
+    /// The check of the writer of a file just opened (asked at once), whose
+    /// heartbeat word holds `heartbeat_mono_ns`.
+    pub(crate) fn new(header: &Header, heartbeat_mono_ns: u64, now: u64) -> WriterCheck {
+        let period = Duration::from_micros(u64::from(header.publish_period_us));
+        let late_after = heartbeat::late_after(period, Duration::from_nanos(PID_CHECK_INTERVAL_NS));
+        let mut check = WriterCheck {
+            alive: None,
+            late_after_ns: late_after.as_nanos() as u64,
+            next_pid_check_ns: 0,
+            next_zombie_check_ns: 0,
+        };
+        check.at_listing(header, heartbeat_mono_ns, now);
+        check
+    }
+
+    /// The last answer: `Some(false)` once the writer is known gone, `None`
+    /// when that cannot be known ([`writer_alive`]).
+    #[inline]
+    pub(crate) fn alive(&self) -> Option<bool> {
+        self.alive
+    }
+
+    /// Whether a heartbeat `heartbeat_age_ns` old is late.
+    #[inline]
+    pub(crate) fn is_late(&self, heartbeat_age_ns: u64) -> bool {
+        heartbeat_age_ns > self.late_after_ns
+    }
+
+    /// Asks now (at open and at listings); a writer whose heartbeat is late
+    /// is also checked for being a zombie.
+    ///
+    /// A writer found gone stays gone: its file is replaced by a rename (a
+    /// new inode, a new entry), never reused, and a zombie that is reaped
+    /// answers `ESRCH`. The `/proc` lookup keeps its 100 ms interval here
+    /// too, so a listing with many late writers does not read `/proc` for
+    /// each of them every time.
+    pub(crate) fn at_listing(&mut self, header: &Header, heartbeat_mono_ns: u64, now: u64) {
+        if self.alive == Some(false) {
+            return;
+        }
+        let late = self.is_late(now.saturating_sub(heartbeat_mono_ns));
+        let zombie_check = late && now >= self.next_zombie_check_ns;
+        self.alive = writer_alive(header, zombie_check);
+        if zombie_check {
+            self.next_zombie_check_ns = now + ZOMBIE_CHECK_INTERVAL_NS;
+        }
+    }
+
+    /// A read at `now` found the heartbeat `late`: asks again if the writer
+    /// was alive and the last pid check is 10 ms old.
+    #[inline]
+    pub(crate) fn on_read(&mut self, header: &Header, late: bool, now: u64) {
+        if late && self.alive == Some(true) && now >= self.next_pid_check_ns {
+            self.check_late(header, now);
+        }
+    }
+
+    #[cold]
+    fn check_late(&mut self, header: &Header, now: u64) {
+        let zombie_check = now >= self.next_zombie_check_ns;
+        self.alive = writer_alive(header, zombie_check);
+        self.next_pid_check_ns = now + PID_CHECK_INTERVAL_NS;
+        if zombie_check {
+            self.next_zombie_check_ns = now + ZOMBIE_CHECK_INTERVAL_NS;
+        }
+    }
+}
 
 /// Whether the writer process still exists, when that can be known: only in
 /// the writer's own pid namespace (engines and routers often run in separate

@@ -1,5 +1,5 @@
-//! One fetched Redis record judged: its ages and its status by the staleness
-//! rule. Pure (no connection): the reader's Redis source calls it on every
+//! One fetched Redis record observed, for the judge (`judge.rs`: its ages
+//! and its status by the staleness rule). Pure (no connection): the reader's Redis source calls it on every
 //! read, and so can a program that fetches the key with its own Redis client
 //! (docs/FORMAT.md, "Reading a record"; the golden vectors in
 //! `format/vectors/redis` go through it): [`state_at_fetch`] judges one
@@ -12,8 +12,9 @@ use std::time::Duration;
 use engine_state_redis::{decode_fetched, heartbeat_age_at_fetch, RedisRecord};
 use engine_state_shm_format::Snapshot;
 
-use crate::freshness::{Freshness, Observation};
-use crate::state::EngineState;
+use crate::freshness::Freshness;
+use crate::judge::{judge, Clocks, Observation};
+use crate::state::{EngineState, Writer};
 
 /// The state of `engine_id` from its record (`None`: the key expired before
 /// a record was seen), the heartbeat's age, and whether the key expired on
@@ -27,31 +28,25 @@ pub fn record_state(
     freshness: &Freshness,
     read_mono_ns: u64,
 ) -> EngineState {
-    let snapshot = record.map_or(Snapshot::default(), |r| r.snapshot);
-    let capture_age = heartbeat_age
-        + Duration::from_nanos(record.map_or(0, |r| {
-            r.heartbeat_mono_ns
-                .saturating_sub(snapshot.captured_mono_ns)
-        }));
+    // A key that expired before a record was seen has no snapshot.
+    let none = Snapshot::default();
     let observation = Observation {
+        engine_id,
+        snapshot: record.map_or(&none, |r| &r.snapshot),
+        writer: record.map_or(Writer::default(), |r| Writer {
+            pid: r.writer_pid,
+            publish_period_us: r.publish_period_us,
+            created_unix_ns: 0,
+            heartbeat_mono_ns: r.heartbeat_mono_ns,
+        }),
+        generation: record.map_or(0, |r| r.generation),
         torn: false,
         retired: record.is_some_and(RedisRecord::is_retired),
         writer_alive: if expired { Some(false) } else { None },
-        heartbeat_age,
-        capture_age,
-        idle: snapshot.is_idle(),
         // Ages come from the server's TTL, not from this host's clock.
-        clock_ahead: false,
+        clocks: Clocks::Separate { heartbeat_age },
     };
-    EngineState {
-        engine_id,
-        status: freshness.classify(&observation),
-        snapshot,
-        heartbeat_age,
-        capture_age,
-        generation: record.map_or(0, |r| r.generation),
-        read_mono_ns,
-    }
+    judge(observation, read_mono_ns, freshness)
 }
 
 /// The state of `engine_id` from one fetch of its key `key`: `value` the

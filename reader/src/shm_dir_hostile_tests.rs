@@ -122,7 +122,7 @@ fn a_pid_no_process_can_have_is_liveness_unknown_not_kill_minus_one() {
     let mut source = ShmDir::open(copies.path(), fast()).unwrap();
     let reading = source.read().unwrap();
     assert_eq!(reading.get("hostile").unwrap().status, Status::Stale);
-    let header = *source.raw("hostile").unwrap().header;
+    let header = *source.header("hostile").unwrap();
     assert_eq!(header.writer_pid, u32::MAX);
     assert_eq!(
         header.writer_pid_ns,

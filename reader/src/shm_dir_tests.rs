@@ -43,8 +43,16 @@ fn reads_every_engine_sorted_with_ages() {
     assert_eq!(a.snapshot.num_running, 1);
     assert_eq!(a.status, Status::Fresh);
     assert!(a.heartbeat_age < Duration::from_secs(1));
-    assert_eq!(source.read_engine("b").unwrap().snapshot.num_running, 2);
-    assert!(source.read_engine("zz").is_none());
+    assert_eq!(
+        source
+            .read_engine("b")
+            .unwrap()
+            .unwrap()
+            .snapshot
+            .num_running,
+        2
+    );
+    assert!(source.read_engine("zz").unwrap().is_none());
 }
 
 #[test]
@@ -85,14 +93,14 @@ fn retired_file_reads_dead_and_a_replacement_is_picked_up() {
     };
     let mut old = writer(dir.path(), "e", 1);
     let mut source = ShmDir::open(dir.path(), options).unwrap();
-    assert_eq!(source.read_engine("e").unwrap().generation, 1);
+    assert_eq!(source.read_engine("e").unwrap().unwrap().generation, 1);
     old.retire();
-    let state = source.read_engine("e").unwrap();
+    let state = source.read_engine("e").unwrap().unwrap();
     assert_eq!(state.status, Status::Dead);
     assert_eq!(state.snapshot.num_running, 1);
     let _new = writer(dir.path(), "e", 5);
     std::thread::sleep(Duration::from_millis(25)); // past the reopen backoff
-    let state = source.read_engine("e").unwrap();
+    let state = source.read_engine("e").unwrap().unwrap();
     assert_eq!(
         (state.status, state.generation, state.snapshot.num_running),
         (Status::Fresh, 1, 5)
@@ -326,12 +334,13 @@ fn reading_one_engine_of_a_vanished_directory_says_so() {
     std::fs::create_dir(&path).unwrap();
     let _a = writer(&path, "a", 1);
     let mut source = ShmDir::open(&path, fast()).unwrap();
-    assert!(source.try_read_engine("a").unwrap().is_some());
-    assert!(source.try_read_engine("zz").unwrap().is_none());
+    assert!(source.read_engine("a").unwrap().is_some());
+    assert!(source.read_engine("zz").unwrap().is_none());
     std::fs::remove_dir_all(&path).unwrap();
-    let error = source.try_read_engine("a").unwrap_err();
+    let error = source.read_engine("a").unwrap_err();
     assert!(matches!(error, Error::Directory { .. }), "{error}");
-    assert!(source.read_engine("a").is_none());
+    // Every read says so, not only the first.
+    assert!(source.read_engine("a").is_err());
 }
 
 /// Stores `value` into the sequence word of `path` (`pwrite`, as another
@@ -371,12 +380,13 @@ fn a_torn_file_of_a_silent_writer_is_not_spun_at_every_read() {
     let path = dir.path().join("torn");
     store_seq(&path, 7);
     let mut source = ShmDir::open(dir.path(), fast()).unwrap();
-    let read = |source: &mut ShmDir| source.read_engine("torn").unwrap().status;
+    let read = |source: &mut ShmDir| source.read_engine("torn").unwrap().unwrap();
     // The heartbeat is fresh: the writer may finish its write; every read spins.
     writer.stamp_heartbeat(monotonic_ns());
-    assert_eq!(read(&mut source), Status::Torn);
-    if monotonic_ns() - source.raw("torn").unwrap().heartbeat_mono_ns < 10_000_000 {
-        assert_eq!(read(&mut source), Status::Torn);
+    let first = read(&mut source);
+    assert_eq!(first.status, Status::Torn);
+    if monotonic_ns() - first.writer.heartbeat_mono_ns < 10_000_000 {
+        assert_eq!(read(&mut source).status, Status::Torn);
         assert_eq!(
             source.torn_spins(),
             2,
@@ -388,21 +398,21 @@ fn a_torn_file_of_a_silent_writer_is_not_spun_at_every_read() {
     writer.stamp_heartbeat(monotonic_ns() - 50_000_000);
     let before = source.torn_spins();
     for _ in 0..5 {
-        assert_eq!(read(&mut source), Status::Torn);
+        assert_eq!(read(&mut source).status, Status::Torn);
     }
     assert_eq!(source.torn_spins(), before + 1, "spun once, then cached");
     // Another sequence: spun again (still torn, still silent: cached again).
     store_seq(&path, 9);
-    assert_eq!(read(&mut source), Status::Torn);
-    assert_eq!(read(&mut source), Status::Torn);
+    assert_eq!(read(&mut source).status, Status::Torn);
+    assert_eq!(read(&mut source).status, Status::Torn);
     assert_eq!(source.torn_spins(), before + 2);
     // A heartbeat: spun again, and not cached while it is fresh.
     writer.stamp_heartbeat(monotonic_ns());
-    assert_eq!(read(&mut source), Status::Torn);
+    assert_eq!(read(&mut source).status, Status::Torn);
     assert_eq!(source.torn_spins(), before + 3);
     // Healed: read as usual.
     store_seq(&path, 10);
-    assert_ne!(read(&mut source), Status::Torn);
+    assert_ne!(read(&mut source).status, Status::Torn);
     assert_eq!(source.torn_spins(), before + 3);
     drop(writer);
 }
@@ -429,8 +439,41 @@ fn a_torn_file_with_a_heartbeat_ahead_of_the_clock_is_not_spun_at_every_read() {
     );
     let mut source = ShmDir::open(dir.path(), fast()).unwrap();
     for _ in 0..5 {
-        assert_eq!(source.read_engine("ahead").unwrap().status, Status::Torn);
+        assert_eq!(
+            source.read_engine("ahead").unwrap().unwrap().status,
+            Status::Torn
+        );
     }
     assert_eq!(source.torn_spins(), 1, "spun once, then cached");
     drop(writer);
+}
+
+/// What a relay forwards travels on each state: the header's facts and the
+/// heartbeat stamp behind `heartbeat_age` (no second look at the file).
+#[test]
+fn each_state_carries_the_writers_header_facts_and_heartbeat_stamp() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = writer(dir.path(), "a", 1);
+    let now = monotonic_ns();
+    a.stamp_heartbeat(now - 7_000_000);
+    let mut source = ShmDir::open(dir.path(), fast()).unwrap();
+    let mut reading = Reading::default();
+    source.read_at(&mut reading, now).unwrap();
+    let state = reading.get("a").unwrap();
+    let header = *source.header("a").unwrap();
+    assert_eq!(
+        state.writer,
+        Writer {
+            pid: std::process::id(),
+            publish_period_us: header.publish_period_us,
+            created_unix_ns: header.created_unix_ns,
+            heartbeat_mono_ns: now - 7_000_000,
+        }
+    );
+    assert_eq!(state.heartbeat_age, Duration::from_millis(7));
+    assert!(!state.clock_ahead);
+    assert_eq!(
+        source.read_engine("a").unwrap().unwrap().writer,
+        state.writer
+    );
 }

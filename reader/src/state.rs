@@ -29,6 +29,32 @@ pub struct EngineState {
     /// state later ages it from here (the router does, DESIGN §8), so an old
     /// reading handed over late is already old.
     pub read_mono_ns: u64,
+    /// Who wrote it, and the writer's heartbeat stamp as read: what a relay
+    /// forwards (docs/REDIS.md, "The node agent").
+    pub writer: Writer,
+    /// A stamp of the writer (its heartbeat, or the snapshot's capture) is
+    /// more than [`crate::max_ahead`] ahead of this reader's clock: its ages
+    /// cannot be told, so the status is [`Status::Stale`] (and a
+    /// shared-memory read reports `Error::ClockAhead` for it). A relay must
+    /// not keep such an engine alive elsewhere.
+    pub clock_ahead: bool,
+}
+
+/// The writer of an engine's state as a read saw it: the facts of its file
+/// header (or Redis record) and its heartbeat stamp.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Writer {
+    /// The writer's process id on its host (0: unknown).
+    pub pid: u32,
+    /// The writer's publish period, in µs.
+    pub publish_period_us: u32,
+    /// `CLOCK_REALTIME` when the writer created its file, in ns since 1970
+    /// (shared memory; 0 for a Redis record, which has no file).
+    pub created_unix_ns: u64,
+    /// The writer's heartbeat stamp (`heartbeat_mono_ns`, the writer's
+    /// `CLOCK_MONOTONIC`) as read: on shared memory the stamp behind
+    /// `heartbeat_age`; in a Redis record on the writer's host's clock.
+    pub heartbeat_mono_ns: u64,
 }
 
 impl EngineState {
@@ -129,6 +155,8 @@ mod tests {
             capture_age: Duration::from_millis(20),
             generation: 1,
             read_mono_ns: 0,
+            writer: Writer::default(),
+            clock_ahead: false,
         };
         let value = serde_json::to_value(&state).unwrap();
         let object = value.as_object().unwrap();

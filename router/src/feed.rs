@@ -54,6 +54,8 @@ mod tests {
             capture_age: Duration::from_millis(10),
             generation: 1,
             read_mono_ns: engine_state_shm_format::monotonic_ns(),
+            writer: Default::default(),
+            clock_ahead: false,
         }
     }
 

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use std::hash::{BuildHasherDefault, DefaultHasher, Hash, Hasher};
 
+use engine_state_reader::heartbeat_recent;
+
 use crate::effective::{EffectiveState, RealLoad, RealState};
 use crate::error::Error;
 use crate::lru::Lru;
@@ -75,12 +77,15 @@ pub(crate) struct StoredReal {
 
 impl StoredReal {
     /// The time since the reading, if the engine's heartbeat aged from the
-    /// reading is still within `expiry` (the reader's `stale_after` rule
-    /// applied again at decision time); `None` once it is not.
+    /// reading is still recent under `expiry` (`real_state_expiry_s`): the
+    /// heartbeat half of the reader's staleness rule
+    /// ([`engine_state_reader::heartbeat_recent`]) applied again at decision
+    /// time, the one rule the router adds (docs/ARCHITECTURE.md, "Multi-node
+    /// and routing"); `None` once it is not.
     #[inline]
     fn since_read(&self, now_ns: u64, expiry: Duration) -> Option<Duration> {
         let since = Duration::from_nanos(now_ns.saturating_sub(self.read_ns));
-        (self.heartbeat_age + since <= expiry).then_some(since)
+        heartbeat_recent(self.heartbeat_age + since, expiry).then_some(since)
     }
 }
 

@@ -14,9 +14,10 @@
 //!   reconciliation would also lower the shadow; documented in docs/ROUTING.md).
 //!
 //! Routers read the way a proxy polling its reader before each pick does:
-//! at every decision the driver builds a reader [`Reading`] of what is
-//! readable now, each engine's status decided by the reader's own
-//! [`Freshness::classify`], and hands it to `Router::update_from_reading`.
+//! at every decision the driver builds a reader `Reading` of what is
+//! readable now, each engine's state made by the reader's own judge
+//! ([`judge`], the staleness rule included), and hands it to
+//! `Router::update_from_reading`.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -24,7 +25,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use engine_state_reader::{EngineState, Freshness, Observation};
+use engine_state_reader::{judge, max_ahead, Clocks, EngineState, Freshness, Observation, Writer};
 use engine_state_shm_format::Snapshot;
 
 use crate::engine::Engine;
@@ -204,34 +205,36 @@ impl EngineFeed {
             self.in_transit.pop_front();
         }
         let snapshot = self.readable?;
-        let capture_age = Duration::from_nanos(now_ns.saturating_sub(snapshot.captured_mono_ns));
-        let heartbeat_age = match *spec {
-            // The newest heartbeat readable now was stamped `delay` ago or earlier.
+        let heartbeat_mono_ns = match *spec {
+            // The newest heartbeat readable now was stamped `delay` ago or
+            // earlier, at a multiple of the heartbeat period.
             FeedSpec::Periodic { delay_ns, .. } => {
                 let stamped = now_ns.saturating_sub(delay_ns);
-                Duration::from_nanos(delay_ns + stamped % HEARTBEAT_PERIOD_NS)
+                stamped - stamped % HEARTBEAT_PERIOD_NS
             }
             // A scrape that answered is its own liveness signal.
-            FeedSpec::Scraped { .. } | FeedSpec::None => Duration::ZERO,
+            FeedSpec::Scraped { .. } | FeedSpec::None => now_ns,
         };
         let observation = Observation {
+            engine_id: Arc::clone(&self.engine_id),
+            snapshot: &snapshot,
+            writer: Writer {
+                pid: 0,
+                publish_period_us: (HEARTBEAT_PERIOD_NS / 1000) as u32,
+                created_unix_ns: UNIX_EPOCH_OFFSET_NS,
+                heartbeat_mono_ns,
+            },
+            generation: 1,
             torn: false,
             retired: false,
             writer_alive: Some(true),
-            heartbeat_age,
-            capture_age,
-            idle: snapshot.is_idle(),
-            clock_ahead: false,
+            // Simulated engines stamp with the simulated clock routers read.
+            clocks: Clocks::Shared {
+                max_ahead_ns: max_ahead(Duration::from_nanos(HEARTBEAT_PERIOD_NS)).as_nanos()
+                    as u64,
+            },
         };
-        Some(EngineState {
-            engine_id: Arc::clone(&self.engine_id),
-            status: Freshness::default().classify(&observation),
-            snapshot,
-            heartbeat_age,
-            capture_age,
-            generation: 1,
-            read_mono_ns: now_ns,
-        })
+        Some(judge(observation, now_ns, &Freshness::default()))
     }
 }
 

@@ -134,9 +134,12 @@ fn killed_publisher_shows_as_dead() {
     let dir = tempfile::tempdir().unwrap();
     let mut py = python_publisher(dir.path(), "victim", PUBLISH);
     let mut source = ShmDir::open(dir.path(), fast()).unwrap();
-    assert_eq!(source.read_engine("victim").unwrap().status, Status::Fresh);
+    assert_eq!(
+        source.read_engine("victim").unwrap().unwrap().status,
+        Status::Fresh
+    );
     py.kill();
-    let e = source.read_engine("victim").unwrap();
+    let e = source.read_engine("victim").unwrap().unwrap();
     assert_eq!(e.status, Status::Dead, "{e:?}");
     assert_eq!(
         e.snapshot.num_running, 3,
@@ -165,7 +168,7 @@ fn engine_restart_switches_generation_without_mixing() {
     let mut source = ShmDir::open(dir.path(), options).unwrap();
     let mut seen = std::collections::BTreeSet::new();
     let mut check = |source: &mut ShmDir| {
-        let e = source.read_engine("eng").unwrap();
+        let e = source.read_engine("eng").unwrap().unwrap();
         if e.status != Status::Torn {
             let s = e.snapshot;
             assert_eq!(s.num_running, s.num_waiting, "mixed snapshot {s:?}");

@@ -223,6 +223,8 @@ mod tests {
                 capture_age: Duration::from_millis(40),
                 generation: 1,
                 read_mono_ns: 0,
+                writer: Default::default(),
+                clock_ahead: false,
             }],
             errors: vec![],
         };
@@ -269,6 +271,8 @@ mod tests {
             capture_age: Duration::ZERO,
             generation: 1,
             read_mono_ns: 0,
+            writer: Default::default(),
+            clock_ahead: false,
         };
         let text = render(&Reading {
             engines: vec![engine],
