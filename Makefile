@@ -141,8 +141,8 @@ lint-py: lint-venv py
 SHM_ONLY = engine-state-reader engine-state-router engine-state-capi
 lint-shm-only:
 	@for p in $(SHM_ONLY); do \
-		if $(CARGO) tree -p $$p --no-default-features -e normal --prefix none \
-			| grep -E '^(redis|rustls|engine-state-redis) '; then \
+		tree=$$($(CARGO) tree -p $$p --no-default-features -e normal --prefix none) || exit 1; \
+		if grep -E '^(redis|rustls|engine-state-redis) ' <<< "$$tree"; then \
 			echo "$$p without default features depends on the above"; exit 1; fi; \
 	done
 	@for p in $(SHM_ONLY); do \

@@ -4,7 +4,11 @@
 //! The script is sent by its SHA-1 (`EVALSHA`, 40 bytes instead of the
 //! script's ~450); a server that does not have it cached (restarted,
 //! `SCRIPT FLUSH`, a new replica) answers `NOSCRIPT`, and the claim is sent
-//! again with `EVAL`, which caches it for the next one.
+//! again with `EVAL`, which caches it for the next one. So is a claim that
+//! `EVALSHA` cannot run for any other reason the server gives: an ACL that
+//! grants `+eval` alone (REDIS.md's advice; `EVALSHA` is a command of its
+//! own to an ACL), a proxy that lacks `EVALSHA`. Only `EVAL`'s answer is
+//! reported, so what a user must grant is what it was before.
 
 use crate::error::Error;
 use crate::replies::holder_pid;
@@ -27,7 +31,7 @@ pub enum Claim {
 
 /// Writes `record` as `engine_id`'s first record, with the target's TTL,
 /// unless another live writer holds the engine's key (one round trip, two
-/// when the server lacks the script; bounded by the connection's timeout).
+/// when `EVALSHA` is refused; each bounded by the connection's timeout).
 pub fn claim(
     con: &mut redis::Connection,
     target: &RedisTarget,
@@ -48,7 +52,9 @@ pub fn claim(
             .query::<redis::Value>(con)
     };
     let reply = match run(con, "EVALSHA", SET_IF_OWNER_SCRIPT_SHA1) {
-        Err(e) if e.code() == Some("NOSCRIPT") => run(con, "EVAL", SET_IF_OWNER_SCRIPT),
+        // A server's refusal (NOSCRIPT, NOPERM, an unknown command), not a
+        // lost connection or a timeout: those are errors as they are.
+        Err(e) if e.code().is_some() => run(con, "EVAL", SET_IF_OWNER_SCRIPT),
         reply => reply,
     }
     .map_err(|e| target.error("cannot claim the engine's key", &e))?;

@@ -261,7 +261,7 @@ impl RedisTarget {
             "check the user and password in the URI (redis://user:password@host:port/db)"
         } else if code == "NOPERM" || is_permission_error(&text) {
             "give this Redis user read and write access to the prefix's keys, and EVAL for \
-             publishers (ACL, e.g. ~PREFIX* +@read +@write +eval)"
+             publishers (ACL, e.g. ~PREFIX* +ping +@read +@write +eval)"
         } else if timed_out {
             "check that Redis runs at that address, is not paused or overloaded, and that the \
              network lets you reach it (redis-cli -h HOST -p PORT ping); a slow link may need a \

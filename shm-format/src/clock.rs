@@ -83,6 +83,7 @@ impl Clock {
     /// The wall-clock time (Unix ns) for records a person reads alongside
     /// other logs: `Some` for the real clock, `None` for a clock given by
     /// [`Clock::from_fn`] (simulated time has no wall-clock counterpart).
+    #[inline]
     pub fn unix_ns(&self) -> Option<u64> {
         self.source.is_none().then(unix_ns)
     }

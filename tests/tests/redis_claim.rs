@@ -92,6 +92,86 @@ fn record_with_ttl(target: &RedisTarget, mut record: RedisRecord) -> Vec<u8> {
     record.encode().to_vec()
 }
 
+/// `(calls, failed_calls + rejected_calls)` of `command` in `INFO commandstats`.
+fn command_stats(con: &mut redis::Connection, command: &str) -> (u64, u64) {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(con).unwrap();
+    let prefix = format!("cmdstat_{command}:");
+    let Some(line) = info.lines().find(|l| l.starts_with(&prefix)) else {
+        return (0, 0);
+    };
+    let field = |name: &str| -> u64 {
+        line[prefix.len()..]
+            .split(',')
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+            .map_or(0, |v| v.parse().unwrap())
+    };
+    (
+        field("calls"),
+        field("failed_calls") + field("rejected_calls"),
+    )
+}
+
+/// With the script cached, a claim is one `EVALSHA` and no `EVAL`.
+#[test]
+fn a_cached_script_is_sent_by_its_sha1_alone() {
+    let server = RedisServer::start();
+    let target = RedisTarget::parse(&server.uri("?prefix=sha:")).unwrap();
+    let mut con = target.connect().unwrap();
+    let mut plain = server.connection();
+    redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(SET_IF_OWNER_SCRIPT)
+        .query::<String>(&mut plain)
+        .unwrap();
+    redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query::<()>(&mut plain)
+        .unwrap();
+    assert_eq!(
+        claim(&mut con, &target, "e0", record(10, 1)).unwrap(),
+        Claim::Written
+    );
+    assert_eq!(command_stats(&mut plain, "evalsha"), (1, 0));
+    assert_eq!(command_stats(&mut plain, "eval").0, 0);
+}
+
+/// The ACL REDIS.md advises for publishers (`+ping +@read +@write +eval`) does not
+/// grant `EVALSHA`: the claim still goes through, by `EVAL`.
+#[test]
+fn a_user_granted_eval_alone_can_claim() {
+    let server = RedisServer::start();
+    redis::cmd("ACL")
+        .arg(
+            &[
+                "SETUSER", "pub", "on", ">pw", "~*", "+ping", "+@read", "+@write", "+eval",
+            ][..],
+        )
+        .query::<()>(&mut server.connection())
+        .unwrap();
+    let uri = format!("redis://pub:pw@127.0.0.1:{}/0?prefix=acl:", server.port());
+    let target = RedisTarget::parse(&uri).unwrap();
+    let mut con = target.connect().unwrap();
+    let mut plain = server.connection();
+    // Cached or not, EVALSHA is refused to this user (NOPERM).
+    for flush in [true, false] {
+        if flush {
+            redis::cmd("SCRIPT")
+                .arg("FLUSH")
+                .query::<()>(&mut plain)
+                .unwrap();
+        }
+        assert_eq!(
+            claim(&mut con, &target, "e0", record(10, 1)).unwrap(),
+            Claim::Written,
+            "flushed: {flush}"
+        );
+    }
+    assert!(matches!(
+        claim(&mut con, &target, "e0", record(11, 2)).unwrap(),
+        Claim::Held { holder_pid: 10, .. }
+    ));
+}
+
 /// A refused script (here: an ACL without `EVAL`/`EVALSHA`) is an error
 /// that says which permission to grant, not a claim.
 #[test]
