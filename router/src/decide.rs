@@ -81,7 +81,8 @@ impl Router {
                         reason: format!(
                             "it holds a reservation on {id:?}, which asked by instance name \
                              would count against it: pass the reservation instead \
-                             (migration_advice_for, migrate_reservation)"
+                             (migration_advice_for; to move it: migrate_reservation in Rust, \
+                             migrate(reservation, ...) in Python)"
                         ),
                     });
                 }
