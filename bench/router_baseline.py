@@ -2,15 +2,15 @@
 """A straightforward pure-Python router: the baseline for router/benches/decide.rs.
 
 The same concepts and policies as the Rust crate `engine-state-router`
-(DESIGN §8), written the way a Python proxy would write them, with no
-tricks: chained 512-token block hashes (builtin ``hash`` of a tuple, or
-``--hash sha256`` as vLLM's prefix cache does), an ``OrderedDict`` LRU per
-instance, shadow counters, ``max(shadow, real)`` merge with fresh real state,
-``load_only`` / ``lmetric`` / ``sticky`` / ``unified``, the migration trigger
-and target scorer, one lock held across pick and reserve. Simplified where
-timing does not depend on it: real state ages from when it was given (the
-Rust router ages it from the read) and there is no shutting-down check (one
-branch per instance in Rust).
+(docs/ROUTING.md, "The router"), written the way a Python proxy would write
+them, with no tricks: chained 512-token block hashes (builtin ``hash`` of a
+tuple, or ``--hash sha256`` as vLLM's prefix cache does), an ``OrderedDict``
+LRU per instance, shadow counters, ``max(shadow, real)`` merge with fresh real
+state, ``load_only`` / ``lmetric`` / ``sticky`` / ``unified``, the migration
+trigger and target scorer, one lock held across pick and reserve. Simplified
+where timing does not depend on it: real state ages from when it was given
+(the Rust router ages it from the read) and there is no shutting-down check
+(one branch per instance in Rust).
 
 Timing mode (the same scenario as the Rust benchmark)::
 
@@ -228,7 +228,8 @@ class Router:
             bound_inst = self.sessions.get(session_id) if sessions_matter and session_id else None
             bound = self.instances.index(bound_inst) if bound_inst in self.instances else None
             mode = s["real_state_use"]
-            # `placement`: only the decision that first binds a session (DESIGN §8).
+            # `placement`: only the decision that first binds a session
+            # (docs/ROUTING.md, "Where real state is used").
             binds = sessions_matter and session_id is not None and bound is None
             consult = mode == "always" or (mode == "placement" and binds)
             need_hits = policy in ("lmetric", "unified")

@@ -1,4 +1,5 @@
-//! esagent's settings: flags win over the environment (DESIGN §9).
+//! esagent's settings: flags win over the environment (README.md,
+//! "Configuration").
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

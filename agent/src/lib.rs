@@ -5,7 +5,8 @@
 //! serves the metrics (metrics-only mode). Logs go through `tracing` (the
 //! binary installs a subscriber on stderr, `RUST_LOG`, `info` by default).
 //!
-//! - [`Args`] → [`AgentConfig`]: flags and environment (DESIGN §9).
+//! - [`Args`] → [`AgentConfig`]: flags and environment (README.md,
+//!   "Configuration").
 //! - [`Agent`] / [`run`]: binds `/metrics` and `/healthz`, then, on a relay
 //!   thread, every poll interval (1 ms) probes each engine's sequence and
 //!   heartbeat words through the reader crate's `ShmDir` and relays new

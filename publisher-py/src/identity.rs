@@ -6,10 +6,11 @@ use engine_state_settings::{DataParallel, ENGINE_ID_ENV};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-/// The engine id of a vLLM engine (DESIGN §9): `AGENTIC_WORKER_ID` when set
-/// (in `environ`, default the process environment), with `-dp<dp_index>`
-/// appended when `dp_size` > 1; otherwise `<host>-dp<dp_index>-<pid>`
-/// (`hostname` and `pid` default to this host's and process's).
+/// The engine id of a vLLM engine (README.md, "Configuration"):
+/// `AGENTIC_WORKER_ID` when set (in `environ`, default the process
+/// environment), with `-dp<dp_index>` appended when `dp_size` > 1; otherwise
+/// `<host>-dp<dp_index>-<pid>` (`hostname` and `pid` default to this host's and
+/// process's).
 #[pyfunction]
 #[pyo3(name = "_engine_id_for", signature = (dp_index, dp_size, environ=None, hostname=None, pid=None))]
 pub(crate) fn engine_id_for(

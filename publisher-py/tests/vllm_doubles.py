@@ -262,8 +262,9 @@ def fake_sampled(out: SchedulerOutput, token: int = 100) -> dict:
 
 
 def reference_fields(scheduler) -> dict:
-    """DESIGN §3, computed in plain Python from the doubles' public names
-    (independent of the hook's adapter and of the Rust capture)."""
+    """The snapshot fields (docs/VLLM.md, "What each field means and how the
+    hook computes it"), computed in plain Python from the doubles' public
+    names (independent of the hook's adapter and of the Rust capture)."""
 
     def remaining(request) -> int:
         if request.num_output_tokens > 0:

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from vllm_harness import build_scheduler, design_fields, drive, make_requests, sleep_past
+from vllm_harness import build_scheduler, drive, fields_from_scheduler, make_requests, sleep_past
 
 import engine_state
 import engine_state.vllm as hook_pkg
@@ -56,8 +56,9 @@ def esdump() -> Path:
 
 
 def expected_fields(scheduler) -> dict:
-    """DESIGN §3 from the scheduler, independently of the hook."""
-    fields = design_fields(scheduler)
+    """The snapshot fields (docs/VLLM.md, "What each field means and how the
+    hook computes it") from the scheduler, independently of the hook."""
+    fields = fields_from_scheduler(scheduler)
     assert (fields["num_running"], fields["num_waiting"]) == scheduler.get_request_counts()
     total, free = fields["gpu_blocks_total"], fields["gpu_blocks_free"]
     assert abs((1 - free / total) - scheduler.get_kv_cache_usage()) < 1e-9

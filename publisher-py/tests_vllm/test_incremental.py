@@ -33,8 +33,8 @@ from vllm_harness import (
     EOS_TOKEN_ID,
     MAX_MODEL_LEN,
     build_scheduler,
-    design_fields,
     fake_output,
+    fields_from_scheduler,
 )
 
 import engine_state.vllm as hook_pkg
@@ -54,8 +54,10 @@ PERIOD = 50  # the plugin hook's period, in fake-clock units
 
 
 def python_fields(scheduler) -> tuple:
-    """DESIGN §3, independently of the hook (status, not queue membership)."""
-    f = design_fields(scheduler)
+    """The snapshot fields (docs/VLLM.md, "What each field means and how the
+    hook computes it"), independently of the hook (status, not queue
+    membership)."""
+    f = fields_from_scheduler(scheduler)
     return (
         f["num_running"],
         f["num_waiting"],

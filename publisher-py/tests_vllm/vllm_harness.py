@@ -168,8 +168,9 @@ def make_requests(prompt_lens=PROMPT_LENS, max_tokens=MAX_TOKENS, prefix=""):
     ]
 
 
-def design_fields(scheduler) -> dict:
-    """DESIGN §3's fields computed from the scheduler, independently of the
+def fields_from_scheduler(scheduler) -> dict:
+    """The snapshot fields (docs/VLLM.md, "What each field means and how the
+    hook computes it") computed from the scheduler, independently of the
     hook: requests are classified by their status (not by queue membership)
     and the remaining prefill uses ``num_output_tokens`` and ``num_tokens``."""
     from vllm.v1.request import RequestStatus

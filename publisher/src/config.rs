@@ -1,4 +1,5 @@
-//! Publisher settings: arguments win over the environment (DESIGN §9).
+//! Publisher settings: arguments win over the environment (README.md,
+//! "Configuration").
 
 use std::time::Duration;
 

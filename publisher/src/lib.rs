@@ -2,7 +2,7 @@
 //!
 //! - [`PublisherConfig`]: where (URI), who (engine id), how often (period);
 //!   explicit values win over `AGENTIC_ENGINE_STATE_URI`, `AGENTIC_WORKER_ID`,
-//!   `AGENTIC_ENGINE_STATE_PERIOD_MS` (DESIGN §9).
+//!   `AGENTIC_ENGINE_STATE_PERIOD_MS` (README.md, "Configuration").
 //! - [`Publisher`]: the file's single writer plus a heartbeat thread. The
 //!   Python `engine_state.Publisher` and the vLLM hook are thin layers over it.
 //!   With a `redis://` URI it hands records to an

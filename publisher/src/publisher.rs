@@ -33,10 +33,10 @@ use crate::validate;
 /// itself is not recreated); the gap is logged once on stderr and counted
 /// in [`Publisher::stats`]. `publish` never fails because of it.
 ///
-/// With a `redis://` URI the same calls fill a one-slot mailbox instead, and
-/// a sink thread writes the record to Redis (DESIGN §7): `publish` never
-/// waits on the network, and an outage only means older records are replaced
-/// by newer ones before they are sent.
+/// With a `redis://` URI the same calls fill a one-slot mailbox instead, and a
+/// sink thread writes the record to Redis (docs/REDIS.md, "Writing: the sink"):
+/// `publish` never waits on the network, and an outage only means older records
+/// are replaced by newer ones before they are sent.
 #[derive(Debug)]
 pub struct Publisher {
     config: PublisherConfig,

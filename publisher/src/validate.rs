@@ -1,5 +1,5 @@
 //! What a snapshot must satisfy before it is published (docs/FORMAT.md,
-//! "The snapshot"): free KV blocks at most the total, and no flag bit layout
+//! "Snapshot words"): free KV blocks at most the total, and no flag bit layout
 //! version 1 does not define. Two comparisons on the hot path; the message
 //! is built only for a refused snapshot.
 

@@ -240,7 +240,7 @@ mod tests {
     }
 
     #[test]
-    fn design_rule() {
+    fn fresh_and_stale_at_the_default_thresholds() {
         let f = Freshness::default();
         assert_eq!(f.classify(&obs(10, 10)), Status::Fresh);
         assert_eq!(

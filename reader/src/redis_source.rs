@@ -1,7 +1,8 @@
-//! The Redis source: every engine of one key prefix, in one round trip per
-//! read (DESIGN §7, docs/REDIS.md). The protocol (registry, pipelined reads,
-//! reconnection, pruning) is `engine_state_redis::RedisSource`'s; this file
-//! turns what it saw into engine states through the staleness rule.
+//! The Redis source: every engine of one key prefix, in one round trip per read
+//! (docs/REDIS.md, "One round trip per read"). The protocol (registry,
+//! pipelined reads, reconnection, pruning) is
+//! `engine_state_redis::RedisSource`'s; this file turns what it saw into engine
+//! states through the staleness rule.
 
 use std::time::Instant;
 

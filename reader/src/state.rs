@@ -26,8 +26,8 @@ pub struct EngineState {
     pub generation: u64,
     /// `CLOCK_MONOTONIC` (nanoseconds, the clock of `captured_mono_ns`) when
     /// this state was read: both ages are as of then. A consumer that uses the
-    /// state later ages it from here (the router does, DESIGN §8), so an old
-    /// reading handed over late is already old.
+    /// state later ages it from here (the router does: docs/ROUTING.md, "The
+    /// merge"), so an old reading handed over late is already old.
     pub read_mono_ns: u64,
     /// Who wrote it, and the writer's heartbeat stamp as read: what a relay
     /// forwards (docs/REDIS.md, "The node agent").
@@ -76,8 +76,8 @@ impl EngineState {
 }
 
 /// The keys of one engine's JSON object (`esdump --json`, the Python `Reader`):
-/// `engine_id`, the snapshot fields of DESIGN §3, `status`,
-/// `heartbeat_age_ms`, `capture_age_ms`, `gpu_kv_used_frac`.
+/// `engine_id`, the snapshot fields (docs/FORMAT.md, "Snapshot words"),
+/// `status`, `heartbeat_age_ms`, `capture_age_ms`, `gpu_kv_used_frac`.
 pub const JSON_KEYS: [&str; 18] = {
     // Built from the snapshot's own field names, so the two lists cannot drift.
     let mut keys = [""; 18];

@@ -1,4 +1,4 @@
-//! engine-state in Redis (DESIGN §7, docs/REDIS.md): everything that knows a
+//! engine-state in Redis (docs/REDIS.md): everything that knows a
 //! Redis command, key or record byte.
 //!
 //! - [`RedisTarget`]: the server, database, key prefix and timeouts a

@@ -1,6 +1,6 @@
 //! The Redis key schema: the one place that knows key names and the bytes of
 //! a value. The publisher's sink, the Redis source and the node agent all
-//! call it (DESIGN §7, docs/REDIS.md; the bytes are specified in
+//! call it (docs/REDIS.md, "Key schema"; the bytes are specified in
 //! docs/FORMAT.md, whose table a test checks against [`RedisRecord::encode`]). The header is [`RecordHeader`]; the
 //! constants it shares with a shared-memory file (magic, layout version,
 //! payload size, states) are shm-format's.
@@ -23,7 +23,7 @@
 //!     48    8  heartbeat_mono_ns  CLOCK_MONOTONIC of the writer's host
 //!     56    4  ttl_ms             the PX the key was written with
 //!     60    4  write_delay_us     heartbeat stamp → SET sent, writer's host clock
-//!     64  128  snapshot           the 16 words of DESIGN §3
+//!     64  128  snapshot           the 16 words of docs/FORMAT.md, "Snapshot words"
 //! ```
 //!
 //! No field is ever compared with a clock of another host: `heartbeat_mono_ns`

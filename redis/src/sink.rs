@@ -1,5 +1,5 @@
 //! The Redis sink: a thread that owns the Redis connection, so that no caller
-//! ever waits on the network (DESIGN §7).
+//! ever waits on the network (docs/REDIS.md, "Writing: the sink").
 //!
 //! Callers hand records over through a mailbox (`crate::mailbox`) that holds
 //! at most one pending write per engine: a newer record replaces the older

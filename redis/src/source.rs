@@ -1,5 +1,5 @@
 //! The Redis source: every engine of one key prefix, in one round trip per
-//! read (DESIGN §7, docs/REDIS.md).
+//! read (docs/REDIS.md, "One round trip per read").
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;

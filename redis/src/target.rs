@@ -1,5 +1,5 @@
 //! Which Redis server, database and key prefix a `redis://` URI names, and
-//! how to connect to it (DESIGN §7, docs/REDIS.md).
+//! how to connect to it (docs/REDIS.md, "URIs").
 
 use std::fmt;
 use std::time::{Duration, Instant};

@@ -57,7 +57,7 @@ impl Router {
 
     /// Fill the candidates for a migration question and return the source's
     /// position. A held reservation is left out of its instance's load: the
-    /// request must not count against itself (DESIGN §8).
+    /// request must not count against itself (docs/ROUTING.md, "Migration").
     pub(crate) fn migration_candidates(
         &self,
         state: &mut RouterState,
@@ -171,8 +171,9 @@ impl Router {
             .and_then(|key| state.bound(key))
             .filter(|&position| !state.instances[position].shutting_down);
         // `placement`: only the decision that first binds a session to an
-        // instance (DESIGN §8); session-less requests and the session-less
-        // policies never consult real state in that mode.
+        // instance (docs/ROUTING.md, "Where real state is used"); session-less
+        // requests and the session-less policies never consult real state in
+        // that mode.
         let binds_a_session = sessions_matter && session.is_some() && bound.is_none();
         let consult_real = match (placement, settings.real_state_use) {
             (Placement::Migration(_), _) => self.consults_real_for_migration(),

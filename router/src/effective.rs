@@ -1,4 +1,5 @@
-//! Real state input and the `max(shadow, real)` merge (DESIGN §8).
+//! Real state input and the `max(shadow, real)` merge (docs/ROUTING.md, "The
+//! merge").
 
 use std::time::Duration;
 
@@ -10,19 +11,19 @@ use crate::shadow::ShadowCounters;
 
 /// One engine's real state as a reader reported it, with when it was read.
 ///
-/// The router ages it from the reading (DESIGN §8): at a decision its
-/// heartbeat is `heartbeat_age` plus the time since `read_mono_ns`, and it is
-/// merged only while that is within `real_state_expiry_s` — so a reading
-/// handed over late is as old as it really is. [`From<&EngineState>`] (in
-/// `feed.rs`) maps the reader's status: only `Fresh` is fresh; `Stale`,
-/// `Dead` and `Torn` are stored but never merged.
+/// The router ages it from the reading (docs/ROUTING.md, "The merge"): at a
+/// decision its heartbeat is `heartbeat_age` plus the time since
+/// `read_mono_ns`, and it is merged only while that is within
+/// `real_state_expiry_s` — so a reading handed over late is as old as it really
+/// is. [`From<&EngineState>`] (in `feed.rs`) maps the reader's status: only
+/// `Fresh` is fresh; `Stale`, `Dead` and `Torn` are stored but never merged.
 ///
 /// [`From<&EngineState>`]: engine_state_reader::EngineState
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RealState {
     /// The engine's last snapshot.
     pub snapshot: Snapshot,
-    /// The reader judged it fresh (DESIGN §6).
+    /// The reader judged it fresh (docs/FORMAT.md, "Liveness and staleness").
     pub fresh: bool,
     /// How old the snapshot was when the reader read it.
     pub capture_age: Duration,

@@ -1,7 +1,7 @@
 //! The engine-state embedded router: shadow accounting, the
 //! `max(shadow, real)` merge with fresh engine snapshots, and the routing
-//! policies of DESIGN §8, for routers written in Rust (and, through a thin
-//! binding, Python).
+//! policies (docs/ROUTING.md, "The router"), for routers written in Rust
+//! (and, through a thin binding, Python).
 //!
 //! - [`Router`]: the instances, their shadow counters and prefix caches, the
 //!   latest [`RealState`] of each; [`Router::pick`] chooses an instance and

@@ -1,4 +1,5 @@
-//! Migration: when to move a request off its instance, and where to (DESIGN §8).
+//! Migration: when to move a request off its instance, and where to
+//! (docs/ROUTING.md, "Migration").
 
 use serde::Serialize;
 

@@ -1,4 +1,5 @@
-//! The routing policies of DESIGN §8 as pure functions over effective state.
+//! The routing policies (docs/ROUTING.md, "The policies") as pure functions
+//! over effective state.
 //!
 //! Nothing here locks or mutates shared state except the round-robin cursor
 //! passed in, so every policy is tested on hand-built instances.

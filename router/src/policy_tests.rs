@@ -1,4 +1,5 @@
-//! Hand-computed examples for every policy (DESIGN §8), edge cases included.
+//! Hand-computed examples for every policy (docs/ROUTING.md, "The policies"),
+//! edge cases included.
 
 use super::*;
 
@@ -89,7 +90,8 @@ fn lmetric_hand_computed() {
 fn zero_requests_with_heavy_decode_lmetric_is_blind_unified_is_not() {
     // A: no requests but 500k decode tokens (e.g. real state lagging); B: one request.
     let c = [cand(0, 0, 500_000, 0), cand(1, 0, 0, 0)];
-    // lmetric: A = (0 + 4096) × 0 = 0, B = 4096 × 1: A, as DESIGN defines it.
+    // lmetric: A = (0 + 4096) × 0 = 0, B = 4096 × 1: A, as docs/ROUTING.md,
+    // "The policies" defines it.
     assert_eq!(pick(&settings(Policy::LMetric), &c, None).index, 0);
 
     // unified, decode_weight 0.01: A = (4096 + 5000) × max(0, 1) = 9096, B = 4096 × 1.

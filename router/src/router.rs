@@ -345,12 +345,12 @@ impl Router {
         self.advice(request, MigrationSource::Named(source_instance))
     }
 
-    /// The migration trigger's verdict for a request reserved by
-    /// `reservation` (the source is its instance), with that reservation left
-    /// out of the source's load (DESIGN §8), and the target the scorer would
-    /// pick. Changes nothing. Ask before sending the request to the engine:
-    /// once the engine has queued it, its real state counts it too, and only
-    /// the shadow's share is left out. Fails for a released reservation or
+    /// The migration trigger's verdict for a request reserved by `reservation`
+    /// (the source is its instance), with that reservation left out of the
+    /// source's load (docs/ROUTING.md, "Migration"), and the target the scorer
+    /// would pick. Changes nothing. Ask before sending the request to the
+    /// engine: once the engine has queued it, its real state counts it too, and
+    /// only the shadow's share is left out. Fails for a released reservation or
     /// one made for a prompt of another length.
     pub fn migration_advice_for(
         &self,

@@ -1,5 +1,5 @@
 //! Router settings: the policy, where real state is consulted, and every
-//! threshold of DESIGN §8 with its documented default.
+//! threshold with its documented default (docs/ROUTING.md, "The router").
 
 use std::fmt;
 use std::str::FromStr;
@@ -9,7 +9,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
 
-/// A routing policy (DESIGN §8). Ties are broken round-robin.
+/// A routing policy (docs/ROUTING.md, "The policies"). Ties are broken
+/// round-robin.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Policy {
     /// Least effective `num_requests`.
@@ -29,21 +30,22 @@ pub enum Policy {
     Unified,
 }
 
-/// Where fresh real state enters the merge (DESIGN §8).
+/// Where fresh real state enters the merge (docs/ROUTING.md, "Where real
+/// state is used").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum RealStateUse {
     /// Shadow counters alone, always.
     #[serde(rename = "never")]
     Never,
     /// Only for the decision that first binds a session to an instance: a
-    /// `sticky`/`unified` request with a session id whose session is not
-    /// bound (its first request, or its instance was removed, forgotten or
-    /// is shutting down). Every other decision uses shadow alone: requests
-    /// without a session, later requests of a bound session, and every
-    /// decision of `load_only` and `lmetric` (they bind nothing) — per-request
-    /// load polling herds (DESIGN §8: +17 % / +27 % TTFT p90 in the GPU
-    /// experiments). Migrations (a request placed anew) consult real state
-    /// in this mode too.
+    /// `sticky`/`unified` request with a session id whose session is not bound
+    /// (its first request, or its instance was removed, forgotten or is
+    /// shutting down). Every other decision uses shadow alone: requests without
+    /// a session, later requests of a bound session, and every decision of
+    /// `load_only` and `lmetric` (they bind nothing) — per-request load polling
+    /// herds (docs/ROUTING.md, "The GPU findings, checked": +17 % / +27 % TTFT
+    /// p90 in the GPU experiments). Migrations (a request placed anew) consult
+    /// real state in this mode too.
     #[serde(rename = "placement")]
     Placement,
     /// Every decision. The default: fresh state is ground truth and the merge
@@ -98,14 +100,14 @@ pub struct RouterSettings {
     /// Where real state is consulted (default `always`).
     pub real_state_use: RealStateUse,
     /// `unified`: the session's instance is overloaded above
-    /// `max(mean num_requests, 1) × overload_factor`. Default 2.0 (DESIGN §8;
-    /// 1.3 is the tuned value).
+    /// `max(mean num_requests, 1) × overload_factor`. Default 2.0
+    /// (docs/ROUTING.md, "The policies"; 1.3 is the tuned value).
     pub overload_factor: f64,
     /// `unified`: weight of `ongoing_decode_tokens` in the fallback score.
-    /// Default 0.0 (DESIGN §8; 0.01 is the tuned value).
+    /// Default 0.0 (docs/ROUTING.md, "The policies"; 0.01 is the tuned value).
     pub decode_weight: f64,
     /// `unified`: stick only when the session instance's cache hit ratio is
-    /// strictly above this. Default 0.5 (DESIGN §8).
+    /// strictly above this. Default 0.5 (docs/ROUTING.md, "The policies").
     pub affinity_min_hit_ratio: f64,
     /// Prefix blocks (512 tokens each) remembered per instance. Default 1024
     /// blocks = 524,288 tokens: about the KV capacity of one 80 GB GPU serving
@@ -115,15 +117,15 @@ pub struct RouterSettings {
     /// beyond this (its next request is placed anew). Default 65,536: far more
     /// live sessions than a fleet serves at once, a few MB at most.
     pub max_sessions: usize,
-    /// Stored real state is merged while the engine's heartbeat, aged from
-    /// the reading (the reader's `heartbeat_age` plus the time since the
-    /// read, DESIGN §8), is at most this many seconds old: the reader's
-    /// `stale_after` rule (DESIGN §6) applied again at decision time, so a
-    /// router whose feed stopped, or that was handed an old reading, does not
-    /// trust it. Default 2.0: the reader's default `stale_after`
-    /// ([`DEFAULT_STALE_AFTER`]). A setting of its own, not read from the
-    /// reading, because a [`RealState`](crate::RealState) carries no
-    /// threshold and may come from any reader or process
+    /// Stored real state is merged while the engine's heartbeat, aged from the
+    /// reading (the reader's `heartbeat_age` plus the time since the read:
+    /// docs/ROUTING.md, "The merge"), is at most this many seconds old: the
+    /// reader's `stale_after` rule (docs/FORMAT.md, "Liveness and staleness")
+    /// applied again at decision time, so a router whose feed stopped, or that
+    /// was handed an old reading, does not trust it. Default 2.0: the reader's
+    /// default `stale_after` ([`DEFAULT_STALE_AFTER`]). A setting of its own,
+    /// not read from the reading, because a [`RealState`](crate::RealState)
+    /// carries no threshold and may come from any reader or process
     /// (docs/ARCHITECTURE.md, "Multi-node and routing").
     pub real_state_expiry_s: f64,
     /// Migration target scoring and trigger thresholds.
@@ -146,18 +148,21 @@ impl Default for RouterSettings {
     }
 }
 
-/// Thresholds of the migration target scorer and trigger (DESIGN §8).
+/// Thresholds of the migration target scorer and trigger (docs/ROUTING.md,
+/// "Migration").
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MigrationSettings {
-    /// Trigger: projected prefill time on the source above this. Default 2.5 s (DESIGN §8).
+    /// Trigger: projected prefill time on the source above this. Default 2.5 s
+    /// (docs/ROUTING.md, "Migration").
     pub ttft_slo_s: f64,
-    /// Trigger: source pending prefill above `rel_hi ×` the fleet median. Default 1.5 (DESIGN §8).
+    /// Trigger: source pending prefill above `rel_hi ×` the fleet median.
+    /// Default 1.5 (docs/ROUTING.md, "Migration").
     pub rel_hi: f64,
-    /// Prefill throughput used to project prefill time. Default 7,000
-    /// tokens/s (DESIGN §8): the long-prefill rate measured on the reference
-    /// deployment (Qwen3-Coder-30B-A3B, TP=1, one H20: 13,360 + 22,686 tokens
-    /// prefilled in 5.1 s). Set it from your own measurement.
+    /// Prefill throughput used to project prefill time. Default 7,000 tokens/s
+    /// (docs/ROUTING.md, "Migration"): the long-prefill rate measured on the
+    /// reference deployment (Qwen3-Coder-30B-A3B, TP=1, one H20: 13,360 +
+    /// 22,686 tokens prefilled in 5.1 s). Set it from your own measurement.
     pub prefill_tokens_per_s: f64,
     /// Targets whose `max_prefill_remaining` is at least this are avoided.
     /// Default 16,384 tokens: ~2.3 s of engine time at the default throughput,

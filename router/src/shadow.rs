@@ -7,8 +7,9 @@ use serde::Serialize;
 use crate::blocks::BLOCK_TOKENS;
 use crate::lru::Lru;
 
-/// The router's own counters for one instance (DESIGN §8), kept from the
-/// requests it reserved there and has not yet seen complete, fail or drop.
+/// The router's own counters for one instance (docs/ROUTING.md, "Shadow
+/// accounting"), kept from the requests it reserved there and has not yet
+/// seen complete, fail or drop.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct ShadowCounters {
     /// Reserved requests not yet released.
@@ -143,7 +144,7 @@ impl InstanceShadow {
     /// The counters without one of its reservations (`decoding`: that
     /// reservation's `prefill_done` was called): what migration advice about
     /// a request already reserved here compares, so that the request does not
-    /// count against itself (DESIGN §8).
+    /// count against itself (docs/ROUTING.md, "Migration").
     pub(crate) fn counters_without(&self, load: Load, decoding: bool) -> ShadowCounters {
         let mut c = self.counters;
         c.num_requests = c.num_requests.saturating_sub(1);

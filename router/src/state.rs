@@ -64,8 +64,8 @@ impl Hasher for KeyHasher {
 
 /// Fresh real state as stored: reduced to what the merge reads, with the
 /// reading's ages and the time of the reading, so that a decision ages every
-/// instance's state from when it was read (DESIGN §8), not from when it was
-/// handed over.
+/// instance's state from when it was read (docs/ROUTING.md, "The merge"),
+/// not from when it was handed over.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct StoredReal {
     load: RealLoad,

@@ -1,5 +1,6 @@
-//! The engine-id rule (DESIGN §9), the one every publisher follows, the
-//! vLLM hook included (it calls this through `engine_state._native`).
+//! The engine-id rule (README.md, "Configuration"), the one every publisher
+//! follows, the vLLM hook included (it calls this through
+//! `engine_state._native`).
 //!
 //! `AGENTIC_WORKER_ID` when set; with `-dp<index>` appended for a vLLM
 //! engine of a server that runs several data-parallel engines (they share

@@ -1,10 +1,10 @@
-//! engine-state's settings, in one place (DESIGN §9): the environment
-//! variables every component reads, their defaults, the engine-id rule
-//! ([`engine_id`]), what in a URI is a secret ([`redact`]), where engine
-//! state lives ([`StateUri`], parsed at the scheme level) and, with the
-//! `cli` feature, the command-line flags the
-//! binaries share ([`cli`]). Explicit values (flags, arguments) always win
-//! over the environment, which wins over the defaults.
+//! engine-state's settings, in one place (README.md, "Configuration"): the
+//! environment variables every component reads, their defaults, the engine-id
+//! rule ([`engine_id`]), what in a URI is a secret ([`redact`]), where engine
+//! state lives ([`StateUri`], parsed at the scheme level) and, with the `cli`
+//! feature, the command-line flags the binaries share ([`cli`]). Explicit
+//! values (flags, arguments) always win over the environment, which wins over
+//! the defaults.
 
 mod engine_id;
 mod redact;

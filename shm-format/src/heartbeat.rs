@@ -25,7 +25,8 @@ use std::time::Duration;
 /// crate's `DEFAULT_PERIOD_MS` is this, in the unit of its variable).
 pub const DEFAULT_PUBLISH_PERIOD: Duration = Duration::from_millis(50);
 
-/// Default `stale_after`: a heartbeat older than this is stale (DESIGN §6).
+/// Default `stale_after`: a heartbeat older than this is stale
+/// (docs/FORMAT.md, "Liveness and staleness").
 pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(2);
 
 /// A writer's heartbeat thread leaves alone a stamp younger than this: one

@@ -19,7 +19,7 @@
 //!     64     8  seq                   even: stable, odd: write in progress (atomic u64)
 //!     72     8  heartbeat_mono_ns     stamped every period by the heartbeat thread (atomic u64)
 //!               cache lines 2-3: payload
-//!    128   128  16 snapshot words     (atomic u64, DESIGN §3)
+//!    128   128  16 snapshot words     (atomic u64, FORMAT.md "Snapshot words")
 //!               cache line 4: identity (immutable)
 //!    256    64  engine id             UTF-8, NUL padded (at most 63 bytes)
 //!    320  3776  zero
@@ -27,10 +27,10 @@
 //! ```
 //!
 //! The engine id does not fit in cache line 0 next to the fixed fields (63
-//! bytes), so it has a line of its own after the payload; DESIGN §4 lists it
-//! under "header". `state` is a whole `u64` word so that readers, which load
-//! the header as eight atomic words, never use a different atomic size than
-//! the writer on the same bytes.
+//! bytes), so it has a line of its own after the payload (by design:
+//! docs/FORMAT.md, "Choices made by design"). `state` is a whole `u64` word so
+//! that readers, which load the header as eight atomic words, never use a
+//! different atomic size than the writer on the same bytes.
 
 use bytemuck::{Pod, Zeroable};
 

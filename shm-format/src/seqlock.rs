@@ -1,4 +1,5 @@
-//! The seqlock protocol of DESIGN §5, over atomic words.
+//! The seqlock protocol (docs/FORMAT.md, "The seqlock protocol"), over
+//! atomic words.
 //!
 //! One writer, any number of readers, possibly in other processes. The
 //! protected words are `AtomicU64`s accessed with `Relaxed` loads and stores

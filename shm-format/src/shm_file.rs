@@ -18,7 +18,7 @@ use crate::snapshot::Snapshot;
 ///
 /// [`ShmFile::open`] checks size, magic, layout version, header sizes and the
 /// engine id before the mapping is used. Reads are lock-free: [`ShmFile::read`]
-/// is the seqlock read of DESIGN §5.
+/// is the seqlock read of docs/FORMAT.md, "The seqlock protocol".
 #[derive(Debug)]
 pub struct ShmFile {
     pub(crate) map: Mapping,
@@ -118,7 +118,8 @@ impl ShmFile {
     /// a cheap "did anything change?" probe. Even values are published
     /// snapshots, odd ones a write in progress. It orders nothing: to see the
     /// snapshot of a changed sequence, call [`ShmFile::read`], whose own
-    /// loads pair with the writer's stores (DESIGN §5).
+    /// loads pair with the writer's stores (docs/FORMAT.md, "The seqlock
+    /// protocol").
     #[inline]
     pub fn seq(&self) -> u64 {
         self.map.word(SEQ_OFFSET).load(Ordering::Relaxed)

@@ -130,7 +130,7 @@ fn a_shared_prefix_hits_the_cache_in_whole_blocks() {
 }
 
 #[test]
-fn the_snapshot_follows_design_section_3() {
+fn the_snapshot_follows_the_field_definitions() {
     let mut engine = Engine::new(EngineProfile::default());
     engine.add_request(request(1, 20_000, 5, 0));
     engine.add_request(request(2, 100, 5, 0));

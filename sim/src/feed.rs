@@ -1,11 +1,11 @@
 //! The state feed: how engine snapshots reach routers.
 //!
 //! - `none`: routers run on shadow counters alone.
-//! - `periodic:P[+D]`: the hook's capture rule (DESIGN §6): a snapshot at a
-//!   step boundary at most every `P` ms, and at once when the engine turns
-//!   busy or idle; it becomes readable `D` ms later (0 for shared memory,
-//!   a network hop for Redis). A heartbeat is stamped every
-//!   [`HEARTBEAT_PERIOD_NS`], also delayed by `D`.
+//! - `periodic:P[+D]`: the hook's capture rule (docs/VLLM.md, "When it
+//!   captures"): a snapshot at a step boundary at most every `P` ms, and at
+//!   once when the engine turns busy or idle; it becomes readable `D` ms later
+//!   (0 for shared memory, a network hop for Redis). A heartbeat is stamped
+//!   every [`HEARTBEAT_PERIOD_NS`], also delayed by `D`.
 //! - `scraped:P`: the older proxies' baseline — Prometheus gauges
 //!   (`num_requests_running`, `num_requests_waiting`, KV usage) scraped every
 //!   `P` ms (30,000 in the sweep); every other snapshot field is 0. The router
@@ -31,9 +31,10 @@ use engine_state_shm_format::Snapshot;
 use crate::engine::Engine;
 use crate::error::SimError;
 
-/// The hook's heartbeat period: the default publish period, 50 ms (DESIGN §6,
-/// `AGENTIC_ENGINE_STATE_PERIOD_MS`). Kept at 50 ms whatever the capture
-/// period, so a long capture period measures stale *snapshots*, not dead engines.
+/// The hook's heartbeat period: the default publish period, 50 ms
+/// (`AGENTIC_ENGINE_STATE_PERIOD_MS`; docs/VLLM.md, "When it captures"). Kept
+/// at 50 ms whatever the capture period, so a long capture period measures
+/// stale *snapshots*, not dead engines.
 pub const HEARTBEAT_PERIOD_NS: u64 = 50_000_000;
 
 /// `captured_unix_ns` = simulated time + this (2026-01-01), for display only.

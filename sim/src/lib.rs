@@ -6,7 +6,8 @@
 //!   FCFS, token budget, chunked prefill, 16-token KV blocks with prefix
 //!   caching, preemption by recompute); pure — [`Engine::schedule`] returns a
 //!   [`ScheduledStep`] with its modelled duration, [`Engine::finish_step`]
-//!   applies it, [`Engine::snapshot`] is the DESIGN §3 snapshot.
+//!   applies it, [`Engine::snapshot`] is the snapshot the hook would capture
+//!   (docs/VLLM.md, "What each field means and how the hook computes it").
 //! - [`EngineProfile`]: scheduler limits and the step-time formula; the
 //!   default is calibrated to Qwen3-Coder-30B-A3B on one H20.
 //! - [`FeedSpec`]: how snapshots reach routers (`none`, `periodic`, `scraped`).

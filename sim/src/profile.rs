@@ -43,7 +43,8 @@ pub struct EngineProfile {
     /// Seconds per prefill token. 1/7,000 − 8 ms/8,192: a long prompt
     /// prefilled in full 8,192-token chunks runs at 7,000 tokens/s, the rate
     /// measured on the reference deployment (13,360 + 22,686 tokens in
-    /// 5.1 s; DESIGN §8, router `MigrationSettings::prefill_tokens_per_s`).
+    /// 5.1 s; docs/ROUTING.md, "Migration", router
+    /// `MigrationSettings::prefill_tokens_per_s`).
     pub prefill_token_s: f64,
     /// Seconds per decoding sequence. 0.1 ms: assumption (sampling and
     /// per-sequence MoE work of a 3B-active model).

@@ -20,7 +20,8 @@ token counts (in scheduling order), the requests preempted, every admission
 from the waiting queue with its prefix-cache hit and query tokens (as vLLM's
 ``record_prefix_cache_stats`` sees them), the requests finished, and the
 state after the step — ``num_running``, ``num_waiting``, free KV blocks and
-DESIGN §3's fields. ``KNOWN_DIVERGENCES`` lists the fields allowed to differ,
+the snapshot fields (docs/VLLM.md, "What each field means and how the hook
+computes it"). ``KNOWN_DIVERGENCES`` lists the fields allowed to differ,
 each with its reason (also in docs/ROUTING.md, "Model vs vLLM"); it is empty:
 the model matches vLLM on every field at every step of this scenario.
 """
@@ -36,7 +37,13 @@ import time
 from pathlib import Path
 
 import pytest
-from vllm_harness import BLOCK_SIZE, build_scheduler, design_fields, fake_output, make_request
+from vllm_harness import (
+    BLOCK_SIZE,
+    build_scheduler,
+    fake_output,
+    fields_from_scheduler,
+    make_request,
+)
 
 NUM_BLOCKS = 97  # vLLM's count, the null block included: 96 usable = 1,536 tokens
 MAX_BATCHED = 192  # token budget per step: most prompts are chunked
@@ -197,7 +204,7 @@ def run_vllm(requests: list[dict], seen: dict) -> list[dict]:
             for o in engine_outputs.outputs
             if o.finish_reason is not None
         ]
-        fields = design_fields(scheduler)
+        fields = fields_from_scheduler(scheduler)
         assert (fields["num_running"], fields["num_waiting"]) == scheduler.get_request_counts()
         records.append(
             dict(

@@ -1,5 +1,6 @@
 """The per-engine hook: captures a scheduler's state on the scheduler thread
-and publishes it (DESIGN §3, §6).
+and publishes it (docs/VLLM.md, "When it captures" and "What each field means
+and how the hook computes it").
 
 One ``EngineStateHook`` lives on each scheduler object (attribute
 ``HOOK_ATTR``), created by the wrapped ``Scheduler.__init__`` in the
@@ -168,7 +169,8 @@ class EngineStateHook:
         # (which finishes failed requests itself) wait for its end instead.
         # vLLM 0.33 finishes requests on the scheduler thread only; should
         # another thread ever do it, leave the capture to the scheduler thread
-        # (DESIGN §6: scheduler structures are read on that thread only).
+        # (docs/VLLM.md, "When it captures": scheduler structures are read on
+        # that thread only).
         if self.depth == 0 and self._thread in (None, threading.get_ident()):
             self.maybe_capture(scheduler)
 
@@ -183,7 +185,8 @@ class EngineStateHook:
         self.capture(scheduler, now)
 
     def capture(self, scheduler: Any, now: int | None = None, flags: int = 0) -> None:
-        """Captures every field of DESIGN §3 and publishes them."""
+        """Captures every snapshot field (docs/VLLM.md, "What each field means
+        and how the hook computes it") and publishes them."""
         running = adapter.running(scheduler)
         if not self._tokens_checked:
             self._check_tokens(running, adapter.waiting_queues(scheduler))
