@@ -680,7 +680,15 @@ fn a_read_only_reader_keeps_reading_while_pruning_is_due() {
         .arg("gone")
         .query(&mut admin)
         .unwrap();
-    let _engine = publishing_running(&redis.uri(""), "real", 1);
+    let engine = publishing_running(&redis.uri(""), "real", 1);
+    // The sink writes asynchronously: wait until Redis acknowledged the
+    // first record (its key and its registration, one pipeline) before
+    // reading it.
+    let stats = engine.redis_stats().unwrap();
+    wait_for(
+        || stats.written.load(Ordering::Relaxed) >= 1,
+        "the publisher's first record written",
+    );
     let read_only = format!("redis://r:pw@127.0.0.1:{}/0", redis.port());
     for (uri, prunes) in [(read_only, false), (redis.uri(""), true)] {
         // A scan step every refresh, and "gone" due for pruning at once.
