@@ -557,6 +557,7 @@ fn a_publisher_never_overwrites_another_live_writers_record_and_takes_over_after
     let refused = |p: &Publisher| p.redis_stats().unwrap().refused.load(Ordering::Relaxed);
     let refused_before = refused(&publisher);
     for step in 0..50 {
+        let refused_so_far = refused(&publisher);
         publisher
             .publish(Snapshot {
                 step,
@@ -564,7 +565,11 @@ fn a_publisher_never_overwrites_another_live_writers_record_and_takes_over_after
                 ..Snapshot::default()
             })
             .unwrap();
-        std::thread::sleep(Duration::from_millis(10));
+        // The sink tried a write after this publish, and was refused.
+        wait_for(
+            || refused(&publisher) > refused_so_far,
+            "a refused write after the publish",
+        );
         let reading = source.read().unwrap();
         assert_eq!(
             reading.get("held").map(|s| s.snapshot.num_running),
