@@ -390,6 +390,8 @@ mod tests {
                 Instant::now() < deadline,
                 "each agent's engine in its metrics: {texts:?}"
             );
+            // A poll: the relay runs on blocking threads with std `Instant`,
+            // which tokio's paused clock does not drive.
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
         for (text, other) in texts.iter().zip(ids.iter().rev()) {

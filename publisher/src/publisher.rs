@@ -11,7 +11,7 @@ use engine_state_shm_format::{fork_generation, Clock, Snapshot};
 
 use crate::config::PublisherConfig;
 use crate::error::Error;
-use crate::heartbeat::HeartbeatThread;
+use crate::heartbeat::{HeartbeatThread, Ticks};
 use crate::recreate::PublisherStats;
 use crate::redis_backend::RedisBackend;
 use crate::shm_backend::ShmBackend;
@@ -79,13 +79,38 @@ impl Publisher {
     /// [`Publisher::start`] with the time read from `clock` (tests pass
     /// time in instead of sleeping; `Clock::monotonic()` is `start`'s).
     pub fn start_with_clock(config: PublisherConfig, clock: Clock) -> Result<Publisher, Error> {
+        let ticks = Ticks::Every(config.period);
+        Publisher::start_ticked(config, clock, ticks)
+    }
+
+    /// [`Publisher::start_with_clock`] with a heartbeat thread that beats only
+    /// when [`Publisher::heartbeat_tick`] asks: with a `Clock::from_fn`, a
+    /// test sets the time and ticks instead of sleeping for periods.
+    #[cfg(test)]
+    pub(crate) fn start_driven(config: PublisherConfig, clock: Clock) -> Result<Publisher, Error> {
+        Publisher::start_ticked(config, clock, Ticks::Driven)
+    }
+
+    /// One heartbeat-thread period, done when this returns (a publisher from
+    /// [`Publisher::start_driven`]): the stamp and, every few periods, the
+    /// file check and recreation; for Redis the record re-sent.
+    #[cfg(test)]
+    pub(crate) fn heartbeat_tick(&self) {
+        self.heartbeat.as_ref().expect("an open publisher").tick();
+    }
+
+    fn start_ticked(
+        config: PublisherConfig,
+        clock: Clock,
+        ticks: Ticks,
+    ) -> Result<Publisher, Error> {
         let (backend, heartbeat) = match &config.uri {
             StateUri::Shm { dir } => {
-                let (shm, heartbeat) = ShmBackend::start(dir, &config, &clock)?;
+                let (shm, heartbeat) = ShmBackend::start(dir, &config, &clock, ticks)?;
                 (Backend::Shm(shm), heartbeat)
             }
             StateUri::Redis { target } => {
-                let (redis, heartbeat) = RedisBackend::start(target, &config, &clock)?;
+                let (redis, heartbeat) = RedisBackend::start(target, &config, &clock, ticks)?;
                 (Backend::Redis(redis), heartbeat)
             }
         };

@@ -1,7 +1,9 @@
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use engine_state_reader::{EngineState, ReaderOptions, ShmDir, Source, Status};
+use engine_state_reader::{EngineState, ReaderOptions, Reading, ShmDir, Source, Status};
 use engine_state_shm_format::{Snapshot, FLAG_IDLE, FLAG_SHUTTING_DOWN};
 
 use crate::*;
@@ -45,10 +47,49 @@ fn publish_stamps_clocks_and_idle_flag() {
     assert!(source.read().unwrap().engines[0].snapshot.is_idle());
 }
 
+/// A publisher whose heartbeat thread beats only on
+/// [`Publisher::heartbeat_tick`], on a clock the test sets (ns, starting at
+/// [`T0`]): tests advance time and tick instead of sleeping for periods.
+fn driven(dir: &Path, id: &str, period_ms: u64) -> (Publisher, Arc<AtomicU64>) {
+    let now = Arc::new(AtomicU64::new(T0));
+    let clock = engine_state_shm_format::Clock::from_fn({
+        let now = Arc::clone(&now);
+        move || now.load(Ordering::Relaxed)
+    });
+    let uri = format!("file://{}", dir.display());
+    let config = PublisherConfig::resolve(Some(&uri), Some(id), Some(period_ms), None).unwrap();
+    (Publisher::start_driven(config, clock).unwrap(), now)
+}
+
+/// Where a [`driven`] publisher's clock starts.
+const T0: u64 = 1_000_000_000_000;
+
+/// Advances a [`driven`] publisher's clock by `by`; returns the new now.
+fn advance(now: &AtomicU64, by: Duration) -> u64 {
+    now.fetch_add(by.as_nanos() as u64, Ordering::Relaxed) + by.as_nanos() as u64
+}
+
+/// `n` periods of a [`driven`] publisher: the clock advanced by `period`
+/// and the heartbeat thread ticked, each.
+fn periods(publisher: &Publisher, now: &AtomicU64, period: Duration, n: u32) {
+    for _ in 0..n {
+        advance(now, period);
+        publisher.heartbeat_tick();
+    }
+}
+
+/// Engine `id` as `source` reads it at `now_ns` (a driven publisher's clock).
+fn read_at(source: &mut ShmDir, id: &str, now_ns: u64) -> Option<EngineState> {
+    let mut reading = Reading::default();
+    source.read_at(&mut reading, now_ns).unwrap();
+    reading.get(id).cloned()
+}
+
 #[test]
 fn heartbeat_thread_keeps_an_idle_engine_fresh() {
     let dir = tempfile::tempdir().unwrap();
-    let _publisher = start(dir.path(), "hb", 10);
+    let period = Duration::from_millis(10);
+    let (publisher, now) = driven(dir.path(), "hb", 10);
     let options = ReaderOptions {
         freshness: engine_state_reader::Freshness {
             stale_after: Duration::from_secs(1),
@@ -57,19 +98,23 @@ fn heartbeat_thread_keeps_an_idle_engine_fresh() {
         ..ReaderOptions::default()
     };
     let mut source = ShmDir::open(dir.path(), options).unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    // 300 ms without a publish (30 periods): the thread still stamps.
-    let after = engine_state_shm_format::monotonic_ns();
-    eventually(
-        || heartbeat_word(dir.path(), "hb") > after,
-        "a heartbeat after 300 ms without a publish",
-    );
-    let state = &source.read().unwrap().engines[0];
+    // 300 ms without a publish (30 periods): the thread stamps every period.
+    for _ in 0..30 {
+        let now = advance(&now, period);
+        publisher.heartbeat_tick();
+        assert_eq!(
+            heartbeat_word(dir.path(), "hb"),
+            now,
+            "a stamp every period"
+        );
+    }
+    let now = now.load(Ordering::Relaxed);
+    let state = read_at(&mut source, "hb", now).unwrap();
     assert_eq!(state.status, Status::Fresh, "{state:?}");
-    // Generous (100 periods): this host is noisy.
-    assert!(state.heartbeat_age < Duration::from_secs(1), "{state:?}");
-    assert!(
-        state.capture_age >= Duration::from_millis(300),
+    assert_eq!(state.heartbeat_age, Duration::ZERO, "{state:?}");
+    assert_eq!(
+        state.capture_age,
+        Duration::from_millis(300),
         "no capture, only heartbeats"
     );
 }
@@ -138,38 +183,49 @@ fn heartbeat_word(dir: &std::path::Path, id: &str) -> u64 {
 #[test]
 fn heartbeat_thread_leaves_a_busy_engines_stamp_to_its_publishes() {
     let dir = tempfile::tempdir().unwrap();
-    let mut publisher = start(dir.path(), "busy", 20);
+    let period = Duration::from_millis(20);
+    let (mut publisher, now) = driven(dir.path(), "busy", 20);
     let mut source = ShmDir::open(dir.path(), ReaderOptions::default()).unwrap();
-    // Publishing every 2 ms for ~300 ms (15 heartbeat periods): just before
-    // each publish the stamp is still the previous publish's, unless this
-    // thread was descheduled for a whole period (then a stamp is due).
+    // Publishing every 2 ms for 300 ms (15 heartbeat periods), the thread
+    // ticking between publishes: the stamp stays each publish's.
     publisher.publish(Snapshot::default()).unwrap();
-    let mut last = source.read().unwrap().engines[0].snapshot.captured_mono_ns;
-    let mut thread_stamps = 0;
+    let mut last = heartbeat_word(dir.path(), "busy");
+    assert_eq!(last, T0, "a publish stamps it");
     for _ in 0..150 {
-        std::thread::sleep(Duration::from_millis(2));
-        let stamped = heartbeat_word(dir.path(), "busy") != last;
-        let gap = Duration::from_nanos(engine_state_shm_format::monotonic_ns() - last);
-        thread_stamps += usize::from(stamped && gap < Duration::from_millis(15));
+        advance(&now, Duration::from_millis(2));
+        publisher.heartbeat_tick();
+        assert_eq!(
+            heartbeat_word(dir.path(), "busy"),
+            last,
+            "the heartbeat thread stamped between publishes"
+        );
         publisher.publish(Snapshot::default()).unwrap();
-        last = source.read().unwrap().engines[0].snapshot.captured_mono_ns;
+        last = read_at(&mut source, "busy", now.load(Ordering::Relaxed))
+            .unwrap()
+            .snapshot
+            .captured_mono_ns;
+        assert_eq!(last, now.load(Ordering::Relaxed));
         assert_eq!(
             heartbeat_word(dir.path(), "busy"),
             last,
             "a publish stamps it"
         );
     }
+    // Idle: the thread leaves the stamp alone while it is younger than
+    // the policy's age, and stamps once it is that old.
+    let skip = engine_state_shm_format::heartbeat::skip_if_younger(period);
+    advance(&now, skip - Duration::from_nanos(1));
+    publisher.heartbeat_tick();
+    assert_eq!(heartbeat_word(dir.path(), "busy"), last, "still young");
+    let now = advance(&now, Duration::from_nanos(1));
+    publisher.heartbeat_tick();
     assert_eq!(
-        thread_stamps, 0,
-        "the heartbeat thread stamped between publishes"
+        heartbeat_word(dir.path(), "busy"),
+        now,
+        "an idle engine's heartbeat from the thread"
     );
-    // Idle: the thread stamps again.
-    eventually(
-        || heartbeat_word(dir.path(), "busy") > last,
-        "an idle engine's heartbeat from the thread",
-    );
-    let age = source.read().unwrap().engines[0].heartbeat_age;
-    assert!(age < Duration::from_secs(1), "{age:?}");
+    let age = read_at(&mut source, "busy", now).unwrap().heartbeat_age;
+    assert_eq!(age, Duration::ZERO);
 }
 
 /// Polls `condition` every 5 ms for up to 5 s.
@@ -188,7 +244,8 @@ fn eventually(mut condition: impl FnMut() -> bool, what: &str) {
 fn a_removed_directory_is_noticed_and_the_file_recreated_when_it_is_back() {
     let parent = tempfile::tempdir().unwrap();
     let dir = parent.path().join("engines");
-    let mut publisher = start(&dir, "phoenix", 10);
+    let period = Duration::from_millis(10);
+    let (mut publisher, now) = driven(&dir, "phoenix", 10);
     let busy = |step| Snapshot {
         step,
         num_running: 3,
@@ -196,13 +253,15 @@ fn a_removed_directory_is_noticed_and_the_file_recreated_when_it_is_back() {
     };
     publisher.publish(busy(1)).unwrap();
     let reader = |dir: &std::path::Path| ShmDir::open(dir, ReaderOptions::default()).unwrap();
-    let first = reader(&dir).read_engine("phoenix").unwrap().unwrap();
+    let first = read_at(&mut reader(&dir), "phoenix", T0).unwrap();
     assert_eq!(publisher.stats(), PublisherStats::default());
 
     std::fs::remove_dir_all(&dir).unwrap();
-    eventually(|| publisher.stats().files_lost == 1, "the loss noticed");
+    periods(&publisher, &now, period, crate::recreate::CHECK_EVERY);
+    assert_eq!(publisher.stats().files_lost, 1, "the loss noticed");
     publisher.publish(busy(2)).unwrap(); // never an error
-    std::thread::sleep(Duration::from_millis(100));
+                                         // Ten periods, the file checked at each while it is missing.
+    periods(&publisher, &now, period, 10);
     assert!(
         !dir.exists(),
         "the directory is not recreated by the publisher"
@@ -210,16 +269,10 @@ fn a_removed_directory_is_noticed_and_the_file_recreated_when_it_is_back() {
     assert_eq!(publisher.stats().files_recreated, 0);
 
     std::fs::create_dir(&dir).unwrap();
+    periods(&publisher, &now, period, 1);
     let mut source = reader(&dir);
-    let mut seen = None;
-    eventually(
-        || {
-            seen = source.read_engine("phoenix").ok().flatten();
-            seen.is_some()
-        },
-        "the file recreated",
-    );
-    let again = seen.unwrap();
+    let again = read_at(&mut source, "phoenix", now.load(Ordering::Relaxed))
+        .expect("the file recreated in the next period");
     assert_eq!(again.status, Status::Fresh, "{again:?}");
     assert!(again.generation > first.generation, "{again:?}");
     assert_eq!(
@@ -237,23 +290,31 @@ fn a_removed_directory_is_noticed_and_the_file_recreated_when_it_is_back() {
     // Publishing goes to the new file, and the heartbeat thread stamps it
     // (after the publish: the thread's own stamp, not the publish's).
     publisher.publish(busy(3)).unwrap();
-    let published = source.read_engine("phoenix").unwrap().unwrap().snapshot;
+    let published = read_at(&mut source, "phoenix", now.load(Ordering::Relaxed))
+        .unwrap()
+        .snapshot;
     assert_eq!(published.step, 3);
-    eventually(
-        || heartbeat_word(&dir, "phoenix") > published.captured_mono_ns,
-        "the heartbeat thread stamping the new file",
+    periods(&publisher, &now, period, 1);
+    let stamped = now.load(Ordering::Relaxed);
+    assert!(stamped > published.captured_mono_ns);
+    assert_eq!(
+        heartbeat_word(&dir, "phoenix"),
+        stamped,
+        "the heartbeat thread stamping the new file"
     );
-    let idle = source.read_engine("phoenix").unwrap().unwrap();
+    let idle = read_at(&mut source, "phoenix", stamped).unwrap();
     assert_eq!(idle.status, Status::Fresh, "{idle:?}");
-    // Generous (100 periods): this host is noisy.
-    assert!(idle.heartbeat_age < Duration::from_secs(1), "{idle:?}");
+    assert_eq!(idle.heartbeat_age, Duration::ZERO, "{idle:?}");
     assert_eq!(publisher.path(), Some(dir.join("phoenix").as_path()));
 
-    // The file alone removed (the directory stays): recreated at once.
+    // The file alone removed (the directory stays): recreated at the next
+    // check.
     std::fs::remove_file(dir.join("phoenix")).unwrap();
-    eventually(
-        || publisher.stats().files_recreated == 2,
-        "the file recreated again",
+    periods(&publisher, &now, period, crate::recreate::CHECK_EVERY);
+    assert_eq!(
+        publisher.stats().files_recreated,
+        2,
+        "the file recreated again"
     );
     assert_eq!(publisher.stats().files_lost, 2);
     publisher.close();
@@ -374,6 +435,8 @@ fn a_truncated_file_is_replaced_and_the_engine_seen_again() {
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 step += 1;
                 publisher.publish(busy(step)).unwrap();
+                // Pacing, not a wait: this test is about publishes racing the
+                // real heartbeat thread (a driven one would never race them).
                 std::thread::sleep(Duration::from_millis(1));
             }
             publisher
@@ -434,7 +497,8 @@ fn a_truncated_file_is_replaced_and_the_engine_seen_again() {
 fn a_file_cut_to_a_few_bytes_and_grown_back_is_replaced() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("cut");
-    let mut publisher = start(dir.path(), "cut", 10);
+    let period = Duration::from_millis(10);
+    let (mut publisher, now) = driven(dir.path(), "cut", 10);
     publisher
         .publish(Snapshot {
             step: 7,
@@ -449,17 +513,24 @@ fn a_file_cut_to_a_few_bytes_and_grown_back_is_replaced() {
             ..Snapshot::default()
         })
         .unwrap();
-    let (mut source, first) = seen_with_a_heartbeat_after(dir.path(), "cut");
+    let options = ReaderOptions {
+        rescan_interval: Duration::ZERO,
+        ..ReaderOptions::default()
+    };
+    let mut source = ShmDir::open(dir.path(), options).unwrap();
+    let first = read_at(&mut source, "cut", T0).unwrap();
+    assert_eq!(first.status, Status::Fresh, "{first:?}");
+    // A period: the heartbeat thread has seen the published snapshot.
+    periods(&publisher, &now, period, 1);
     for len in [200, engine_state_shm_format::FILE_SIZE as u64] {
         set_len(&path, len);
     }
-    let again = fresh_in_a_later_generation(
-        &mut source,
-        "cut",
-        first.generation,
-        "the engine fresh again in a new generation",
-    )
-    .snapshot;
+    // Noticed at the next file check, and replaced in the same period.
+    periods(&publisher, &now, period, crate::recreate::CHECK_EVERY);
+    let again = read_at(&mut source, "cut", now.load(Ordering::Relaxed)).unwrap();
+    assert!(again.generation > first.generation, "{again:?}");
+    assert_eq!(again.status, Status::Fresh, "{again:?}");
+    let again = again.snapshot;
     assert_eq!(
         (
             again.step,
@@ -534,9 +605,6 @@ fn set_len(path: &Path, len: u64) {
 /// from the publisher's `Clock`, not from `CLOCK_MONOTONIC`.
 #[test]
 fn publish_stamps_from_the_clock_it_was_given() {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::Arc;
-
     let dir = tempfile::tempdir().unwrap();
     let now = Arc::new(AtomicU64::new(1_000));
     let clock = engine_state_shm_format::Clock::from_fn({

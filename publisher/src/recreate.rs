@@ -177,9 +177,11 @@ impl Keeper {
             // truncated, zeroed or cut under it.
             self.last_snapshot = self.beat.snapshot().or(self.last_snapshot);
         }
+        // The stamp and the gap's start on the publisher's clock.
+        let now = self.clock.now_ns();
         if !self
             .beat
-            .beat_unless_younger(heartbeat::skip_if_younger(self.options.publish_period))
+            .beat_unless_younger(heartbeat::skip_if_younger(self.options.publish_period), now)
         {
             return false;
         }
@@ -191,7 +193,7 @@ impl Keeper {
             return true;
         }
         if self.lost.is_none() {
-            self.lost = Some((self.clock.now_ns(), None));
+            self.lost = Some((now, None));
             self.handoff.files_lost.fetch_add(1, Ordering::Relaxed);
             eprintln!(
                 "engine-state publisher: the file of engine {} ({}) was removed, replaced, \
@@ -228,6 +230,10 @@ impl Keeper {
         // rename over its file.
         match ShmWriter::create_after(&self.beat, &self.options, &first) {
             Ok(writer) => {
+                // Creation stamped `CLOCK_MONOTONIC`; the heartbeat is on
+                // the publisher's clock (the same one unless a test passes
+                // one in; read after creation, so never earlier).
+                writer.stamp_heartbeat(self.clock.now_ns());
                 let (since, _) = self.lost.take().expect("only called while lost");
                 self.beat = writer.heartbeat();
                 let mut slot = lock(&self.handoff.replacement);

@@ -12,7 +12,7 @@ use engine_state_shm_format::{heartbeat, unix_ns, Clock, Snapshot};
 
 use crate::config::PublisherConfig;
 use crate::error::Error;
-use crate::heartbeat::HeartbeatThread;
+use crate::heartbeat::{HeartbeatThread, Ticks};
 use crate::stamp::stamp;
 
 /// How long `close()` waits for the Redis sink to delete the engine's key.
@@ -35,6 +35,7 @@ impl RedisBackend {
         target: &RedisTarget,
         config: &PublisherConfig,
         clock: &Clock,
+        ticks: Ticks,
     ) -> Result<(RedisBackend, HeartbeatThread), Error> {
         let target = target.clone();
         let mut connection = match target.connect() {
@@ -84,7 +85,7 @@ impl RedisBackend {
                 beat(&handle, &beat_id, &beat_record, period, &beat_clock);
                 true
             },
-            config.period,
+            ticks,
             &config.engine_id,
         )?;
         Ok((

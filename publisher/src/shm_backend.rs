@@ -10,7 +10,7 @@ use engine_state_shm_format::{fork_generation, Clock, ShmWriter, Snapshot, Write
 
 use crate::config::PublisherConfig;
 use crate::error::Error;
-use crate::heartbeat::HeartbeatThread;
+use crate::heartbeat::{HeartbeatThread, Ticks};
 use crate::recreate::{Handoff, Keeper, PublisherStats};
 use crate::stamp::stamp;
 
@@ -31,6 +31,7 @@ impl ShmBackend {
         dir: &Path,
         config: &PublisherConfig,
         clock: &Clock,
+        ticks: Ticks,
     ) -> Result<(ShmBackend, HeartbeatThread), Error> {
         create_dir(dir)?;
         let options = WriterOptions {
@@ -40,6 +41,10 @@ impl ShmBackend {
         let first = stamp(Snapshot::default(), clock);
         let writer =
             ShmWriter::create(dir, &config.engine_id, &options, &first).map_err(Error::from_shm)?;
+        // Creation stamped `CLOCK_MONOTONIC`; the heartbeat is on the
+        // publisher's clock (the same one unless a test passes one in; read
+        // after creation, so never earlier).
+        writer.stamp_heartbeat(clock.now_ns());
         let handoff = Arc::new(Handoff::default());
         // A stamp younger than a period is a publish's: left alone.
         let mut keeper = Keeper::new(
@@ -49,8 +54,7 @@ impl ShmBackend {
             handoff.clone(),
             clock.clone(),
         );
-        let heartbeat =
-            HeartbeatThread::spawn(move || keeper.tick(), config.period, &config.engine_id)?;
+        let heartbeat = HeartbeatThread::spawn(move || keeper.tick(), ticks, &config.engine_id)?;
         Ok((ShmBackend { writer, handoff }, heartbeat))
     }
 

@@ -446,9 +446,26 @@ fn future_heartbeat_is_overwritten() {
     let writer = create(dir.path(), "ahead");
     let beat = writer.heartbeat();
     poke(&path, crate::layout::HEARTBEAT_OFFSET, u64::MAX);
-    assert!(beat.beat_unless_younger(std::time::Duration::from_secs(3600)));
+    assert!(beat.beat_unless_younger(std::time::Duration::from_secs(3600), crate::monotonic_ns()));
     let stamp = ShmFile::open(&path).unwrap().heartbeat_mono_ns();
     assert!(stamp <= crate::monotonic_ns(), "not overwritten: {stamp}");
+}
+
+/// The stamp is the `now` passed in (the publisher's clock), and a stamp
+/// younger than `max_age` at that `now` is left alone.
+#[test]
+fn a_beat_stamps_the_now_it_is_given_unless_the_stamp_is_younger() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("given");
+    let writer = create(dir.path(), "given");
+    let beat = writer.heartbeat();
+    let word = || ShmFile::open(&path).unwrap().heartbeat_mono_ns();
+    let max_age = std::time::Duration::from_nanos(1_000);
+    writer.stamp_heartbeat(10_000);
+    assert!(beat.beat_unless_younger(max_age, 10_999));
+    assert_eq!(word(), 10_000, "younger than max_age: left alone");
+    assert!(beat.beat_unless_younger(max_age, 11_000));
+    assert_eq!(word(), 11_000, "as old as max_age: the given now");
 }
 
 /// A publish held between its odd and its final store (its thread

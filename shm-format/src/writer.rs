@@ -114,7 +114,7 @@ impl Heartbeat {
     /// `sigbus`) is not retired: nothing is stored, true is returned, and
     /// [`Heartbeat::in_place`] says false, so the caller can replace it.
     pub fn beat(&self) -> bool {
-        self.beat_unless_younger(std::time::Duration::ZERO)
+        self.beat_unless_younger(std::time::Duration::ZERO, monotonic_ns())
     }
 
     /// Like [`Heartbeat::beat`], but stores nothing while the stamp is
@@ -123,7 +123,10 @@ impl Heartbeat {
     /// and relays see one change per publish instead of two, while the stamp
     /// never gets much older than `max_age` plus one tick. A stamp in the
     /// future (stored by another process) is overwritten whatever `max_age`.
-    pub fn beat_unless_younger(&self, max_age: std::time::Duration) -> bool {
+    ///
+    /// `now_ns` is the stamp, on the clock of `CLOCK_MONOTONIC` (the
+    /// publisher passes its `Clock`'s reading, so tests drive it).
+    pub fn beat_unless_younger(&self, max_age: std::time::Duration, now_ns: u64) -> bool {
         if fork_generation() != self.fork_generation {
             return false;
         }
@@ -135,7 +138,7 @@ impl Heartbeat {
             _ => return true, // zeroed or truncated: `in_place` says false
         }
         let word = self.map.word(HEARTBEAT_OFFSET);
-        let now = monotonic_ns();
+        let now = now_ns;
         // Readers load it Relaxed; it carries no other data, and only this
         // process stores it (publish and the heartbeat thread): Relaxed.
         let last = word.load(Ordering::Relaxed);

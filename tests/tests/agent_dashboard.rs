@@ -41,6 +41,8 @@ fn demo_engine(dir: &std::path::Path, stop: Arc<AtomicBool>) -> std::thread::Joi
             step += 1;
             writer.publish(&snap(step)).unwrap();
             writer.stamp_heartbeat(monotonic_ns());
+            // Pacing: a steady engine publishing every 20 ms for the
+            // agent's real relay and metrics loops.
             std::thread::sleep(Duration::from_millis(20));
         }
     })

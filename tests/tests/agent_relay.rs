@@ -534,6 +534,8 @@ fn agent_exits_within_a_second_of_sigterm_even_with_redis_frozen() {
         wait_relayed(&mut redis_reader(&redis_uri), "the engine relayed");
         if frozen {
             redis.freeze(true);
+            // Nothing outside the agent's process shows its relay blocked
+            // on the frozen server: time for it to get there.
             std::thread::sleep(Duration::from_millis(300)); // the relay is stuck now
         }
         let signalled = std::time::Instant::now();

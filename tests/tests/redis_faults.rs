@@ -557,6 +557,7 @@ fn a_publisher_never_overwrites_another_live_writers_record_and_takes_over_after
     let refused = |p: &Publisher| p.redis_stats().unwrap().refused.load(Ordering::Relaxed);
     let refused_before = refused(&publisher);
     for step in 0..50 {
+        let refused_so_far = refused(&publisher);
         publisher
             .publish(Snapshot {
                 step,
@@ -564,7 +565,11 @@ fn a_publisher_never_overwrites_another_live_writers_record_and_takes_over_after
                 ..Snapshot::default()
             })
             .unwrap();
-        std::thread::sleep(Duration::from_millis(10));
+        // The sink tried a write after this publish, and was refused.
+        wait_for(
+            || refused(&publisher) > refused_so_far,
+            "a refused write after the publish",
+        );
         let reading = source.read().unwrap();
         assert_eq!(
             reading.get("held").map(|s| s.snapshot.num_running),
@@ -680,7 +685,15 @@ fn a_read_only_reader_keeps_reading_while_pruning_is_due() {
         .arg("gone")
         .query(&mut admin)
         .unwrap();
-    let _engine = publishing_running(&redis.uri(""), "real", 1);
+    let engine = publishing_running(&redis.uri(""), "real", 1);
+    // The sink writes asynchronously: wait until Redis acknowledged the
+    // first record (its key and its registration, one pipeline) before
+    // reading it.
+    let stats = engine.redis_stats().unwrap();
+    wait_for(
+        || stats.written.load(Ordering::Relaxed) >= 1,
+        "the publisher's first record written",
+    );
     let read_only = format!("redis://r:pw@127.0.0.1:{}/0", redis.port());
     for (uri, prunes) in [(read_only, false), (redis.uri(""), true)] {
         // A scan step every refresh, and "gone" due for pruning at once.

@@ -136,6 +136,8 @@ fn a_held_key_is_written_with_plain_sets_and_claimed_again_after_a_gap() {
     assert_eq!(calls(&redis, "eval") - evals, 1, "one claim");
     assert_eq!(calls(&redis, "set") - sets, 10, "one SET per write");
     // Longer than the hold since the last write: claimed again.
+    // Real time: the hold is timed by the sink's own `Instant` (inside
+    // engine-state-redis, no clock passed in).
     std::thread::sleep(Duration::from_millis(2100));
     sink.submit(&mut vec![relayed(&id, 11, 11)]);
     assert!(sink.flush(Duration::from_secs(5)));
@@ -184,6 +186,8 @@ fn esagent_does_not_overwrite_a_direct_publisher_and_reports_it_once() {
     let mut source = test_reader(&uri, Duration::from_secs(5));
     for _ in 0..50 {
         assert_eq!(running(&mut *source, "twin"), Some(42));
+        // A non-event over time (the agent's relay in its own threads keeps
+        // being refused): reads half a second long.
         std::thread::sleep(Duration::from_millis(10));
     }
     // The direct publisher stops: the agent relays the local engine.
