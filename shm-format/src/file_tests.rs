@@ -272,15 +272,17 @@ fn odd_sequence_left_by_a_dead_writer_reads_as_torn() {
     w.map.word(SEQ_OFFSET).store(3, Ordering::Relaxed);
     let r = ShmFile::open(dir.path().join("torn")).unwrap();
     // Bounded retries: the read returns (waited for with a generous
-    // deadline, not timed: the host may be busy).
+    // deadline, not timed: the host may be busy). Not a scoped thread: a
+    // read that never returns fails the test instead of hanging it; the
+    // thread owns the file and hands it back with the result.
     let (done, returned) = std::sync::mpsc::channel();
-    std::thread::scope(|scope| {
-        scope.spawn(|| done.send(r.read()).unwrap());
-        let read = returned
-            .recv_timeout(std::time::Duration::from_secs(30))
-            .expect("bounded retries: the read of an odd sequence returns");
-        assert_eq!(read, Err(Torn { last_seq: 3 }));
+    std::thread::spawn(move || {
+        let _ = done.send((r.read(), r));
     });
+    let (read, _r) = returned
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("bounded retries: the read of an odd sequence returns");
+    assert_eq!(read, Err(Torn { last_seq: 3 }));
 }
 
 #[test]

@@ -8,6 +8,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
 
 mod agent;
@@ -182,16 +183,25 @@ pub fn wait_for_within(limit: Duration, mut condition: impl FnMut() -> bool, wha
 /// (choose it generously: the host may be busy); panics naming `what` if it
 /// does not. For "this returns, it does not hang" checks, instead of timing a
 /// call against a tight wall-clock bound.
-pub fn returns_within<T: Send>(limit: Duration, what: &str, f: impl FnOnce() -> T + Send) -> T {
+///
+/// The thread is not scoped: a call that never returns is left behind (and
+/// ends with the test process) while the test fails, instead of the test
+/// waiting for it. So `f` owns what it uses (move it in, e.g. a `ShmDir`) and
+/// hands back what the caller needs afterwards in its result.
+pub fn returns_within<T: Send + 'static>(
+    limit: Duration,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
     let (done, returned) = std::sync::mpsc::channel();
-    std::thread::scope(|scope| {
-        scope.spawn(move || {
-            let _ = done.send(f());
-        });
-        returned
-            .recv_timeout(limit)
-            .unwrap_or_else(|_| panic!("{what} did not return within {limit:?}"))
-    })
+    std::thread::spawn(move || {
+        let _ = done.send(f());
+    });
+    match returned.recv_timeout(limit) {
+        Ok(value) => value,
+        Err(RecvTimeoutError::Timeout) => panic!("{what} did not return within {limit:?}"),
+        Err(RecvTimeoutError::Disconnected) => panic!("{what} panicked"),
+    }
 }
 
 /// Reader options for tests: a directory listing (or registry read) on

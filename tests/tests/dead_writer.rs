@@ -72,9 +72,14 @@ fn writer_killed_mid_write_reads_as_torn_within_the_bound() {
     .unwrap();
     // Bounded retries: the read returns (no wall-clock bound: the host may
     // be busy; the retry bound itself is seqlock.rs's, unit-tested there).
-    let reading = returns_within(Duration::from_secs(30), "a read of a torn file", || {
-        source.read().unwrap()
-    });
+    let (_source, reading) = returns_within(
+        Duration::from_secs(30),
+        "a read of a torn file",
+        move || {
+            let reading = source.read().unwrap();
+            (source, reading)
+        },
+    );
     let e = &reading.engines[0];
     assert_eq!(e.status, Status::Torn, "{e:?}");
     let (value, _) = esdump_json(&uri);
