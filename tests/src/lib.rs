@@ -151,14 +151,23 @@ pub fn parsed_uri_text(uri: &str) -> (&'static str, String) {
 }
 
 /// Waits (as [`wait_for`]) until `source` reads engine `id` in a state that
-/// passes `test`.
+/// passes `test`, and returns that state (assert on it, not on a read after
+/// the wait, which may see a newer heartbeat or snapshot).
 pub fn wait_for_engine(
     source: &mut dyn engine_state_reader::Source,
     id: &str,
     what: &str,
     test: impl Fn(&engine_state_reader::EngineState) -> bool,
-) {
-    wait_for(|| source.read().unwrap().get(id).is_some_and(&test), what);
+) -> engine_state_reader::EngineState {
+    let mut passed = None;
+    wait_for(
+        || {
+            passed = source.read().unwrap().get(id).filter(|e| test(e)).cloned();
+            passed.is_some()
+        },
+        what,
+    );
+    passed.expect("wait_for returns once the condition holds")
 }
 
 /// Polls `condition` every 5 ms for up to 10 s; panics naming `what` on timeout.
