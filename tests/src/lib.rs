@@ -99,9 +99,12 @@ impl Drop for Proc {
     }
 }
 
+/// The publish (and heartbeat) period of [`python_publisher`]'s publisher.
+pub const PYTHON_PUBLISH_PERIOD: Duration = Duration::from_millis(20);
+
 /// A Python publisher in its own process: runs `body` after
 /// `from engine_state import Publisher` with `pub = Publisher(uri=…, engine_id=…)`
-/// created, then waits until its stdin closes.
+/// created (period [`PYTHON_PUBLISH_PERIOD`]), then waits until its stdin closes.
 pub fn python_publisher(dir: &Path, engine_id: &str, body: &str) -> Proc {
     python_publisher_at(&format!("file://{}", dir.display()), engine_id, body)
 }
@@ -110,8 +113,9 @@ pub fn python_publisher(dir: &Path, engine_id: &str, body: &str) -> Proc {
 pub fn python_publisher_at(uri: &str, engine_id: &str, body: &str) -> Proc {
     let script = format!(
         "import sys\nfrom engine_state import Publisher\n\
-         pub = Publisher(uri={uri:?}, engine_id={engine_id:?}, period_ms=20)\n{body}\n\
+         pub = Publisher(uri={uri:?}, engine_id={engine_id:?}, period_ms={period_ms})\n{body}\n\
          sys.stdout.write('ready\\n'); sys.stdout.flush()\nsys.stdin.read()\n",
+        period_ms = PYTHON_PUBLISH_PERIOD.as_millis()
     );
     let mut proc = Proc::spawn(
         Command::new(python())
