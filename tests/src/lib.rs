@@ -268,3 +268,28 @@ pub fn publishing_running(
         .unwrap();
     publisher
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A call that never returns fails the check instead of hanging it
+    /// (the thread is left parked; it ends with the test process).
+    #[test]
+    #[should_panic(expected = "a parked call did not return within")]
+    fn returns_within_fails_on_a_call_that_never_returns() {
+        returns_within(Duration::from_millis(50), "a parked call", || loop {
+            std::thread::park();
+        });
+    }
+
+    #[test]
+    fn returns_within_hands_back_the_result() {
+        let owned = vec![1, 2, 3];
+        let (owned, sum) = returns_within(Duration::from_secs(10), "a sum", move || {
+            let sum: i32 = owned.iter().sum();
+            (owned, sum)
+        });
+        assert_eq!((owned.len(), sum), (3, 6));
+    }
+}
