@@ -2,6 +2,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import wait_until
@@ -190,11 +191,16 @@ def test_forked_child_never_writes_the_parents_file(uri, state_dir):
     assert state.num_running == 7
     assert state.status == "fresh"
     assert (state_dir / "parent").exists()
-    # The parent's heartbeat thread still runs: a new stamp comes (the age
-    # only grows between two stamps, so a younger one is new).
+    # The parent's heartbeat thread still runs: a new stamp comes. Each
+    # reading's stamp, estimated on this clock as now minus its age, is at
+    # least half a period (20 ms) later than the one seen now.
     reader = Reader(uri=uri)
-    (at_fork,) = reader.read()
-    wait_until(lambda: reader.read()[0].heartbeat_age_ms < at_fork.heartbeat_age_ms,
+
+    def stamped_at(state):
+        return time.monotonic() * 1e3 - state.heartbeat_age_ms
+
+    at_fork = stamped_at(reader.read()[0])
+    wait_until(lambda: stamped_at(reader.read()[0]) >= at_fork + 10,
                "a heartbeat stamped after the fork")
     pub.close()
 

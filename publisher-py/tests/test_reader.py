@@ -62,8 +62,9 @@ def test_stale_after_is_a_setting(uri):
         pub.publish(num_running=1)
         reader = Reader(uri=uri, stale_after_ms=50)
         assert reader.read()[0].status == "fresh"
-        wait_until(lambda: reader.read()[0].heartbeat_age_ms >= 150, "a heartbeat 150 ms old")
-        (s,) = reader.read()
+        # The reading the wait ended on: a read after it could see a new stamp.
+        (s,) = wait_until(lambda: (r := reader.read())[0].heartbeat_age_ms >= 150 and r,
+                          "a heartbeat 150 ms old")
         assert s.status == "stale" and not s.fresh
         assert s.heartbeat_age_ms >= 150
 

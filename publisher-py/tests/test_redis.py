@@ -83,8 +83,9 @@ def test_heartbeat_and_staleness_over_redis(redis_port):
         pub.publish(num_running=1)
         reader = Reader(uri=uri, stale_after_ms=50)
         wait_until(lambda: [s.status for s in reader.read()] == ["fresh"], "fresh")
-        wait_until(lambda: reader.read()[0].heartbeat_age_ms >= 150, "a heartbeat 150 ms old")
-        (s,) = reader.read()
+        # The reading the wait ended on: a read after it could see a new stamp.
+        (s,) = wait_until(lambda: (r := reader.read())[0].heartbeat_age_ms >= 150 and r,
+                          "a heartbeat 150 ms old")
         assert s.status == "stale" and s.heartbeat_age_ms >= 100
 
 

@@ -271,16 +271,27 @@ fn odd_sequence_left_by_a_dead_writer_reads_as_torn() {
     // What a writer killed between its two sequence stores leaves behind.
     w.map.word(SEQ_OFFSET).store(3, Ordering::Relaxed);
     let r = ShmFile::open(dir.path().join("torn")).unwrap();
-    // Bounded retries: the read returns (waited for with a generous
-    // deadline, not timed: the host may be busy).
+    // Bounded retries, counted: the read gives up after exactly the
+    // seqlock's bound. It returns within a deadline (not a timing: the host
+    // may be busy; 5 s is far beyond the bound's spins and yields, and fails
+    // a retry that sleeps). Not a scoped thread: a read that never returns
+    // fails the test instead of hanging it; the thread owns the file and
+    // hands it back with the result.
     let (done, returned) = std::sync::mpsc::channel();
-    std::thread::scope(|scope| {
-        scope.spawn(|| done.send(r.read()).unwrap());
-        let read = returned
-            .recv_timeout(std::time::Duration::from_secs(30))
-            .expect("bounded retries: the read of an odd sequence returns");
-        assert_eq!(read, Err(Torn { last_seq: 3 }));
+    std::thread::spawn(move || {
+        let before = seqlock::failed_attempts();
+        let read = r.read();
+        let _ = done.send((read, seqlock::failed_attempts() - before, r));
     });
+    let (read, attempts, _r) = returned
+        .recv_timeout(std::time::Duration::from_secs(5))
+        .expect("bounded retries: the read of an odd sequence returns");
+    assert_eq!(read, Err(Torn { last_seq: 3 }));
+    assert_eq!(
+        attempts,
+        u64::from(seqlock::READ_SPINS + seqlock::READ_YIELDS),
+        "the read of an odd sequence spends the retry bound, once"
+    );
 }
 
 #[test]

@@ -141,7 +141,10 @@ pub fn read<const N: usize>(
     for attempt in 0..READ_SPINS + READ_YIELDS {
         match try_read(seq, words) {
             Ok(copy) => return Ok(copy),
-            Err(s) => last_seq = s,
+            Err(s) => {
+                last_seq = s;
+                count_failed_attempt();
+            }
         }
         if attempt < READ_SPINS {
             spin_hint();
@@ -150,6 +153,28 @@ pub fn read<const N: usize>(
         }
     }
     Err(Torn { last_seq })
+}
+
+#[cfg(not(loom))]
+std::thread_local! {
+    static FAILED_ATTEMPTS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many attempts of [`read`] on this thread found a write in the way,
+/// so far: a torn read adds exactly [`READ_SPINS`] + [`READ_YIELDS`]. For
+/// tests that check the retry bound through the layers above (`ShmFile`,
+/// the reader's directory source), not for production use. Counted on the
+/// retry path only: an attempt that succeeds costs nothing more.
+#[doc(hidden)]
+#[cfg(not(loom))]
+pub fn failed_attempts() -> u64 {
+    FAILED_ATTEMPTS.with(|n| n.get())
+}
+
+#[inline]
+fn count_failed_attempt() {
+    #[cfg(not(loom))]
+    FAILED_ATTEMPTS.with(|n| n.set(n.get() + 1));
 }
 
 #[inline]
@@ -204,8 +229,19 @@ mod tests {
         let cell = Cell::<4>::new();
         // A writer that died between its odd store and its final store.
         cell.seq.store(7, Ordering::Relaxed);
+        let before = failed_attempts();
         assert_eq!(read(&cell.seq, &cell.words), Err(Torn { last_seq: 7 }));
+        assert_eq!(
+            failed_attempts() - before,
+            u64::from(READ_SPINS + READ_YIELDS),
+            "gave up after the retry bound, no sooner and no later"
+        );
         assert_eq!(try_read(&cell.seq, &cell.words), Err(7));
+        // A read that succeeds at once counts no failed attempt.
+        cell.seq.store(8, Ordering::Relaxed);
+        let before = failed_attempts();
+        assert!(read(&cell.seq, &cell.words).is_ok());
+        assert_eq!(failed_attempts(), before);
     }
 
     #[test]

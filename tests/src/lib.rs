@@ -8,6 +8,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
 
 mod agent;
@@ -98,9 +99,12 @@ impl Drop for Proc {
     }
 }
 
+/// The publish (and heartbeat) period of [`python_publisher`]'s publisher.
+pub const PYTHON_PUBLISH_PERIOD: Duration = Duration::from_millis(20);
+
 /// A Python publisher in its own process: runs `body` after
 /// `from engine_state import Publisher` with `pub = Publisher(uri=…, engine_id=…)`
-/// created, then waits until its stdin closes.
+/// created (period [`PYTHON_PUBLISH_PERIOD`]), then waits until its stdin closes.
 pub fn python_publisher(dir: &Path, engine_id: &str, body: &str) -> Proc {
     python_publisher_at(&format!("file://{}", dir.display()), engine_id, body)
 }
@@ -109,8 +113,9 @@ pub fn python_publisher(dir: &Path, engine_id: &str, body: &str) -> Proc {
 pub fn python_publisher_at(uri: &str, engine_id: &str, body: &str) -> Proc {
     let script = format!(
         "import sys\nfrom engine_state import Publisher\n\
-         pub = Publisher(uri={uri:?}, engine_id={engine_id:?}, period_ms=20)\n{body}\n\
+         pub = Publisher(uri={uri:?}, engine_id={engine_id:?}, period_ms={period_ms})\n{body}\n\
          sys.stdout.write('ready\\n'); sys.stdout.flush()\nsys.stdin.read()\n",
+        period_ms = PYTHON_PUBLISH_PERIOD.as_millis()
     );
     let mut proc = Proc::spawn(
         Command::new(python())
@@ -150,14 +155,23 @@ pub fn parsed_uri_text(uri: &str) -> (&'static str, String) {
 }
 
 /// Waits (as [`wait_for`]) until `source` reads engine `id` in a state that
-/// passes `test`.
+/// passes `test`, and returns that state (assert on it, not on a read after
+/// the wait, which may see a newer heartbeat or snapshot).
 pub fn wait_for_engine(
     source: &mut dyn engine_state_reader::Source,
     id: &str,
     what: &str,
     test: impl Fn(&engine_state_reader::EngineState) -> bool,
-) {
-    wait_for(|| source.read().unwrap().get(id).is_some_and(&test), what);
+) -> engine_state_reader::EngineState {
+    let mut passed = None;
+    wait_for(
+        || {
+            passed = source.read().unwrap().get(id).filter(|e| test(e)).cloned();
+            passed.is_some()
+        },
+        what,
+    );
+    passed.expect("wait_for returns once the condition holds")
 }
 
 /// Polls `condition` every 5 ms for up to 10 s; panics naming `what` on timeout.
@@ -182,16 +196,25 @@ pub fn wait_for_within(limit: Duration, mut condition: impl FnMut() -> bool, wha
 /// (choose it generously: the host may be busy); panics naming `what` if it
 /// does not. For "this returns, it does not hang" checks, instead of timing a
 /// call against a tight wall-clock bound.
-pub fn returns_within<T: Send>(limit: Duration, what: &str, f: impl FnOnce() -> T + Send) -> T {
+///
+/// The thread is not scoped: a call that never returns is left behind (and
+/// ends with the test process) while the test fails, instead of the test
+/// waiting for it. So `f` owns what it uses (move it in, e.g. a `ShmDir`) and
+/// hands back what the caller needs afterwards in its result.
+pub fn returns_within<T: Send + 'static>(
+    limit: Duration,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
     let (done, returned) = std::sync::mpsc::channel();
-    std::thread::scope(|scope| {
-        scope.spawn(move || {
-            let _ = done.send(f());
-        });
-        returned
-            .recv_timeout(limit)
-            .unwrap_or_else(|_| panic!("{what} did not return within {limit:?}"))
-    })
+    std::thread::spawn(move || {
+        let _ = done.send(f());
+    });
+    match returned.recv_timeout(limit) {
+        Ok(value) => value,
+        Err(RecvTimeoutError::Timeout) => panic!("{what} did not return within {limit:?}"),
+        Err(RecvTimeoutError::Disconnected) => panic!("{what} panicked"),
+    }
 }
 
 /// Reader options for tests: a directory listing (or registry read) on
@@ -244,4 +267,29 @@ pub fn publishing_running(
         })
         .unwrap();
     publisher
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A call that never returns fails the check instead of hanging it
+    /// (the thread is left parked; it ends with the test process).
+    #[test]
+    #[should_panic(expected = "a parked call did not return within")]
+    fn returns_within_fails_on_a_call_that_never_returns() {
+        returns_within(Duration::from_millis(50), "a parked call", || loop {
+            std::thread::park();
+        });
+    }
+
+    #[test]
+    fn returns_within_hands_back_the_result() {
+        let owned = vec![1, 2, 3];
+        let (owned, sum) = returns_within(Duration::from_secs(10), "a sum", move || {
+            let sum: i32 = owned.iter().sum();
+            (owned, sum)
+        });
+        assert_eq!((owned.len(), sum), (3, 6));
+    }
 }

@@ -203,12 +203,11 @@ fn stale_threshold_is_a_reader_setting(backend: &impl Backend) {
     wait_for_engine(&mut *source, "slow", "fresh right after a publish", |s| {
         s.status == Status::Fresh && s.snapshot.num_running == 1
     });
-    // Until the 50 ms threshold is well past (polled, not slept).
-    wait_for_engine(&mut *source, "slow", "a heartbeat 150 ms old", |s| {
+    // Until the 50 ms threshold is well past (polled, not slept); the
+    // reading the wait ended on (a read after it could see a new stamp).
+    let state = wait_for_engine(&mut *source, "slow", "a heartbeat 150 ms old", |s| {
         s.heartbeat_age >= Duration::from_millis(150)
     });
-    let reading = source.read().unwrap();
-    let state = reading.get("slow").unwrap();
     assert_eq!(state.status, Status::Stale, "{state:?}");
     assert!(
         state.heartbeat_age >= Duration::from_millis(100),

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use engine_state_reader::{ShmDir, Source, Status};
 use engine_state_shm_format::layout::SEQ_OFFSET;
+use engine_state_shm_format::seqlock;
 use engine_state_tests::*;
 use nix::sys::signal::{kill, Signal};
 
@@ -70,13 +71,25 @@ fn writer_killed_mid_write_reads_as_torn_within_the_bound() {
         test_options(engine_state_reader::DEFAULT_STALE_AFTER),
     )
     .unwrap();
-    // Bounded retries: the read returns (no wall-clock bound: the host may
-    // be busy; the retry bound itself is seqlock.rs's, unit-tested there).
-    let reading = returns_within(Duration::from_secs(30), "a read of a torn file", || {
-        source.read().unwrap()
-    });
+    // Bounded retries, counted: the source's read spends the seqlock's
+    // retry bound once (not retried by the layers above). It returns within
+    // a deadline, not a timing (the host may be busy; 5 s is far beyond the
+    // bound's spins and yields, and fails a retry that sleeps).
+    let (source, reading, attempts) =
+        returns_within(Duration::from_secs(5), "a read of a torn file", move || {
+            let before = seqlock::failed_attempts();
+            let reading = source.read().unwrap();
+            let attempts = seqlock::failed_attempts() - before;
+            (source, reading, attempts)
+        });
     let e = &reading.engines[0];
     assert_eq!(e.status, Status::Torn, "{e:?}");
+    assert_eq!(
+        attempts,
+        u64::from(seqlock::READ_SPINS + seqlock::READ_YIELDS),
+        "one bounded read of the torn file"
+    );
+    assert_eq!(source.torn_spins(), 1);
     let (value, _) = esdump_json(&uri);
     assert_eq!(value[0]["status"], "torn");
 }

@@ -427,13 +427,17 @@ fn truncating_a_mapped_file_kills_no_reader() {
             .count()
     };
     let (frames_then, lines_then) = (frames(), python_lines.lock().unwrap().len());
+    // The readers checked alive on every poll: one killed by SIGBUS fails
+    // here as dead, not as a timeout.
     wait_for(
-        || frames() >= frames_then + 3 && python_lines.lock().unwrap().len() >= lines_then + 3,
+        || {
+            running(&mut esdump, "esdump --watch");
+            running(&mut python_reader, "the Python Reader");
+            running(&mut agent, "esagent");
+            frames() >= frames_then + 3 && python_lines.lock().unwrap().len() >= lines_then + 3
+        },
         "three more rounds of esdump and the Python Reader over the truncated file",
     );
-    running(&mut esdump, "esdump --watch");
-    running(&mut python_reader, "the Python Reader");
-    running(&mut agent, "esagent");
 
     let frame = last_frame();
     let other_row = frame.lines().find(|l| l.starts_with("other ")).unwrap();
