@@ -47,7 +47,10 @@ pub struct EngineState {
 const _: () = assert!(core::mem::size_of::<EngineState>() == 224);
 
 /// The writer of an engine's state as a read saw it: the facts of its file
-/// header (or Redis record) and its heartbeat stamp.
+/// header (or Redis record) and its heartbeat stamp. Made for the relay,
+/// which forwards shared-memory states: on Redis `created_unix_ns` is 0 and
+/// the stamp is on another host's clock (the run is then `generation`); the
+/// simulator's writer is pid 0.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Writer {
     /// The writer's process id on its host (0: unknown).

@@ -311,6 +311,15 @@ fn the_rust_reader_passes_every_committed_vector() {
         let result: Result<String, (&str, Option<u32>)> = match case.kind.as_str() {
             "shm" => {
                 let reading = read_shm_dir(&[(case, &bytes)], &manifest);
+                // The state says its stamp is ahead of the clock exactly when
+                // the read reports it (the relay forwards the flag).
+                let ahead_error = reading
+                    .errors
+                    .iter()
+                    .any(|e| matches!(*e.error, Error::ClockAhead { .. }));
+                for state in &reading.engines {
+                    assert_eq!(state.clock_ahead, ahead_error, "{}", case.name);
+                }
                 match reading.errors.as_slice() {
                     [] => Ok(esdump_json(&reading.engines)),
                     [error] => {
