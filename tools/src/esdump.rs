@@ -26,8 +26,8 @@ use crate::table;
 /// more engines shown, a last row TOTAL (<engines>) sums RUN, WAIT,
 /// PEND_PREFILL, DECODE_TOK, PREFILLING, PREEMPT and the blocks over the
 /// engines shown (stale and dead ones included), and KV_USED is that of the
-/// summed blocks. --sort and --filter apply to the table (and --watch), not
-/// to --json.
+/// summed blocks. --wide, --sort and --filter shape the table (with --watch
+/// too) and cannot be combined with --json, whose output they never change.
 #[derive(Debug, Parser)]
 #[command(name = "esdump", version)]
 pub struct Args {
