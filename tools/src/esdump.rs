@@ -18,7 +18,8 @@ use crate::table;
 /// Names that are not valid engine ids, and control characters in error
 /// messages, are shown escaped (\u{1b}, \n), never sent to the terminal raw.
 ///
-/// The table fits 120 columns: ENGINE, STATUS, RUN, WAIT, KV_USED,
+/// The table fits 120 columns for realistic values (hundreds of engines,
+/// hundreds of requests each): ENGINE, STATUS, RUN, WAIT, KV_USED,
 /// PEND_PREFILL, DECODE_TOK, FLAGS and both ages; an engine id longer than
 /// 24 characters is shown as its first and last characters around `…`.
 /// --wide shows every snapshot field (STEP, the blocks, PREFILLING,
