@@ -173,6 +173,11 @@ fn unusable_directories_and_uris_are_one_line_errors() {
             "cannot read engine-state directory",
         ),
         (vec!["esdump", "--uri", "ftp://x"], "bad engine-state URI"),
+        // An unknown --sort column names the valid ones, before any read.
+        (
+            vec!["esdump", "--sort", "queue", "--uri", "ftp://x"],
+            "--sort: unknown column \"queue\"; the columns are: ENGINE, STATUS, STEP, RUN",
+        ),
         // A newline in the URI is escaped: still one line (docs/FORMAT.md).
         (
             vec!["esdump", "--uri", "ftp://a\nb"],

@@ -87,6 +87,7 @@ conformance!(
     bad_entries_are_per_engine_errors_and_healthy_engines_still_read,
     a_killed_writer_turns_dead,
     esdump_json_shows_the_same_engines,
+    esdump_table_filters_sorts_and_totals_while_watching,
     open_dispatches_on_the_uri_and_hides_nothing_but_passwords,
     a_second_live_publisher_of_an_id_is_refused_and_a_restarted_one_takes_over,
 );
@@ -316,6 +317,67 @@ fn esdump_json_shows_the_same_engines(backend: &impl Backend) {
     keys.sort_unstable();
     expected.sort_unstable();
     assert_eq!(keys, expected);
+}
+
+/// `esdump --watch --filter --sort` in another process: each frame shows the
+/// engines with the prefix, the busiest first, and their totals.
+fn esdump_table_filters_sorts_and_totals_while_watching(backend: &impl Backend) {
+    let publishers: Vec<Publisher> = [("pool-a", 3), ("pool-b", 9), ("other", 50)]
+        .into_iter()
+        .map(|(id, running_requests)| {
+            let mut p = publisher(backend, id, 50);
+            p.publish(running(running_requests)).unwrap();
+            p
+        })
+        .collect();
+    let mut source = reader(backend, Duration::from_secs(2));
+    wait_for(
+        || {
+            source
+                .read()
+                .unwrap()
+                .engines
+                .iter()
+                .filter(|e| e.snapshot.num_running > 0)
+                .count()
+                == 3
+        },
+        "three engines",
+    );
+    let out = Command::new(bin("esdump"))
+        .args(["--uri", &backend.uri(), "--watch", "--interval", "10"])
+        .args(["--count", "2", "--filter", "pool-", "--sort", "run"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let frames: Vec<&str> = stdout.split("\x1b[2J").skip(1).collect();
+    assert_eq!(frames.len(), 2, "{stdout}");
+    for frame in frames {
+        let rows: Vec<Vec<&str>> = frame
+            .lines()
+            .skip_while(|l| !l.starts_with("ENGINE "))
+            // The next frame's cursor-home code ends this one.
+            .filter(|l| !l.starts_with('\x1b'))
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        let header = &rows[0];
+        let run = header.iter().position(|h| *h == "RUN").unwrap();
+        let got: Vec<(&str, &str)> = rows[1..].iter().map(|r| (r[0], r[run])).collect();
+        // `TOTAL (2)` is two words and its STATUS blank: RUN lines up.
+        assert_eq!(
+            got,
+            [("pool-b", "9"), ("pool-a", "3"), ("TOTAL", "12")],
+            "{frame}"
+        );
+        assert_eq!(rows[3][1], "(2)", "{frame}");
+        assert!(!frame.contains("MONO_NS"), "{frame}");
+    }
+    drop(publishers);
 }
 
 fn open_dispatches_on_the_uri_and_hides_nothing_but_passwords(backend: &impl Backend) {

@@ -17,6 +17,18 @@ use crate::table;
 /// with the reason (on stderr with --json); the others are still shown.
 /// Names that are not valid engine ids, and control characters in error
 /// messages, are shown escaped (\u{1b}, \n), never sent to the terminal raw.
+///
+/// The table fits 120 columns for realistic values (hundreds of engines,
+/// hundreds of requests each): ENGINE, STATUS, RUN, WAIT, KV_USED,
+/// PEND_PREFILL, DECODE_TOK, FLAGS and both ages; an engine id longer than
+/// 24 characters is shown as its first and last characters around `…`.
+/// --wide shows every snapshot field (STEP, the blocks, PREFILLING,
+/// MAX_PREFILL, PREEMPT, CAPTURED_UTC, MONO_NS) and whole ids. With two or
+/// more engines shown, a last row TOTAL (<engines>) sums RUN, WAIT,
+/// PEND_PREFILL, DECODE_TOK, PREFILLING, PREEMPT and the blocks over the
+/// engines shown (stale and dead ones included), and KV_USED is that of the
+/// summed blocks. --wide, --sort and --filter shape the table (with --watch
+/// too) and cannot be combined with --json, whose output they never change.
 #[derive(Debug, Parser)]
 #[command(name = "esdump", version)]
 pub struct Args {
@@ -25,6 +37,19 @@ pub struct Args {
     /// Print one JSON array (one object per engine) instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Show every column (the raw stamps, the step, the blocks, ...) and
+    /// whole engine ids; the table is then wider than 120 columns.
+    #[arg(long, conflicts_with = "json")]
+    pub wide: bool,
+    /// Sort the rows by this column (its label, case-insensitive, any column
+    /// of --wide): numbers descending (busiest first), ENGINE, STATUS and
+    /// FLAGS ascending; ties stay in engine id order.
+    #[arg(long, value_name = "COLUMN", conflicts_with = "json")]
+    pub sort: Option<String>,
+    /// Show only the engines whose id starts with PREFIX (read errors are
+    /// still all listed).
+    #[arg(long, value_name = "PREFIX", conflicts_with = "json")]
+    pub filter: Option<String>,
     /// Refresh in place like `top` until interrupted (Ctrl-C). A source that
     /// cannot be read for a while (its directory removed) is said so on the
     /// screen; the watch goes on.
@@ -42,6 +67,16 @@ pub struct Args {
 
 /// Runs esdump, writing to `out` (table or JSON) and `err` (per-engine errors with --json).
 pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Result<()> {
+    let view = table::View {
+        wide: args.wide,
+        sort: args
+            .sort
+            .as_deref()
+            .map(table::SortKey::parse)
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("--sort: {e}"))?,
+        filter: args.filter.clone(),
+    };
     let uri = StateUri::from_flag_or_env(args.uri.uri.as_deref())?;
     let options = ReaderOptions {
         freshness: Freshness {
@@ -97,10 +132,10 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Res
                 "\x1b[H\x1b[2J{}  every {} ms  (Ctrl-C to quit)\n\n{}",
                 source.uri(),
                 args.interval,
-                table::render(&reading)
+                table::render(&reading, &view)
             )?;
         } else {
-            write!(out, "{}", table::render(&reading))?;
+            write!(out, "{}", table::render(&reading, &view))?;
         }
         out.flush()?;
         refreshes += 1;
