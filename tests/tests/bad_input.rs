@@ -216,6 +216,25 @@ fn unusable_directories_and_uris_are_one_line_errors() {
     }
 }
 
+/// The table's options do not apply to `--json` (whose output other tools,
+/// esdump-go's diff among them, compare byte for byte): refused, not ignored.
+#[test]
+fn table_options_are_refused_with_json() {
+    for option in [&["--wide"][..], &["--sort", "run"], &["--filter", "e"]] {
+        let out = Command::new(bin("esdump"))
+            .arg("--json")
+            .args(option)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{option:?}");
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert!(
+            stderr.contains("cannot be used with"),
+            "{option:?}: {stderr}"
+        );
+    }
+}
+
 /// A directory the publisher may not write into. Root ignores permission
 /// bits, so as root the publisher runs as `nobody` (via setpriv).
 #[test]

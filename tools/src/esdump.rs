@@ -21,7 +21,8 @@ use crate::table;
 /// The table fits 120 columns for realistic values (hundreds of engines,
 /// hundreds of requests each): ENGINE, STATUS, RUN, WAIT, KV_USED,
 /// PEND_PREFILL, DECODE_TOK, FLAGS and both ages; an engine id longer than
-/// 24 characters is shown as its first and last characters around `…`.
+/// 24 characters is shown as its first and last characters around `…`
+/// (whole when another id would be shown the same).
 /// --wide shows every snapshot field (STEP, the blocks, PREFILLING,
 /// MAX_PREFILL, PREEMPT, CAPTURED_UTC, MONO_NS) and whole ids. With two or
 /// more engines shown, a last row TOTAL (<engines>) sums RUN, WAIT,
@@ -46,8 +47,8 @@ pub struct Args {
     /// FLAGS ascending; ties stay in engine id order.
     #[arg(long, value_name = "COLUMN", conflicts_with = "json")]
     pub sort: Option<String>,
-    /// Show only the engines whose id starts with PREFIX (read errors are
-    /// still all listed).
+    /// Show only the engines whose id starts with PREFIX (case-sensitive, as
+    /// engine ids are; read errors are still all listed).
     #[arg(long, value_name = "PREFIX", conflicts_with = "json")]
     pub filter: Option<String>,
     /// Refresh in place like `top` until interrupted (Ctrl-C). A source that

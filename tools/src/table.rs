@@ -241,6 +241,31 @@ fn shortened(name: &str, width: usize) -> String {
     out
 }
 
+/// Two ids shortened to the same text (`prod-use1-ll…b-tp8-r0001` from
+/// `…llama70b-tp8-r0001` and `…llama405b-tp8-r0001`) would be two rows that
+/// look alike: those are shown whole.
+fn show_colliding_names_whole(
+    rows: &mut [Vec<String>],
+    columns: &[(&'static str, Column)],
+    engines: &[&EngineState],
+) {
+    let Some(c) = columns
+        .iter()
+        .position(|(_, col)| matches!(col, Column::Engine))
+    else {
+        return;
+    };
+    let mut seen = std::collections::HashMap::<String, usize>::new();
+    for row in rows.iter() {
+        *seen.entry(row[c].clone()).or_default() += 1;
+    }
+    for (row, engine) in rows.iter_mut().zip(engines) {
+        if seen[&row[c]] > 1 {
+            row[c] = shown_name(&engine.engine_id).into_owned();
+        }
+    }
+}
+
 /// Renders `reading` as an aligned table, one row per engine that `view`
 /// shows (in its order), a totals row when it shows two or more, and every
 /// error of the read below (errors are not filtered: one may concern the
@@ -278,6 +303,9 @@ pub fn render(reading: &Reading, view: &View) -> String {
                 .map(|(_, column)| column.cell(engine, view.wide))
                 .collect(),
         );
+    }
+    if !view.wide {
+        show_colliding_names_whole(&mut rows[1..], &columns, &engines);
     }
     if engines.len() >= 2 {
         rows.push(

@@ -417,3 +417,21 @@ fn filter_keeps_engines_with_the_prefix_and_totals_sum_them() {
     };
     assert_eq!(render(&reading, &one).lines().count(), 2);
 }
+
+#[test]
+fn ids_that_shorten_alike_are_shown_whole() {
+    let mut reading = fleet(3);
+    reading.engines[0].engine_id = "prod-use1-llama70b-tp8-r0001".into();
+    reading.engines[1].engine_id = "prod-use1-llama405b-tp8-r0001".into();
+    let text = render(&reading, &View::default());
+    let shown = ids(&text);
+    assert_eq!(
+        shown[..2],
+        [
+            "prod-use1-llama70b-tp8-r0001",
+            "prod-use1-llama405b-tp8-r0001"
+        ]
+    );
+    // The third, unique, is still shortened only if long: it is 24 chars.
+    assert_eq!(shown[2], "prod-use1-llama70b-r0002");
+}
