@@ -3,8 +3,9 @@
 //! section it cites by name exists.
 //!
 //! - `no_file_cites_the_design_brief`: no text file outside
-//!   `docs/bench-history/` (history, kept as written) says `DESIGN` (as a
-//!   word, in capitals), `DESIGN.md` or `design_section`.
+//!   `docs/bench-history/` (history, kept as written) names the brief:
+//!   its name as a word in capitals (alone or as a file name) or the
+//!   `design_section` of test names that cited it ([`BRIEF`]).
 //! - `cited_sections_exist`: every `FORMAT.md, "Heading"` (or `FORMAT.md
 //!   "Heading"`, `[FORMAT.md, "Heading"](…)`, with any of the project's
 //!   documents) names a heading of that document, also when the citation is
@@ -76,12 +77,15 @@ fn text_files() -> Vec<(String, String)> {
     files
 }
 
-/// `DESIGN` as a word: not inside an identifier such as `NO_DESIGN_X`.
+/// The brief's name, the one place this file spells it.
+const BRIEF: &str = "DESIGN";
+
+/// [`BRIEF`] as a word: not inside an identifier such as `NO_BRIEF_X`.
 fn says_design(line: &str) -> bool {
     let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
-    line.match_indices("DESIGN").any(|(at, _)| {
+    line.match_indices(BRIEF).any(|(at, _)| {
         let before = line[..at].chars().next_back();
-        let after = line[at + "DESIGN".len()..].chars().next();
+        let after = line[at + BRIEF.len()..].chars().next();
         !before.is_some_and(word) && !after.is_some_and(word)
     })
 }
@@ -95,7 +99,9 @@ fn no_file_cites_the_design_brief() {
         }
         for (number, line) in text.lines().enumerate() {
             let lower = line.to_ascii_lowercase();
-            if says_design(line) || lower.contains("design.md") || lower.contains("design_section")
+            if says_design(line)
+                || lower.contains(&format!("{}.md", BRIEF.to_ascii_lowercase()))
+                || lower.contains("design_section")
             {
                 citations.push(format!("{path}:{}: {}", number + 1, line.trim()));
             }
