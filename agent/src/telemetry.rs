@@ -391,6 +391,7 @@ mod tests {
             read_mono_ns: 0,
             writer: Default::default(),
             clock_ahead: false,
+            cache: None,
         }
     }
 

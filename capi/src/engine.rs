@@ -233,6 +233,7 @@ mod tests {
             read_mono_ns: 11,
             writer: Default::default(),
             clock_ahead: false,
+            cache: None,
         };
         let engine = EsEngine::from(&state);
         assert_eq!(engine.engine_id(), "x".repeat(63));

@@ -44,6 +44,7 @@ fn engine_state(e: &EsEngine) -> EngineState {
         read_mono_ns: e.read_mono_ns,
         writer: Default::default(),
         clock_ahead: false,
+        cache: None,
     };
     // The one field the JSON derives rather than copies: the C struct's own.
     assert_eq!(

@@ -128,6 +128,7 @@ pub fn judge(observation: Observation<'_>, now_mono_ns: u64, freshness: &Freshne
         read_mono_ns: now_mono_ns,
         writer,
         clock_ahead,
+        cache: None,
     }
 }
 

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use engine_state_shm_format::Snapshot;
+use engine_state_shm_format::{CacheDigest, Snapshot};
 use serde::ser::{Serialize, SerializeMap, Serializer};
 
 use crate::error::EngineError;
@@ -38,13 +38,18 @@ pub struct EngineState {
     /// shared-memory read reports `Error::ClockAhead` for it). A relay must
     /// not keep such an engine alive elsewhere.
     pub clock_ahead: bool,
+    /// The engine's cache digest, which 512-token prefix blocks it holds
+    /// (docs/FORMAT.md, "Cache residency"): present when the reader reads
+    /// digests and the engine publishes one, shared between reads until its
+    /// version moves. Use it only while the state is fresh.
+    pub cache: Option<Arc<CacheDigest>>,
 }
 
 // What every read copies per engine (the read path's cost moves with it):
-// 224 bytes on 64-bit targets, 24 more than before the relay's stamps
-// (`writer`, `clock_ahead`) travelled on the state (BENCHMARKS.md).
+// 232 bytes on 64-bit targets: 24 for the relay's stamps (`writer`,
+// `clock_ahead`), 8 for the cache digest's pointer (BENCHMARKS.md).
 #[cfg(target_pointer_width = "64")]
-const _: () = assert!(core::mem::size_of::<EngineState>() == 224);
+const _: () = assert!(core::mem::size_of::<EngineState>() == 232);
 
 /// The writer of an engine's state as a read saw it: the facts of its file
 /// header (or Redis record) and its heartbeat stamp. Made for the relay,
@@ -166,6 +171,7 @@ mod tests {
             read_mono_ns: 0,
             writer: Writer::default(),
             clock_ahead: false,
+            cache: None,
         };
         let value = serde_json::to_value(&state).unwrap();
         let object = value.as_object().unwrap();

@@ -56,6 +56,7 @@ mod tests {
             read_mono_ns: engine_state_shm_format::monotonic_ns(),
             writer: Default::default(),
             clock_ahead: false,
+            cache: None,
         }
     }
 

@@ -24,8 +24,9 @@
 //!   reserved (an error for a request id reserved on the named instance);
 //!   [`DecisionLog`]: optional JSON Lines decision records.
 //!
-//! Layout: `settings` (policies, thresholds), `request` and `blocks` (prompt
-//! hashing), `lru` and `shadow` (per-instance accounting), `effective` (real
+//! Layout: `settings` (policies, thresholds), `request` (prompt hashing, with
+//! `engine_state_shm_format::blocks`, the hash engines publish their cache
+//! by), `lru` and `shadow` (per-instance accounting), `effective` (real
 //! state and the merge), `feed` (a reader's status → fresh or not), `clock`
 //! (the time source), `policy` and `migration` (pure decision functions),
 //! `state`, `router`, `decide` and `reservation` (the locked state, one
@@ -55,7 +56,6 @@
 //! # Ok::<(), engine_state_router::Error>(())
 //! ```
 
-mod blocks;
 mod clock;
 mod decide;
 mod decision;
@@ -73,7 +73,6 @@ mod settings;
 mod shadow;
 mod state;
 
-pub use crate::blocks::{block_hashes, BLOCK_TOKENS};
 pub use crate::clock::Clock;
 pub use crate::decision::{Decision, Reason};
 pub use crate::decision_log::DecisionLog;
@@ -85,6 +84,7 @@ pub use crate::reservation::Reservation;
 pub use crate::router::{InstanceView, Router, RouterStats};
 pub use crate::settings::{MigrationSettings, Policy, RealStateUse, RouterSettings};
 pub use crate::shadow::ShadowCounters;
+pub use engine_state_shm_format::blocks::{block_hashes, BLOCK_TOKENS};
 /// The engine snapshot real state carries (re-exported from `engine-state-shm-format`).
 pub use engine_state_shm_format::Snapshot;
 

@@ -2,8 +2,8 @@
 
 use std::borrow::Cow;
 
-use crate::blocks::{block_hashes, BLOCK_TOKENS};
 use crate::error::Error;
+use engine_state_shm_format::blocks::{block_hashes, BLOCK_TOKENS};
 
 /// A request's prompt: token ids, or block hashes computed elsewhere.
 #[derive(Clone, Debug, PartialEq, Eq)]

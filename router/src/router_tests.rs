@@ -7,10 +7,10 @@ use std::sync::{Arc, Mutex};
 use engine_state_shm_format::Snapshot;
 
 use super::*;
-use crate::blocks::BLOCK_TOKENS;
 use crate::effective::RealFields;
 use crate::settings::{Policy, RealStateUse};
 use crate::{Reason, Request};
+use engine_state_shm_format::blocks::BLOCK_TOKENS;
 
 fn router(policy: Policy, ids: &[&str]) -> Router {
     let settings = RouterSettings {

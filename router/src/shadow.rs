@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::blocks::BLOCK_TOKENS;
 use crate::lru::Lru;
+use engine_state_shm_format::blocks::BLOCK_TOKENS;
 
 /// The router's own counters for one instance (docs/ROUTING.md, "Shadow
 /// accounting"), kept from the requests it reserved there and has not yet
@@ -309,7 +309,7 @@ mod tests {
     /// always equals the linear scan.
     #[test]
     fn search_matches_the_linear_scan_under_eviction() {
-        use crate::blocks::block_hashes;
+        use engine_state_shm_format::blocks::block_hashes;
         let mut next = crate::xorshift(0x2545_f491_4f6c_dd1d_u64);
         for (capacity, max_len, arity) in [
             (1, 12, 4),

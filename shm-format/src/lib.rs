@@ -43,7 +43,9 @@ compile_error!(
 );
 
 mod aggregate;
+pub mod blocks;
 mod clock;
+mod digest;
 mod engine_id;
 mod error;
 mod fork;
@@ -64,6 +66,7 @@ mod writer;
 
 pub use crate::aggregate::{RequestTokens, WaitingRequest};
 pub use crate::clock::{monotonic_ns, pid_namespace, unix_ns, Clock};
+pub use crate::digest::CacheDigest;
 pub use crate::engine_id::{EngineId, MAX_ENGINE_ID_LEN};
 pub use crate::error::Error;
 pub use crate::fork::fork_generation;

@@ -59,6 +59,7 @@ fn one_row_per_engine_with_every_column() {
             read_mono_ns: 0,
             writer: Default::default(),
             clock_ahead: false,
+            cache: None,
         }],
         errors: vec![],
     };
@@ -114,6 +115,7 @@ fn every_snapshot_field_has_its_column() {
         read_mono_ns: 0,
         writer: Default::default(),
         clock_ahead: false,
+        cache: None,
     };
     let text = render(
         &Reading {
@@ -199,6 +201,7 @@ fn fleet_engine(i: u64) -> EngineState {
         read_mono_ns: 0,
         writer: Default::default(),
         clock_ahead: false,
+        cache: None,
     }
 }
 

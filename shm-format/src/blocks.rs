@@ -1,4 +1,9 @@
 //! Prefix-block hashing: a prompt becomes one chained hash per full 512-token block.
+//!
+//! The one owner of the router block hash: routers hash prompts with it
+//! (`engine-state-router`), the vLLM hook hashes the blocks an engine holds
+//! with it, and the cache-residency digest's keys are its values
+//! (docs/FORMAT.md, "Cache residency").
 
 /// Tokens per prefix block (the unit of the shadow prefix cache).
 ///
@@ -6,8 +11,8 @@
 /// hit on its own, exactly as in vLLM's prefix cache.
 pub const BLOCK_TOKENS: usize = 512;
 
-/// Seed of the first block's hash ("es-route").
-const CHAIN_SEED: u64 = 0x6573_2d72_6f75_7465;
+/// Seed of the first block's hash ("es-route"): the parent of block 0.
+pub const CHAIN_SEED: u64 = 0x6573_2d72_6f75_7465;
 
 /// Odd 64-bit constants (wyhash's and the golden ratio's): one per lane.
 const KEYS: [u64; 8] = [
@@ -58,7 +63,8 @@ fn hash_block(block: &[u32], seed: u64) -> u64 {
 /// Block `i`'s hash is seeded with block `i - 1`'s, so equal hashes at
 /// position `i` mean (up to 64-bit collisions) equal prompts up to the end of
 /// block `i`: a hit on a block is a hit on the whole prefix before it.
-/// The values are stable across hosts and runs for one version of this crate.
+/// The values are part of the format (docs/FORMAT.md, "Cache residency"):
+/// the same on every host, run and version, pinned by golden vectors.
 pub fn block_hashes(tokens: &[u32]) -> Vec<u64> {
     let mut hashes = Vec::with_capacity(tokens.len() / BLOCK_TOKENS);
     let mut previous = CHAIN_SEED;
@@ -69,11 +75,48 @@ pub fn block_hashes(tokens: &[u32]) -> Vec<u64> {
     hashes
 }
 
+/// The hash of one full block given its predecessor's hash ([`CHAIN_SEED`]
+/// for block 0): `block_hashes` one block at a time, for a caller that hashes
+/// each block once as its tokens arrive (the vLLM hook).
+///
+/// # Panics
+/// If `block` is not exactly [`BLOCK_TOKENS`] tokens.
+pub fn next_block_hash(parent: u64, block: &[u32]) -> u64 {
+    assert_eq!(
+        block.len(),
+        BLOCK_TOKENS,
+        "a router block is {BLOCK_TOKENS} tokens"
+    );
+    hash_block(block, parent)
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashSet;
 
     use super::*;
+
+    #[test]
+    fn one_block_at_a_time_is_the_chain() {
+        let tokens: Vec<u32> = (0..3 * BLOCK_TOKENS as u32)
+            .map(|i| i * 31 % 50_000)
+            .collect();
+        let mut parent = CHAIN_SEED;
+        let stepwise: Vec<u64> = tokens
+            .chunks_exact(BLOCK_TOKENS)
+            .map(|block| {
+                parent = next_block_hash(parent, block);
+                parent
+            })
+            .collect();
+        assert_eq!(stepwise, block_hashes(&tokens));
+    }
+
+    #[test]
+    #[should_panic(expected = "a router block is 512 tokens")]
+    fn a_partial_block_is_refused() {
+        next_block_hash(CHAIN_SEED, &[1; 100]);
+    }
 
     #[test]
     fn only_full_blocks_are_hashed() {
