@@ -35,7 +35,7 @@ TINY_LLAMA = {
     "num_key_value_heads": 4,
     "num_hidden_layers": 2,
     "vocab_size": 1000,
-    "max_position_embeddings": 2048,
+    "max_position_embeddings": 8192,  # test_residency's sessions run to 4,096 tokens
     "rms_norm_eps": 1e-6,
     "bos_token_id": 1,
     "eos_token_id": EOS_TOKEN_ID,
@@ -86,7 +86,7 @@ def build_scheduler(
     scheduler_config = SchedulerConfig(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_batched,
-        max_model_len=MAX_MODEL_LEN,
+        max_model_len=max_model_len,
         enable_chunked_prefill=True,
         async_scheduling=async_scheduling,
         is_encoder_decoder=False,
