@@ -138,9 +138,10 @@ def build_scheduler(
 _none_hash = False
 
 
-def make_request(request_id: str, prompt_token_ids: list, max_tokens: int):
+def make_request(request_id: str, prompt_token_ids: list, max_tokens: int, **extra):
     """A request that generates exactly ``max_tokens`` tokens (EOS ignored),
-    its blocks hashed as vLLM's engine hashes them (sha256, chained)."""
+    its blocks hashed as vLLM's engine hashes them (sha256, chained).
+    ``extra``: more ``Request`` arguments (``cache_salt``, ...)."""
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -158,6 +159,7 @@ def make_request(request_id: str, prompt_token_ids: list, max_tokens: int):
         sampling_params=params,
         pooling_params=None,
         block_hasher=get_request_block_hasher(BLOCK_SIZE, sha256),
+        **extra,
     )
 
 
