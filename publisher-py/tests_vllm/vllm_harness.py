@@ -11,6 +11,7 @@ consumed one step later, emulating EngineCore.step_with_batch_queue.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -52,10 +53,19 @@ def set_cpu_environment() -> None:
 
 
 def model_dir() -> str:
-    path = os.path.join(tempfile.gettempdir(), "engine-state-tiny-llama")
+    """A folder holding ``TINY_LLAMA``'s config.json, named by its content (so
+    that test runs of checkouts with another config, at the same time, do not
+    overwrite it under each other), written atomically."""
+    text = json.dumps(TINY_LLAMA, sort_keys=True)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    path = os.path.join(tempfile.gettempdir(), f"engine-state-tiny-llama-{digest}")
     os.makedirs(path, exist_ok=True)
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(TINY_LLAMA, f)
+    config = os.path.join(path, "config.json")
+    if not os.path.exists(config):
+        temporary = f"{config}.{os.getpid()}"
+        with open(temporary, "w") as f:
+            f.write(text)
+        os.replace(temporary, config)
     return path
 
 
