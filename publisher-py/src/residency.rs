@@ -37,6 +37,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
+use crate::incremental::ByAddress;
+
 /// vLLM's cached-hash map key: a block hash with its KV cache group id.
 type Key = Box<[u8]>;
 
@@ -76,6 +78,10 @@ struct Entry {
 /// What the tracker knows of one request it follows.
 struct Followed {
     request: Py<PyAny>,
+    /// Its block-hash list (vLLM assigns it once, in `Request.__init__`, and
+    /// changes it in place only), or None when it is not a list (then read
+    /// at each capture).
+    hashes: Option<Py<PyList>>,
     /// Not keyed by tokens alone (LoRA, multimodal, cache salt, prompt
     /// embeddings): left out.
     excluded: bool,
@@ -112,7 +118,7 @@ pub(crate) struct ResidencyTracker {
     by_key: ByKey<u64>,
     /// Requests followed, by object address (the strong reference keeps the
     /// address from being reused).
-    followed: HashMap<usize, Followed>,
+    followed: ByAddress<Followed>,
     /// Entries to re-check (evictions mode).
     suspects: HashSet<u64>,
     all_suspect: bool,
@@ -178,7 +184,7 @@ impl ResidencyTracker {
             hash_attr: intern(hash_attr),
             entries: HashMap::new(),
             by_key: ByKey::default(),
-            followed: HashMap::new(),
+            followed: ByAddress::default(),
             suspects: HashSet::new(),
             all_suspect: false,
             map_addr: 0,
@@ -251,26 +257,47 @@ impl ResidencyTracker {
         let mut dirty = self.check(cached)?;
         let py = running.py();
         let list = running.downcast::<PyList>()?;
+        let hashes_attr = self.block_hashes_attr.clone_ref(py).into_bound(py);
+        let mut seen = 0;
         for request in list.iter() {
             let address = request.as_ptr() as usize;
-            if !self.followed.contains_key(&address) {
-                self.follow(&request)?;
+            // The common case, a request with no new full router block: one
+            // map lookup, one attribute read, one len().
+            if let Some(followed) = self.followed.get_mut(&address) {
+                if followed.seen != epoch {
+                    followed.seen = epoch;
+                    seen += 1;
+                }
+                if followed.excluded {
+                    continue;
+                }
+                let available = match &followed.hashes {
+                    Some(list) => list.bind(py).len(),
+                    None => request.getattr(&hashes_attr)?.len()?,
+                };
+                if available / self.per_block <= followed.done {
+                    continue;
+                }
+            } else {
+                self.follow(&request)?.seen = epoch;
+                seen += 1;
             }
             let mut followed = self.followed.remove(&address).expect("followed");
-            followed.seen = epoch;
             dirty |= self.advance(&mut followed, &request, cached)?;
             self.followed.insert(address, followed);
         }
-        let gone: Vec<usize> = self
-            .followed
-            .iter()
-            .filter(|(_, f)| f.seen != epoch)
-            .map(|(&a, _)| a)
-            .collect();
-        for address in gone {
-            let mut followed = self.followed.remove(&address).expect("followed");
-            let request = followed.request.clone_ref(py).into_bound(py);
-            dirty |= self.advance(&mut followed, &request, cached)?;
+        if seen < self.followed.len() {
+            let gone: Vec<usize> = self
+                .followed
+                .iter()
+                .filter(|(_, f)| f.seen != epoch)
+                .map(|(&a, _)| a)
+                .collect();
+            for address in gone {
+                let mut followed = self.followed.remove(&address).expect("followed");
+                let request = followed.request.clone_ref(py).into_bound(py);
+                dirty |= self.advance(&mut followed, &request, cached)?;
+            }
         }
         self.changed = dirty;
         if dirty {
@@ -356,10 +383,16 @@ impl ResidencyTracker {
         let address = request.as_ptr() as usize;
         if !self.followed.contains_key(&address) {
             let excluded = self.excluded(request)?;
+            let hashes = request
+                .getattr(self.block_hashes_attr.bind(request.py()))?
+                .downcast_into::<PyList>()
+                .ok()
+                .map(Bound::unbind);
             self.followed.insert(
                 address,
                 Followed {
                     request: request.clone().unbind(),
+                    hashes,
                     excluded,
                     done: 0,
                     parent: CHAIN_SEED,
@@ -451,7 +484,10 @@ impl ResidencyTracker {
             return Ok(false);
         }
         let py = request.py();
-        let hashes = request.getattr(self.block_hashes_attr.bind(py))?;
+        let hashes = match &followed.hashes {
+            Some(list) => list.bind(py).clone().into_any(),
+            None => request.getattr(self.block_hashes_attr.bind(py))?,
+        };
         let available = hashes.len()? / self.per_block;
         if available <= followed.done {
             return Ok(false);
