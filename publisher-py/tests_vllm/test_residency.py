@@ -1,30 +1,35 @@
-"""Cache residency against vLLM 0.33's real Scheduler (issue 21, item 6).
+"""Cache residency against vLLM 0.33's real Scheduler and AsyncScheduler
+(issue 21, item 6).
 
 A seeded randomized workload (``SEED``, or ``ENGINE_STATE_RESIDENCY_SEED``; the
-seed is in every failure message) drives the real ``Scheduler`` on CPU:
-shared system prompts, multi-turn sessions whose next prompt is the previous
-prompt, its output and a new user message, regenerated turns (the same prompt
-again: a full prefix hit, then a different output), one-off requests, a small
-KV pool (evictions and preemptions), a small token budget (chunked prefills)
-and random aborts of waiting and running requests (the session goes on with
-the partial output). Every request is tokens-only (no LoRA, multimodal input,
-``cache_salt`` or prompt embeddings).
+scenario and seed are in every failure message) drives the real scheduler on
+CPU for ``STEPS`` steps: shared system prompts; multi-turn sessions whose next
+prompt is the previous prompt, its output and a new message (answers often run
+past a 512-token boundary, so router blocks holding output tokens are cached
+and reused); regenerated turns (the same prompt again: a full prefix hit, then
+another output); one-off requests; decode-heavy bursts; a small KV pool
+(evictions, preemptions, router blocks partly evicted); a small token budget
+(chunked prefills); random aborts of waiting and running requests (the session
+goes on with the partial output). Every request is tokens-only (no LoRA,
+multimodal input, ``cache_salt`` or prompt embeddings). Each scheduler runs
+with both of the hook's ways of following evictions (``_residency.MODE_ENV``).
 
 The plugin's hook publishes as in an engine, on a fake clock that makes it
-capture every 1 to ~10 step boundaries. At every boundary the test computes,
-independently of the hook, the set of router blocks vLLM's prefix lookup would
-find (``ResidencyOracle``): the candidates are every 512-token boundary of every
-request's token ids seen so far (prompt and output), each keyed by
+capture every 1 to ~10 step boundaries. At each capture the test computes,
+without the hook, the router blocks vLLM's prefix lookup would find
+(``ResidencyOracle``): the candidates are every 512-token boundary of every
+request's token ids seen so far (prompt and output), keyed by
 ``engine_state.block_hashes``; a candidate is held when the block pool's cached
 lookup (``BlockPool.get_cached_block``, as ``find_longest_cache_hit`` calls it)
-finds all its KV blocks and those of every earlier router block of its prefix,
-by vLLM's own block hashes (``Request.block_hashes``, recomputed here with the
-engine's hash function and compared). The oracle is checked on its own
+finds all of its KV blocks and those of every earlier router block of its
+prefix, by vLLM's block hashes (``Request.block_hashes``, recomputed here with
+the engine's hash function and compared). The oracle is checked on its own
 (prefix-closed; every hash the pool caches belongs to a request seen; the
 leading run of each live and recently finished request equals
-``KVCacheManager.get_computed_blocks``'s hit, in whole router blocks) and, at
-every capture of the hook, equals the digest read back from the published file
-(``Reader.read_cache``).
+``KVCacheManager.get_computed_blocks``'s hit in whole router blocks), then
+compared with the published digest (``compare``: equal up to the digest's
+capacity, the prefix-closed depth-first cut past it). Finally the test asserts
+that each case it claims to cover happened (counts printed with ``-s``).
 """
 
 from __future__ import annotations
@@ -259,16 +264,19 @@ def fake_output(scheduler, out):
 
 def published_digest(hook) -> tuple[str, set[int] | None]:
     """The digest the hook published, read back through the reader from the
-    published file; (where it was read, the blocks)."""
+    published file: (where it was read, its blocks). Its entries are strictly
+    ascending (docs/FORMAT.md's digest layout)."""
     reader = getattr(published_digest, "reader", None)
     if reader is None:
         reader = published_digest.reader = engine_state.Reader()
     if hasattr(reader, "read_cache"):
-        blocks = reader.read_cache(hook.engine_id)
-        return "reader", None if blocks is None else set(blocks)
-    # Until the reader binding exists: the hook's own digest of its last capture.
-    blocks = hook.cache_digest
-    return "hook", None if blocks is None else set(blocks)
+        source, blocks = "reader", reader.read_cache(hook.engine_id)
+    else:  # until the reader binding exists: the hook's digest of its last capture
+        source, blocks = "hook", hook.cache_digest
+    if blocks is None:
+        return source, None
+    assert blocks == sorted(set(blocks)), (source, "not strictly ascending")
+    return source, set(blocks)
 
 
 def compare(digest: set[int], held: set[int], oracle: ResidencyOracle, kind: str) -> bool:
