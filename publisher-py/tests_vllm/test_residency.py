@@ -10,7 +10,8 @@ and reused); regenerated turns (the same prompt again: a full prefix hit, then
 another output); one-off requests; decode-heavy bursts; a small KV pool
 (evictions, preemptions, router blocks partly evicted); a small token budget
 (chunked prefills); random aborts of waiting and running requests (the session
-goes on with the partial output). Every request is tokens-only (no LoRA,
+goes on with the partial output); now and then a prefix-cache reset that
+preempts the running requests (``Scheduler.reset_prefix_cache``). Every request is tokens-only (no LoRA,
 multimodal input, ``cache_salt`` or prompt embeddings). Each scheduler runs
 with both of the hook's ways of following evictions (``_residency.MODE_ENV``).
 
@@ -353,6 +354,7 @@ def run(async_scheduling: bool, seed: int, steps: int = STEPS) -> dict:
         max_held=0,
         running=0,
         schedule_calls=0,
+        prefix_cache_resets=0,
         over_capacity=0,
         probes=0,
     )
@@ -414,6 +416,13 @@ def run(async_scheduling: bool, seed: int, steps: int = STEPS) -> dict:
             scheduler.finish_requests(victim, RequestStatus.FINISHED_ABORTED)
             seen["aborts"] += 1
             boundary("abort", before)
+        if rng.random() < 0.002:
+            # The prefix cache dropped at once (vLLM's /reset_prefix_cache, or an
+            # RL weight update): running requests are preempted, every hash goes.
+            before = advance()
+            if scheduler.reset_prefix_cache(reset_running_requests=True):
+                seen["prefix_cache_resets"] += 1
+            boundary("reset", before)
         if scheduler.has_requests():
             before = advance()
             out = scheduler.schedule()
@@ -476,6 +485,7 @@ def test_published_digest_equals_vllms_block_pool_at_every_capture(name, plugin,
         "output_blocks_held",
         "output_blocks_reused",
         "partly_cached",
+        "prefix_cache_resets",
     ):
         assert seen[key] > 0, (name, seed, key, seen)
     assert seen["captures"] > STEPS // 5 and seen["schedule_calls"] > STEPS * 0.9, seen
