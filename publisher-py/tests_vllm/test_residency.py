@@ -7,7 +7,9 @@ CPU for ``STEPS`` steps: shared system prompts; multi-turn sessions whose next
 prompt is the previous prompt, its output and a new message (answers often run
 past a 512-token boundary, so router blocks holding output tokens are cached
 and reused); regenerated turns (the same prompt again: a full prefix hit, then
-another output); one-off requests; decode-heavy bursts; a small KV pool
+another output); one-off requests; prompts of whole router blocks sent twice
+(the second computes its last KV block again: vLLM then caches that hash in
+two blocks, and evicting one leaves the router block held); decode-heavy bursts; a small KV pool
 (evictions, preemptions, router blocks partly evicted); a small token budget
 (chunked prefills); random aborts of waiting and running requests (the session
 goes on with the partial output); now and then a prefix-cache reset that
@@ -190,6 +192,7 @@ class Workload:
         self.session_count = 0
         self.target = 4  # live sessions aimed at
         self.burst = 0.0  # chance of a decode-heavy request per step
+        self.again: list = []  # (step, prompt) sent again then
 
     def tokens(self, n: int) -> list[int]:
         return [self.rng.randint(*VOCAB) for _ in range(n)]
@@ -240,6 +243,18 @@ class Workload:
         if rng.random() < 0.02:  # a one-off: a system prompt and a question, or nothing shared
             prefix = rng.choice(self.systems) if rng.random() < 0.6 else []
             arrivals.append(self.request(prefix + self.tokens(rng.randint(30, 1500))))
+        if rng.random() < 0.02:
+            # A prompt of whole router blocks, sent again a little later: vLLM's
+            # lookup stops one token short of it, so the second computes its
+            # last KV block again and the pool holds that hash twice.
+            prompt = self.tokens(ROUTER_BLOCK * rng.randint(1, 2))
+            arrivals.append(self.request(prompt))
+            for _ in range(rng.randint(1, 2)):
+                self.again.append((step + rng.randint(30, 150), prompt))
+        for when, prompt in list(self.again):
+            if when <= step:
+                self.again.remove((when, prompt))
+                arrivals.append(self.request(prompt))
         if rng.random() < self.burst:  # a short question, a long answer: decodes outgrow the pool
             prompt = rng.choice(self.systems) + self.tokens(rng.randint(5, 60))
             self.count += 1
@@ -355,6 +370,7 @@ def run(async_scheduling: bool, seed: int, steps: int = STEPS) -> dict:
         running=0,
         schedule_calls=0,
         prefix_cache_resets=0,
+        copy_evicted_hash_kept=0,
         over_capacity=0,
         probes=0,
     )
@@ -362,7 +378,7 @@ def run(async_scheduling: bool, seed: int, steps: int = STEPS) -> dict:
     finished: deque = deque(maxlen=12)  # recent finished requests: probes of evicted blocks
     output_held: set[int] = set()
     output_reused: set[int] = set()
-    state = dict(held=set(), cached=set())
+    state = dict(held=set(), cached=set(), copies={})
     inflight: deque = deque()
 
     def advance() -> int:
@@ -376,9 +392,16 @@ def run(async_scheduling: bool, seed: int, steps: int = STEPS) -> dict:
             if r.is_finished():
                 del live[r.request_id]
                 finished.append(r)
-        cached = set(oracle.pool.cached_block_hash_to_block._cache)
+        table = oracle.pool.cached_block_hash_to_block._cache
+        cached = set(table)
         seen["kv_evictions"] += len(state["cached"] - cached)
-        state["cached"] = cached
+        for key, copies in state["copies"].items():  # a hash cached in several blocks
+            now = table.get(key)
+            now = 0 if now is None else len(now) if isinstance(now, dict) else 1
+            seen["copy_evicted_hash_kept"] += 0 < now < copies
+        state.update(
+            cached=cached, copies={k: len(v) for k, v in table.items() if isinstance(v, dict)}
+        )
         if hook.captures == captures_before:
             return
         seen["captures"] += 1
@@ -486,6 +509,7 @@ def test_published_digest_equals_vllms_block_pool_at_every_capture(name, plugin,
         "output_blocks_reused",
         "partly_cached",
         "prefix_cache_resets",
+        "copy_evicted_hash_kept",
     ):
         assert seen[key] > 0, (name, seed, key, seen)
     assert seen["captures"] > STEPS // 5 and seen["schedule_calls"] > STEPS * 0.9, seen
