@@ -295,6 +295,18 @@ def published_digest(hook) -> tuple[str, set[int] | None]:
     return source, set(blocks)
 
 
+def snapshot_cache_words(hook) -> tuple[int, int] | None:
+    """The engine's published snapshot's ``cache_blocks`` and ``cache_version``,
+    read back through the reader (None while the binding has no such fields)."""
+    for engine in published_digest.reader.read():
+        if engine.engine_id == hook.engine_id:
+            fields = engine.to_dict()
+            if "cache_version" not in fields:
+                return None
+            return fields["cache_blocks"], fields["cache_version"]
+    raise AssertionError(f"engine {hook.engine_id!r} not published")
+
+
 def compare(digest: set[int], held: set[int], oracle: ResidencyOracle, kind: str) -> bool:
     """The published digest against the oracle's held set. Up to the digest's
     capacity they are equal; past it (router blocks of different prompts can
@@ -371,6 +383,7 @@ def run(async_scheduling: bool, seed: int, steps: int = STEPS) -> dict:
         schedule_calls=0,
         prefix_cache_resets=0,
         copy_evicted_hash_kept=0,
+        versions_checked=0,
         over_capacity=0,
         probes=0,
     )
@@ -423,6 +436,17 @@ def run(async_scheduling: bool, seed: int, steps: int = STEPS) -> dict:
         seen["compared"] += 1
         seen["compared_via"] = source
         seen["over_capacity"] += compare(digest, held, oracle, kind)
+        words = snapshot_cache_words(hook) if source == "reader" else None
+        if words is not None:  # the snapshot names the digest it goes with
+            blocks, version = words
+            assert blocks == len(digest), (kind, "cache_blocks", blocks, len(digest))
+            last = state.get("published")
+            if last is not None:
+                moved = version - last[1]
+                assert moved == (digest != last[0]), (kind, "cache_version moved by", moved)
+            assert version >= 1, (kind, "cache_version", version)
+            state["published"] = (digest, version)
+            seen["versions_checked"] += 1
 
     for step in range(steps):
         if step % 300 == 0:
