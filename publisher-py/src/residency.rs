@@ -91,6 +91,10 @@ struct Followed {
     parent: u64,
     /// The capture that last found it in `running`.
     seen: u64,
+    /// The cached-map keys of its next router block already found cached
+    /// while it runs (its blocks are in use then: never evicted), so that a
+    /// chunked prefill checks each KV block once.
+    pending: Vec<Py<PyBytes>>,
 }
 
 /// How evictions are followed.
@@ -109,6 +113,7 @@ pub(crate) struct ResidencyTracker {
     mode: Mode,
     block_hashes_attr: Py<PyString>,
     tokens_attr: Py<PyString>,
+    computed_attr: Py<PyString>,
     namespace_attrs: Vec<Py<PyString>>,
     next_attr: Py<PyString>,
     hash_attr: Py<PyString>,
@@ -143,7 +148,7 @@ impl ResidencyTracker {
     /// `next_attr`/`hash_attr`: a free-queue block's link to the next one and
     /// its cached-map key (evictions mode).
     #[new]
-    #[pyo3(signature = (*, kv_block_size, group_suffix, mode, block_hashes_attr, tokens_attr, namespace_attrs, next_attr, hash_attr))]
+    #[pyo3(signature = (*, kv_block_size, group_suffix, mode, block_hashes_attr, tokens_attr, computed_attr, namespace_attrs, next_attr, hash_attr))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -152,6 +157,7 @@ impl ResidencyTracker {
         mode: &str,
         block_hashes_attr: &str,
         tokens_attr: &str,
+        computed_attr: &str,
         namespace_attrs: Vec<String>,
         next_attr: &str,
         hash_attr: &str,
@@ -179,6 +185,7 @@ impl ResidencyTracker {
             mode,
             block_hashes_attr: intern(block_hashes_attr),
             tokens_attr: intern(tokens_attr),
+            computed_attr: intern(computed_attr),
             namespace_attrs: namespace_attrs.iter().map(|n| intern(n)).collect(),
             next_attr: intern(next_attr),
             hash_attr: intern(hash_attr),
@@ -207,6 +214,7 @@ impl ResidencyTracker {
             let followed = self.follow(&request)?;
             followed.done = 0;
             followed.parent = CHAIN_SEED;
+            followed.pending.clear();
         }
         Ok(())
     }
@@ -283,7 +291,7 @@ impl ResidencyTracker {
                 seen += 1;
             }
             let mut followed = self.followed.remove(&address).expect("followed");
-            dirty |= self.advance(&mut followed, &request, cached)?;
+            dirty |= self.advance(&mut followed, &request, cached, true)?;
             self.followed.insert(address, followed);
         }
         if seen < self.followed.len() {
@@ -296,7 +304,9 @@ impl ResidencyTracker {
             for address in gone {
                 let mut followed = self.followed.remove(&address).expect("followed");
                 let request = followed.request.clone_ref(py).into_bound(py);
-                dirty |= self.advance(&mut followed, &request, cached)?;
+                // Its blocks may be free now: check every one.
+                followed.pending.clear();
+                dirty |= self.advance(&mut followed, &request, cached, false)?;
             }
         }
         self.changed = dirty;
@@ -397,6 +407,7 @@ impl ResidencyTracker {
                     done: 0,
                     parent: CHAIN_SEED,
                     seen: 0,
+                    pending: Vec::new(),
                 },
             );
         }
@@ -479,6 +490,7 @@ impl ResidencyTracker {
         followed: &mut Followed,
         request: &Bound<'_, PyAny>,
         cached: &Bound<'_, PyDict>,
+        running: bool,
     ) -> PyResult<bool> {
         if followed.excluded {
             return Ok(false);
@@ -488,7 +500,14 @@ impl ResidencyTracker {
             Some(list) => list.bind(py).clone().into_any(),
             None => request.getattr(self.block_hashes_attr.bind(py))?,
         };
-        let available = hashes.len()? / self.per_block;
+        let mut kv_blocks = hashes.len()?;
+        if running {
+            // vLLM caches a running request's blocks as it schedules them:
+            // none past its computed tokens.
+            let computed: usize = request.getattr(self.computed_attr.bind(py))?.extract()?;
+            kv_blocks = kv_blocks.min(computed / self.kv_block_size);
+        }
+        let available = kv_blocks / self.per_block;
         if available <= followed.done {
             return Ok(false);
         }
@@ -503,6 +522,7 @@ impl ResidencyTracker {
                 if entry.depth as usize == depth && entry.parent == followed.parent {
                     entry.last_used = self.epoch;
                     self.adopted += 1;
+                    followed.pending.clear();
                     followed.parent = router;
                     followed.done += 1;
                     continue;
@@ -512,11 +532,14 @@ impl ResidencyTracker {
                 self.remove(router, py);
             }
             // Not mapped: are all its KV blocks cached?
-            let mut keys = Vec::with_capacity(m);
-            for i in depth * m..(depth + 1) * m {
+            let mut keys = std::mem::take(&mut followed.pending);
+            for i in depth * m + keys.len()..(depth + 1) * m {
                 let key = PyBytes::new(py, &self.key_of(&hashes.get_item(i)?)?);
                 self.lookups += 1;
                 if !cached.contains(&key)? {
+                    if running {
+                        followed.pending = keys;
+                    }
                     return Ok(added);
                 }
                 keys.push(key.unbind());

@@ -86,7 +86,10 @@ class Residency:
             return None
         block_size, why_not = adapter.residency_block_size(scheduler)
         if block_size is None:
-            logger.warning(
+            # Without prefix caching the engine holds nothing a request could
+            # hit: no digest, and nothing to warn about.
+            log = logger.info if why_not == adapter.NO_PREFIX_CACHING else logger.warning
+            log(
                 "engine-state: engine %r publishes no cache residency: %s (docs/VLLM.md, "
                 '"Cache residency"); its snapshots are published as usual',
                 publisher.engine_id,
