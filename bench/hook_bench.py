@@ -168,6 +168,18 @@ def residency_setup(n: int):
     return scheduler, hook, modes
 
 
+def caching_decode_step(scheduler) -> None:
+    """``decode_step`` as vLLM does it with prefix caching: each decoding
+    request's next slot is allocated by vLLM's own ``allocate_slots`` (which
+    caches its full blocks, and evicts through ``get_new_blocks``) before its
+    token is appended, so the pool stays what a real engine's would be."""
+    manager = scheduler.kv_cache_manager
+    for request in scheduler.running[8:]:
+        manager.allocate_slots(request, 1)
+        request.append_output_token_ids(5)
+        request.num_computed_tokens += 1
+
+
 def residency_run(n: int, steps: int, block: int) -> dict:
     """The hook without residency / with verify-at-capture / with the
     eviction wrap, in alternating blocks of ``block`` steps (``steps`` each),
@@ -197,7 +209,7 @@ def residency_run(n: int, steps: int, block: int) -> dict:
         k = min(block, steps - done)
         for mode, residency in residencies.items():
             hook.residency = residency
-            per_step, calls, _ = emulate_steps(scheduler, hook, k, True)
+            per_step, calls, _ = emulate_steps(scheduler, hook, k, True, caching_decode_step)
             out[mode][0] += per_step * k / steps
             out[mode][1].extend(calls)
         done += k
@@ -338,7 +350,7 @@ BREAKDOWN_STEPS = 0  # --breakdown
 forward = forward_sleep
 
 
-def emulate_steps(scheduler, hook, steps: int, use_hook: bool):
+def emulate_steps(scheduler, hook, steps: int, use_hook: bool, decode=None):
     """One emulated engine step: schedule() (reads every running request),
     hook, the forward pass (20 ms sleep, GIL released), update_from_output()
     (appends a token to every decoding request), hook. Returns (µs in the hook
@@ -366,7 +378,7 @@ def emulate_steps(scheduler, hook, steps: int, use_hook: bool):
             call(hook.after_schedule)
         forward()  # the forward pass
         t0 = time.perf_counter_ns()
-        decode_step(scheduler)
+        (decode or decode_step)(scheduler)
         work[-1] = (work[-1] + time.perf_counter_ns() - t0) / 1000
         if use_hook:
             call(hook.after_update)

@@ -71,8 +71,11 @@ struct Entry {
     /// The capture that last saw a request reach it.
     last_used: u64,
     /// Its KV blocks' cached-map keys, in order (the last one is the
-    /// boundary's), as Python bytes for the map lookups.
-    keys: Vec<Py<PyBytes>>,
+    /// boundary's).
+    keys: Vec<Key>,
+    /// The same keys as Python bytes (verify mode only: looked up at every
+    /// capture, their hashes computed once).
+    py_keys: Vec<Py<PyBytes>>,
 }
 
 /// What the tracker knows of one request it follows.
@@ -91,6 +94,13 @@ struct Followed {
     parent: u64,
     /// The capture that last found it in `running`.
     seen: u64,
+    /// The cached-map keys of its next router block already found cached
+    /// while it runs (its blocks are in use then: never evicted), so that a
+    /// chunked prefill checks each KV block once.
+    pending: Vec<Key>,
+    /// The key after `pending`, found not cached yet (kept: its hash is
+    /// computed once).
+    blocked: Option<Py<PyBytes>>,
 }
 
 /// How evictions are followed.
@@ -109,6 +119,7 @@ pub(crate) struct ResidencyTracker {
     mode: Mode,
     block_hashes_attr: Py<PyString>,
     tokens_attr: Py<PyString>,
+    computed_attr: Py<PyString>,
     namespace_attrs: Vec<Py<PyString>>,
     next_attr: Py<PyString>,
     hash_attr: Py<PyString>,
@@ -124,8 +135,19 @@ pub(crate) struct ResidencyTracker {
     all_suspect: bool,
     /// The address of the cached-hash map seen at the last capture.
     map_addr: usize,
+    /// This capture may take a running request's computed blocks as cached
+    /// without looking them up (evictions mode, when no eviction outside
+    /// `get_new_blocks` was reported: those take only free blocks).
+    trust_running: bool,
     epoch: u64,
     digest: Vec<u64>,
+    /// The router hashes in `digest`.
+    held_set: HashSet<u64>,
+    /// Entries whose parent is not held (not in the digest).
+    orphans: usize,
+    /// Entries added and whether one was removed since the last derive.
+    added: Vec<u64>,
+    removed: bool,
     held: usize,
     changed: bool,
     hash_calls: u64,
@@ -143,7 +165,7 @@ impl ResidencyTracker {
     /// `next_attr`/`hash_attr`: a free-queue block's link to the next one and
     /// its cached-map key (evictions mode).
     #[new]
-    #[pyo3(signature = (*, kv_block_size, group_suffix, mode, block_hashes_attr, tokens_attr, namespace_attrs, next_attr, hash_attr))]
+    #[pyo3(signature = (*, kv_block_size, group_suffix, mode, block_hashes_attr, tokens_attr, computed_attr, namespace_attrs, next_attr, hash_attr))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -152,6 +174,7 @@ impl ResidencyTracker {
         mode: &str,
         block_hashes_attr: &str,
         tokens_attr: &str,
+        computed_attr: &str,
         namespace_attrs: Vec<String>,
         next_attr: &str,
         hash_attr: &str,
@@ -179,6 +202,7 @@ impl ResidencyTracker {
             mode,
             block_hashes_attr: intern(block_hashes_attr),
             tokens_attr: intern(tokens_attr),
+            computed_attr: intern(computed_attr),
             namespace_attrs: namespace_attrs.iter().map(|n| intern(n)).collect(),
             next_attr: intern(next_attr),
             hash_attr: intern(hash_attr),
@@ -188,8 +212,13 @@ impl ResidencyTracker {
             suspects: HashSet::new(),
             all_suspect: false,
             map_addr: 0,
+            trust_running: false,
             epoch: 0,
             digest: Vec::new(),
+            held_set: HashSet::new(),
+            orphans: 0,
+            added: Vec::new(),
+            removed: false,
             held: 0,
             changed: false,
             hash_calls: 0,
@@ -207,6 +236,8 @@ impl ResidencyTracker {
             let followed = self.follow(&request)?;
             followed.done = 0;
             followed.parent = CHAIN_SEED;
+            followed.pending.clear();
+            followed.blocked = None;
         }
         Ok(())
     }
@@ -283,7 +314,7 @@ impl ResidencyTracker {
                 seen += 1;
             }
             let mut followed = self.followed.remove(&address).expect("followed");
-            dirty |= self.advance(&mut followed, &request, cached)?;
+            dirty |= self.advance(&mut followed, &request, cached, true)?;
             self.followed.insert(address, followed);
         }
         if seen < self.followed.len() {
@@ -296,7 +327,10 @@ impl ResidencyTracker {
             for address in gone {
                 let mut followed = self.followed.remove(&address).expect("followed");
                 let request = followed.request.clone_ref(py).into_bound(py);
-                dirty |= self.advance(&mut followed, &request, cached)?;
+                // Its blocks may be free now: check every one.
+                followed.pending.clear();
+                followed.blocked = None;
+                dirty |= self.advance(&mut followed, &request, cached, false)?;
             }
         }
         self.changed = dirty;
@@ -373,6 +407,10 @@ impl ResidencyTracker {
         self.followed.clear();
         self.suspects.clear();
         self.digest.clear();
+        self.held_set.clear();
+        self.orphans = 0;
+        self.added.clear();
+        self.removed = false;
         self.held = 0;
     }
 }
@@ -397,6 +435,8 @@ impl ResidencyTracker {
                     done: 0,
                     parent: CHAIN_SEED,
                     seen: 0,
+                    pending: Vec::new(),
+                    blocked: None,
                 },
             );
         }
@@ -433,6 +473,7 @@ impl ResidencyTracker {
         let everything = self.mode == Mode::Verify || self.all_suspect || address != self.map_addr;
         self.map_addr = address;
         self.all_suspect = false;
+        self.trust_running = !everything;
         let candidates: Vec<u64> = if everything {
             self.suspects.clear();
             self.entries.keys().copied().collect()
@@ -446,9 +487,13 @@ impl ResidencyTracker {
                 continue;
             };
             let mut all = true;
-            for key in &entry.keys {
+            for (i, key) in entry.keys.iter().enumerate() {
                 self.lookups += 1;
-                if !cached.contains(key.bind(py))? {
+                let found = match entry.py_keys.get(i) {
+                    Some(py_key) => cached.contains(py_key.bind(py))?,
+                    None => cached.contains(PyBytes::new(py, key))?,
+                };
+                if !found {
                     all = false;
                     break;
                 }
@@ -459,16 +504,17 @@ impl ResidencyTracker {
         }
         let dirty = !gone.is_empty();
         for router in gone {
-            self.remove(router, py);
+            self.remove(router);
         }
         Ok(dirty)
     }
 
-    fn remove(&mut self, router: u64, py: Python<'_>) {
+    fn remove(&mut self, router: u64) {
         if let Some(entry) = self.entries.remove(&router) {
             for key in &entry.keys {
-                self.by_key.remove(key.bind(py).as_bytes());
+                self.by_key.remove(key);
             }
+            self.removed = true;
         }
     }
 
@@ -479,6 +525,7 @@ impl ResidencyTracker {
         followed: &mut Followed,
         request: &Bound<'_, PyAny>,
         cached: &Bound<'_, PyDict>,
+        running: bool,
     ) -> PyResult<bool> {
         if followed.excluded {
             return Ok(false);
@@ -488,7 +535,14 @@ impl ResidencyTracker {
             Some(list) => list.bind(py).clone().into_any(),
             None => request.getattr(self.block_hashes_attr.bind(py))?,
         };
-        let available = hashes.len()? / self.per_block;
+        let mut kv_blocks = hashes.len()?;
+        if running {
+            // vLLM caches a running request's blocks as it schedules them:
+            // none past its computed tokens.
+            let computed: usize = request.getattr(self.computed_attr.bind(py))?.extract()?;
+            kv_blocks = kv_blocks.min(computed / self.kv_block_size);
+        }
+        let available = kv_blocks / self.per_block;
         if available <= followed.done {
             return Ok(false);
         }
@@ -503,23 +557,44 @@ impl ResidencyTracker {
                 if entry.depth as usize == depth && entry.parent == followed.parent {
                     entry.last_used = self.epoch;
                     self.adopted += 1;
+                    followed.pending.clear();
+                    followed.blocked = None;
                     followed.parent = router;
                     followed.done += 1;
                     continue;
                 }
                 // A vLLM hash names one prefix, so this cannot happen; should
                 // it, the entry is not trusted.
-                self.remove(router, py);
+                self.remove(router);
             }
             // Not mapped: are all its KV blocks cached?
-            let mut keys = Vec::with_capacity(m);
-            for i in depth * m..(depth + 1) * m {
-                let key = PyBytes::new(py, &self.key_of(&hashes.get_item(i)?)?);
-                self.lookups += 1;
-                if !cached.contains(&key)? {
-                    return Ok(added);
+            let mut keys = std::mem::take(&mut followed.pending);
+            // vLLM caches a running request's blocks up to its computed
+            // tokens when it schedules them, and they are in use (allocation
+            // evicts free blocks only): no lookup needed then.
+            let trusted = running && self.trust_running;
+            for i in depth * m + keys.len()..(depth + 1) * m {
+                let key = match hashes.downcast::<PyList>() {
+                    // SAFETY: i < kv_blocks <= the list's length, read under
+                    // the GIL with no Python code run since (bytes compare in C).
+                    Ok(list) => self.key_of(&unsafe { list.get_item_unchecked(i) })?,
+                    Err(_) => self.key_of(&hashes.get_item(i)?)?,
+                };
+                if !trusted {
+                    let py_key = match followed.blocked.take() {
+                        Some(py_key) => py_key.into_bound(py),
+                        None => PyBytes::new(py, &key),
+                    };
+                    self.lookups += 1;
+                    if !cached.contains(&py_key)? {
+                        if running {
+                            followed.pending = keys;
+                            followed.blocked = Some(py_key.unbind());
+                        }
+                        return Ok(added);
+                    }
                 }
-                keys.push(key.unbind());
+                keys.push(key);
             }
             let tokens = request.getattr(self.tokens_attr.bind(py))?;
             let block = read_tokens(&tokens, depth * BLOCK_TOKENS)?;
@@ -527,10 +602,18 @@ impl ResidencyTracker {
             self.hash_calls += 1;
             // The same prefix under other vLLM hashes (cannot happen with
             // one hash seed): one entry.
-            self.remove(router, py);
+            self.remove(router);
             for key in &keys {
-                self.by_key.insert(key.bind(py).as_bytes().into(), router);
+                self.by_key.insert(key.clone(), router);
             }
+            let py_keys = if self.mode == Mode::Verify {
+                keys.iter()
+                    .map(|key| PyBytes::new(py, key).unbind())
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            self.added.push(router);
             self.entries.insert(
                 router,
                 Entry {
@@ -538,6 +621,7 @@ impl ResidencyTracker {
                     parent: followed.parent,
                     last_used: self.epoch,
                     keys,
+                    py_keys,
                 },
             );
             added = true;
@@ -548,17 +632,41 @@ impl ResidencyTracker {
     }
 
     /// The cached-map key of one vLLM block hash (bytes): hash + group suffix.
-    fn key_of(&self, hash: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+    fn key_of(&self, hash: &Bound<'_, PyAny>) -> PyResult<Key> {
         let bytes = hash.downcast::<PyBytes>()?.as_bytes();
         let mut key = Vec::with_capacity(bytes.len() + self.suffix.len());
         key.extend_from_slice(bytes);
         key.extend_from_slice(&self.suffix);
-        Ok(key)
+        Ok(key.into_boxed_slice())
     }
 
     /// The prefix-closed set: an entry is held when its parent is (depth 0:
     /// always).
     fn derive(&mut self) {
+        let added = std::mem::take(&mut self.added);
+        if !self.removed && self.orphans == 0 {
+            // Additions only, each after its parent: the digest grows.
+            let mut grown = true;
+            for router in &added {
+                let Some(entry) = self.entries.get(router) else {
+                    continue;
+                };
+                if entry.depth == 0 || self.held_set.contains(&entry.parent) {
+                    self.held_set.insert(*router);
+                } else {
+                    grown = false;
+                    break;
+                }
+            }
+            if grown {
+                let mut digest: Vec<u64> = self.held_set.iter().copied().collect();
+                digest.sort_unstable();
+                self.held = digest.len();
+                self.digest = digest;
+                return;
+            }
+        }
+        self.removed = false;
         let mut by_depth: Vec<(u32, u64, u64)> = self
             .entries
             .iter()
@@ -571,10 +679,12 @@ impl ResidencyTracker {
                 held.insert(router);
             }
         }
-        let mut digest: Vec<u64> = held.into_iter().collect();
+        let mut digest: Vec<u64> = held.iter().copied().collect();
         digest.sort_unstable();
         self.held = digest.len();
+        self.orphans = self.entries.len() - self.held;
         self.digest = digest;
+        self.held_set = held;
     }
 
     /// The overflow rule (docs/FORMAT.md, "Cache residency"): by depth
@@ -600,8 +710,17 @@ impl ResidencyTracker {
 fn read_tokens(tokens: &Bound<'_, PyAny>, start: usize) -> PyResult<Vec<u32>> {
     let mut block = Vec::with_capacity(BLOCK_TOKENS);
     if let Ok(list) = tokens.downcast::<PyList>() {
+        if start + BLOCK_TOKENS > list.len() {
+            return Err(PyValueError::new_err(format!(
+                "a request's token list has {} tokens, fewer than its block hashes cover",
+                list.len()
+            )));
+        }
         for i in start..start + BLOCK_TOKENS {
-            block.push(list.get_item(i)?.extract::<u32>()?);
+            // SAFETY: i < the length checked above; nothing in this loop
+            // runs Python code that could shrink the list.
+            let item = unsafe { list.get_item_unchecked(i) };
+            block.push(item.extract::<u32>()?);
         }
     } else {
         for i in start..start + BLOCK_TOKENS {

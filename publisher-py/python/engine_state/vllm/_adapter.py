@@ -303,12 +303,15 @@ def tokens_from_list_matches(request: Any) -> bool:
     return tokens is not None and len(tokens) == getattr(request, NUM_TOKENS)
 
 
+NO_PREFIX_CACHING = "prefix caching is off"
+
+
 def residency_block_size(scheduler: Any) -> tuple[int | None, str]:
     """(the engine's KV block size, "") when its cache residency can be
     tracked; otherwise (None, why not)."""
     manager = getattr(scheduler, KV_CACHE_MANAGER)
     if not getattr(manager, ENABLE_CACHING, False):
-        return None, "prefix caching is off"
+        return None, NO_PREFIX_CACHING
     groups = getattr(manager, NUM_KV_CACHE_GROUPS, None)
     if groups != 1:
         return None, f"its KV cache has {groups} groups (a hybrid model)"
@@ -330,6 +333,7 @@ def residency_tracker_names() -> dict:
         group_suffix=GROUP_0_SUFFIX,
         block_hashes_attr=BLOCK_HASHES,
         tokens_attr=ALL_TOKEN_IDS,
+        computed_attr=NUM_COMPUTED_TOKENS,
         namespace_attrs=list(NAMESPACE_ATTRS),
         next_attr=NEXT_FREE_BLOCK,
         hash_attr=BLOCK_HASH_KEY,

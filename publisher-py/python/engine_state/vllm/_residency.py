@@ -57,7 +57,7 @@ class Residency:
         "mode",
         "engine_id",
         "capacity",
-        "blocks",
+        "started",
         "held",
         "published",
         "_publisher",
@@ -70,8 +70,7 @@ class Residency:
         self.mode = mode
         self.engine_id: str = publisher.engine_id
         self.capacity = 0
-        #: The digest as of the last capture (ascending router block hashes).
-        self.blocks: list[int] = []
+        self.started = False  # a capture derived the digest
         self.held = 0
         #: Digest versions the publisher accepted (publish_cache returned True).
         self.published = 0
@@ -86,7 +85,10 @@ class Residency:
             return None
         block_size, why_not = adapter.residency_block_size(scheduler)
         if block_size is None:
-            logger.warning(
+            # Without prefix caching the engine holds nothing a request could
+            # hit: no digest, and nothing to warn about.
+            log = logger.info if why_not == adapter.NO_PREFIX_CACHING else logger.warning
+            log(
                 "engine-state: engine %r publishes no cache residency: %s (docs/VLLM.md, "
                 '"Cache residency"); its snapshots are published as usual',
                 publisher.engine_id,
@@ -150,12 +152,13 @@ class Residency:
                 adapter.running(scheduler), adapter.cached_block_map(scheduler)
             )
             capacity = gpu_blocks_total * tracker.kv_block_size // adapter.ROUTER_BLOCK_TOKENS
-            if not changed and capacity == self.capacity and self.published:
+            if not changed and capacity == self.capacity and self.started:
                 return
+            self.started = True
             self.capacity = capacity
-            self.blocks = tracker.blocks(capacity)
             self.held = tracker.held
-            self._publish(self.blocks, self.held, capacity)
+            if getattr(self._publisher, "publish_cache", None) is not None:
+                self._publish(tracker.blocks(capacity), self.held, capacity)
         except Exception as error:
             self.fail(error, "capture")
 
@@ -173,11 +176,18 @@ class Residency:
         )
         self.stop()
         try:
+            self.held = 0
             if self.published and not self._publisher.closed:
-                self.blocks, self.held = [], 0
                 self._publish([], 0, self.capacity)
         except Exception:
             pass
+
+    @property
+    def blocks(self) -> list[int]:
+        """The digest as of the last capture (ascending router block hashes,
+        at most ``capacity``); [] once residency is off."""
+        tracker = self.tracker
+        return [] if tracker is None else tracker.blocks(self.capacity)
 
     def _publish(self, blocks: list, held: int, capacity: int) -> None:
         # Publisher.publish_cache (docs/FORMAT.md, "Cache residency"); a
