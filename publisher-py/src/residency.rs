@@ -652,17 +652,17 @@ impl ResidencyTracker {
                     continue;
                 };
                 if entry.depth == 0 || self.held_set.contains(&entry.parent) {
-                    self.held_set.insert(*router);
+                    if self.held_set.insert(*router) {
+                        let at = self.digest.partition_point(|h| h < router);
+                        self.digest.insert(at, *router);
+                    }
                 } else {
                     grown = false;
                     break;
                 }
             }
             if grown {
-                let mut digest: Vec<u64> = self.held_set.iter().copied().collect();
-                digest.sort_unstable();
-                self.held = digest.len();
-                self.digest = digest;
+                self.held = self.digest.len();
                 return;
             }
         }
