@@ -569,10 +569,16 @@ impl ResidencyTracker {
             }
             // Not mapped: are all its KV blocks cached?
             let mut keys = std::mem::take(&mut followed.pending);
-            // vLLM caches a running request's blocks up to its computed
-            // tokens when it schedules them, and they are in use (allocation
-            // evicts free blocks only): no lookup needed then.
+            // vLLM caches a running request's blocks when it schedules them,
+            // and they are in use (allocation evicts free blocks only): no
+            // lookup needed then, except for the router block's last KV
+            // block. vLLM caches only up to the tokens known at schedule
+            // time, so a block its last decoded token completed since (under
+            // async scheduling, before the next schedule) is full but not yet
+            // cached; the blocks before it were completed, and cached, by an
+            // earlier schedule.
             let trusted = running && self.trust_running;
+            let last = (depth + 1) * m - 1;
             for i in depth * m + keys.len()..(depth + 1) * m {
                 let key = match hashes.downcast::<PyList>() {
                     // SAFETY: i < kv_blocks <= the list's length, read under
@@ -580,7 +586,7 @@ impl ResidencyTracker {
                     Ok(list) => self.key_of(&unsafe { list.get_item_unchecked(i) })?,
                     Err(_) => self.key_of(&hashes.get_item(i)?)?,
                 };
-                if !trusted {
+                if !trusted || i == last {
                     let py_key = match followed.blocked.take() {
                         Some(py_key) => py_key.into_bound(py),
                         None => PyBytes::new(py, &key),
@@ -652,17 +658,17 @@ impl ResidencyTracker {
                     continue;
                 };
                 if entry.depth == 0 || self.held_set.contains(&entry.parent) {
-                    self.held_set.insert(*router);
+                    if self.held_set.insert(*router) {
+                        let at = self.digest.partition_point(|h| h < router);
+                        self.digest.insert(at, *router);
+                    }
                 } else {
                     grown = false;
                     break;
                 }
             }
             if grown {
-                let mut digest: Vec<u64> = self.held_set.iter().copied().collect();
-                digest.sort_unstable();
-                self.held = digest.len();
-                self.digest = digest;
+                self.held = self.digest.len();
                 return;
             }
         }

@@ -89,8 +89,8 @@ class Residency:
             # hit: no digest, and nothing to warn about.
             log = logger.info if why_not == adapter.NO_PREFIX_CACHING else logger.warning
             log(
-                "engine-state: engine %r publishes no cache residency: %s (docs/VLLM.md, "
-                '"Cache residency"); its snapshots are published as usual',
+                "engine-state: engine %r publishes no cache residency: %s (see the section "
+                "on cache residency in docs/VLLM.md); its snapshots are published as usual",
                 publisher.engine_id,
                 why_not,
             )
