@@ -148,15 +148,18 @@ impl DigestWriter {
         check_fits(first.len(), options.capacity)?;
         let path = dir.join(engine_id.as_str());
         for _ in 0..8 {
-            let rename = match take_over_with(
+            // The dead writer's lock is held until the new file is in
+            // place, so no other writer can be replacing it meanwhile.
+            let (rename, old_lock) = match take_over_with(
                 &path,
                 own,
                 |file| live_writer(file, &path, engine_id),
                 |lock| retire_dead(lock, &path),
             )? {
                 TakeOver::Raced => continue,
-                TakeOver::Nothing => false,
-                TakeOver::Dead { .. } | TakeOver::Own => true,
+                TakeOver::Nothing => (false, None),
+                TakeOver::Dead { lock, .. } => (true, Some(lock)),
+                TakeOver::Own => (true, None),
             };
             let size = digest_size(options.capacity);
             let (lock, map) = create_reserved(&dir, &path, engine_id, options.mode, size)?;
@@ -188,6 +191,7 @@ impl DigestWriter {
             if !place(&tmp_path(&dir, engine_id), &path, rename)? {
                 continue;
             }
+            drop(old_lock);
             let meta = writer
                 ._lock
                 .metadata()
