@@ -6,7 +6,10 @@
 //!   1024 engines; the same against JSON files (parse included) and, when a
 //!   `redis-server` is on the PATH, a Redis GET/MGET on loopback;
 //! - a percentile pass (p50/p99/p999 of single reads, timer overhead
-//!   subtracted) with the writer at 20 Hz and publishing continuously.
+//!   subtracted) with the writer at 20 Hz and publishing continuously;
+//! - one cache digest of 430 entries (a 220k-token engine's default
+//!   capacity): the file's seqlock read and checks (`DigestFile::read`), and
+//!   the decode of its Redis value.
 //!
 //! The writer runs in a child process: this same executable, started with
 //! `ES_BENCH_WRITER=<dir>:<id>:<hz|max>`.
@@ -18,7 +21,10 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use engine_state_reader::{ReaderOptions, Reading, ShmDir, Snapshot, Source};
-use engine_state_shm_format::{monotonic_ns, EngineId, ShmFile, ShmWriter, WriterOptions};
+use engine_state_shm_format::{
+    decode_digest_value, encode_digest_value, monotonic_ns, CacheDigest, DigestFile, DigestOptions,
+    DigestRecord, DigestWriter, EngineId, ShmFile, ShmWriter, WriterOptions,
+};
 
 fn snapshot(i: u64) -> Snapshot {
     Snapshot {
@@ -441,6 +447,37 @@ impl Drop for RedisServer {
     }
 }
 
+/// One digest of `entries` distinct blocks, read from its file and decoded
+/// from its Redis value (docs/FORMAT.md, "Cache residency").
+fn bench_cache_digest(c: &mut Criterion) {
+    let entries = 430;
+    let state = tempfile::tempdir_in(shm_root()).unwrap();
+    let blocks: Vec<u64> = (0..entries as u64)
+        .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        .collect();
+    let digest = CacheDigest::new(1, monotonic_ns(), blocks);
+    let options = DigestOptions {
+        capacity: entries,
+        ..DigestOptions::default()
+    };
+    let id = EngineId::new("digest-0").unwrap();
+    let writer = DigestWriter::create(state.path(), &id, &options, &digest, 430, 0).unwrap();
+    let file = DigestFile::open(writer.path()).unwrap();
+    assert_eq!(file.read().unwrap().len(), entries);
+    let value = encode_digest_value(&DigestRecord {
+        digest,
+        ..DigestRecord::default()
+    })
+    .unwrap();
+    let mut group = c.benchmark_group("read_cache_digest_430");
+    group.bench_function("digest_file_read", |b| b.iter(|| black_box(file.read())));
+    group.bench_function("decode_digest_value", |b| {
+        b.iter(|| black_box(decode_digest_value(black_box(&value))))
+    });
+    group.finish();
+    drop(writer);
+}
+
 fn main() {
     if let Ok(spec) = std::env::var("ES_BENCH_WRITER") {
         writer_main(&spec);
@@ -453,6 +490,7 @@ fn main() {
     bench_one_engine(&mut c);
     bench_scan(&mut c);
     bench_torn_dead(&mut c);
+    bench_cache_digest(&mut c);
     c.final_summary();
     if std::env::args().any(|a| a == "--bench") {
         percentiles();

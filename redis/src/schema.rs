@@ -348,7 +348,7 @@ mod tests {
             write_delay_us: 15,
             snapshot: Snapshot {
                 num_running: 3,
-                reserved: [0; 3],
+                reserved: [0; 1],
                 ..Snapshot::from_words(core::array::from_fn(|i| i as u64 * 11))
             },
         }
