@@ -71,6 +71,8 @@ pub use engine_state_redis::{RedisTarget, READ_TIMEOUT};
 pub use engine_state_shm_format::{Snapshot, FLAG_IDLE, FLAG_SHUTTING_DOWN};
 
 #[cfg(test)]
+mod shm_dir_cache_tests;
+#[cfg(test)]
 mod shm_dir_hostile_tests;
 #[cfg(test)]
 mod shm_dir_tests;

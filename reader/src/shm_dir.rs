@@ -2,9 +2,11 @@
 //! (docs/FORMAT.md, "Reading a directory"). This file is the source's API;
 //! one concept a file below it: `shm_dir/discovery.rs` (listing the
 //! directory), `shm_dir/entry.rs` (the read path of one file),
-//! `shm_dir/changed.rs` (change detection for the relay). Whether a writer
+//! `shm_dir/changed.rs` (change detection for the relay), `shm_dir/cache.rs`
+//! (an engine's cache digest, with [`ReaderOptions::cache_digests`]). Whether a writer
 //! lives is `liveness.rs`; what a read makes of what it saw, `judge.rs`.
 
+mod cache;
 mod changed;
 mod discovery;
 mod entry;
@@ -119,6 +121,9 @@ impl ShmDir {
             let state = entry.read(&self.dir, now_mono_ns, &self.options);
             if state.clock_ahead {
                 errors.extend(entry.clock_ahead_error(&self.dir, &state));
+            }
+            if self.options.cache_digests {
+                errors.extend(entry.cache_error(&state));
             }
             each(state);
         }
