@@ -77,6 +77,20 @@ pub fn write_after<const N: usize>(
     values: &[u64; N],
     last: u64,
 ) {
+    write_with_after(seq, last, || {
+        for (word, value) in words.iter().zip(values) {
+            word.store(*value, Ordering::Relaxed);
+        }
+    });
+}
+
+/// The seqlock write with the stores done by `store`, from the sequence
+/// `last` (even) the writer stored last: the protocol over any set of words,
+/// e.g. a cache digest's control words and its first `count` entries, whose
+/// number is known only at run time. `store` must only do Relaxed stores
+/// of the protected words (the fences below order them).
+#[inline]
+pub fn write_with_after(seq: &AtomicU64, last: u64, store: impl FnOnce()) {
     debug_assert!(
         last % 2 == 0,
         "a seqlock write must start from an even sequence"
@@ -88,13 +102,11 @@ pub fn write_after<const N: usize>(
     // that sees any of the word stores below also sees the odd sequence above
     // when it reloads `seq`, so it rejects a copy that mixes old and new words.
     fence(Ordering::Release);
-    for (word, value) in words.iter().zip(values) {
-        word.store(*value, Ordering::Relaxed);
-    }
+    store();
     // Pairs with the reader's first Relaxed load of `seq` and the
-    // `fence(Acquire)` after it (`try_read`; no Acquire load: on a read-only
-    // mapping only Relaxed loads are documented to work): a reader whose load
-    // sees s+2 sees every word stored above.
+    // `fence(Acquire)` after it (`try_read_with`; no Acquire load: on a
+    // read-only mapping only Relaxed loads are documented to work): a reader
+    // whose load sees s+2 sees every word stored above.
     seq.store(s.wrapping_add(2), Ordering::Release);
 }
 
@@ -105,6 +117,23 @@ pub fn try_read<const N: usize>(
     seq: &AtomicU64,
     words: &[AtomicU64; N],
 ) -> Result<([u64; N], u64), u64> {
+    try_read_with(seq, || {
+        let mut out = [0u64; N];
+        for (slot, word) in out.iter_mut().zip(words) {
+            *slot = word.load(Ordering::Relaxed);
+        }
+        out
+    })
+}
+
+/// One attempt at a consistent copy made by `load`, and the (even) sequence
+/// it was published under; `Err(seq)` when a write interfered (then what
+/// `load` made is dropped). The protocol over any set of words: `load` must
+/// only do Relaxed loads of the protected words, and must not trust what
+/// it loads until this returns `Ok` (a count loaded from a torn copy can be
+/// anything: bound it before using it as a length).
+#[inline]
+pub fn try_read_with<T>(seq: &AtomicU64, load: impl FnOnce() -> T) -> Result<(T, u64), u64> {
     // Relaxed load + Acquire fence rather than an Acquire load: on a read-only
     // mapping only Relaxed loads of at most 8 bytes are documented to work.
     // Together they pair with the writer's final Release store of `seq`: a
@@ -114,10 +143,7 @@ pub fn try_read<const N: usize>(
     if s0 % 2 == 1 {
         return Err(s0);
     }
-    let mut out = [0u64; N];
-    for (slot, word) in out.iter_mut().zip(words) {
-        *slot = word.load(Ordering::Relaxed);
-    }
+    let out = load();
     // Pairs with the writer's `fence(Release)` after its odd store: if any load
     // above saw a store from a later write, the reload below sees that write's
     // odd (or later) sequence.
@@ -137,9 +163,23 @@ pub fn read<const N: usize>(
     seq: &AtomicU64,
     words: &[AtomicU64; N],
 ) -> Result<([u64; N], u64), Torn> {
+    read_with(seq, || {
+        let mut out = [0u64; N];
+        for (slot, word) in out.iter_mut().zip(words) {
+            *slot = word.load(Ordering::Relaxed);
+        }
+        out
+    })
+}
+
+/// A consistent copy made by `load` (see [`try_read_with`]) and the (even)
+/// sequence it was published under, or [`Torn`] after [`READ_SPINS`] +
+/// [`READ_YIELDS`] failed attempts.
+#[inline]
+pub fn read_with<T>(seq: &AtomicU64, mut load: impl FnMut() -> T) -> Result<(T, u64), Torn> {
     let mut last_seq = 0;
     for attempt in 0..READ_SPINS + READ_YIELDS {
-        match try_read(seq, words) {
+        match try_read_with(seq, &mut load) {
             Ok(copy) => return Ok(copy),
             Err(s) => {
                 last_seq = s;

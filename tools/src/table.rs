@@ -42,6 +42,8 @@ const FIELD_LABELS: [(&str, Kind); FIELD_COUNT] = [
     ("MAX_PREFILL", Kind::WideOnly),
     ("PREEMPT", Kind::WideSum),
     ("FLAGS", Kind::Shown),
+    ("CACHE", Kind::Sum),
+    ("CACHE_VER", Kind::WideOnly),
 ];
 
 /// The longest engine id the default table shows whole; a longer one is

@@ -41,7 +41,9 @@ pub fn busy() -> Snapshot {
         max_prefill_remaining: 31_007,
         num_preempted: 1,
         flags: 0,
-        reserved: [0; 3],
+        cache_blocks: 429,
+        cache_version: 17,
+        reserved: [0; 1],
     }
 }
 
@@ -132,7 +134,7 @@ impl ShmCase {
 
 pub fn shm_cases() -> Vec<ShmCase> {
     let mut max = Snapshot::from_words([u64::MAX; 16]);
-    max.reserved = [0; 3];
+    max.reserved = [0; 1];
     vec![
         ShmCase::ok(
             "active",
