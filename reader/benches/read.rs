@@ -387,14 +387,18 @@ fn bench_digests(c: &mut Criterion) {
         let tmp = tempfile::tempdir_in(shm_root()).unwrap();
         let dir = tmp.path().join("engines");
         std::fs::create_dir(&dir).unwrap();
-        let mut engines: Vec<DigestEngine> = (0..n).map(|i| DigestEngine::create(&dir, i)).collect();
+        let mut engines: Vec<DigestEngine> =
+            (0..n).map(|i| DigestEngine::create(&dir, i)).collect();
         let mut plain = ShmDir::open(&dir, no_rescan()).unwrap();
         let mut with = ShmDir::open(&dir, digests).unwrap();
         let mut reading = Reading::default();
         with.read_into(&mut reading).unwrap();
         assert_eq!(reading.engines.len(), n);
         assert!(reading.errors.is_empty(), "{:?}", reading.errors);
-        assert!(reading.engines.iter().all(|e| e.cache.as_ref().is_some_and(|d| d.len() == DIGEST_ENTRIES)));
+        assert!(reading
+            .engines
+            .iter()
+            .all(|e| e.cache.as_ref().is_some_and(|d| d.len() == DIGEST_ENTRIES)));
         let label = if n == 1 { "one_engine" } else { "scan_1024" };
         group.throughput(Throughput::Elements(n as u64));
         group.bench_function(BenchmarkId::new(label, "no_digests"), |b| {
@@ -425,7 +429,11 @@ fn bench_digests(c: &mut Criterion) {
             })
         });
         let moved = reading.engines[0].cache.as_ref().unwrap();
-        assert_eq!(moved.version(), engines[0].version, "the moved digest was read");
+        assert_eq!(
+            moved.version(),
+            engines[0].version,
+            "the moved digest was read"
+        );
     }
     group.finish();
 }

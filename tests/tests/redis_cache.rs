@@ -87,8 +87,8 @@ fn a_publishers_digest_is_written_on_change_kept_alive_and_deleted_on_close() {
 
     // The value: the record's writer and generation, capacity = count.
     let value = decode_digest_value(&get(&mut con, &key).unwrap()).unwrap();
-    let record = RedisRecord::decode("k", &get(&mut con, &engine_key("rc:", "e0")).unwrap())
-        .unwrap();
+    let record =
+        RedisRecord::decode("k", &get(&mut con, &engine_key("rc:", "e0")).unwrap()).unwrap();
     assert_eq!(
         (value.writer_pid, value.generation),
         (record.writer_pid, record.generation)
@@ -102,14 +102,24 @@ fn a_publishers_digest_is_written_on_change_kept_alive_and_deleted_on_close() {
     let before = calls(&mut con, "getrange");
     for _ in 0..5 {
         let again = source.read().unwrap();
-        assert!(Arc::ptr_eq(again.get("e0").unwrap().cache.as_ref().unwrap(), &digest));
+        assert!(Arc::ptr_eq(
+            again.get("e0").unwrap().cache.as_ref().unwrap(),
+            &digest
+        ));
     }
     assert_eq!(calls(&mut con, "getrange") - before, 5, "no digest fetched");
 
     // Every record refreshes the digest's expiry (a later one than the
     // record's given by hand is brought back to ttl_ms).
-    let _: () = redis::cmd("PEXPIRE").arg(&key).arg(600_000).query(&mut con).unwrap();
-    wait_for(|| pttl(&mut con, &key) <= 2000, "the expiry refreshed with a heartbeat");
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(&key)
+        .arg(600_000)
+        .query(&mut con)
+        .unwrap();
+    wait_for(
+        || pttl(&mut con, &key) <= 2000,
+        "the expiry refreshed with a heartbeat",
+    );
 
     // The same set: no write; a new one: version 2, read once.
     assert!(!publisher.publish_cache(&[10, 20, 30], 3, 8).unwrap());
@@ -198,12 +208,20 @@ fn the_digest_scripts_check_the_owner() {
             .query(con)
             .unwrap()
     };
-    assert_eq!(delete(&mut con, &record(11, 1)), 0, "another writer's stays");
+    assert_eq!(
+        delete(&mut con, &record(11, 1)),
+        0,
+        "another writer's stays"
+    );
     assert!(get(&mut con, &cache).is_some());
     assert_eq!(delete(&mut con, &record(10, 1)), 1);
     assert_eq!(get(&mut con, &cache), None);
     // A foreign value at the key is not a digest of anyone's: deleted.
-    let _: () = redis::cmd("SET").arg(&cache).arg("junk").query(&mut con).unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(&cache)
+        .arg("junk")
+        .query(&mut con)
+        .unwrap();
     assert_eq!(delete(&mut con, &record(10, 1)), 1);
 }
 
@@ -265,7 +283,10 @@ fn a_bad_or_missing_digest_value_is_the_engines_error() {
     assert_eq!(errors.len(), 1, "{errors:?}");
     assert!(errors[0].contains("holds no value"), "{}", errors[0]);
     let later = source.read().unwrap();
-    assert!(cache_errors(&later).is_empty(), "a missing digest: once per version");
+    assert!(
+        cache_errors(&later).is_empty(),
+        "a missing digest: once per version"
+    );
     assert!(later.get("b").unwrap().cache.is_none());
     publisher.close();
 }
