@@ -49,7 +49,7 @@ use redis::Value;
 use crate::ops::SinkOp;
 use crate::replies::holder_pid;
 use crate::schema::{
-    cache_key, engine_key, registry_key, RedisRecord, DELETE_CACHE_IF_OWNER_SCRIPT,
+    cache_key, engine_key, registry_key, RecordHeader, RedisRecord, DELETE_CACHE_IF_OWNER_SCRIPT,
     DELETE_IF_OWNER_SCRIPT, RECORD_SIZE, SET_CACHE_IF_OWNER_SCRIPT, SET_IF_OWNER_SCRIPT,
 };
 use crate::stats::SinkStats;
@@ -183,11 +183,15 @@ impl EngineKeyState {
 /// The (`writer_pid`, `generation`) of a record's or digest value's bytes
 /// (the same offsets in both; zeros when too short).
 fn identity_of(value: &[u8]) -> (u32, u64) {
+    let (pid_at, generation_at) = (
+        core::mem::offset_of!(RecordHeader, writer_pid),
+        core::mem::offset_of!(RecordHeader, generation),
+    );
     let pid = value
-        .get(16..20)
+        .get(pid_at..pid_at + 4)
         .map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4 bytes")));
     let generation = value
-        .get(32..40)
+        .get(generation_at..generation_at + 8)
         .map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
     (pid, generation)
 }
