@@ -209,3 +209,18 @@ fn a_recreated_engine_file_gets_its_digest_rewritten() {
     assert_eq!(state.cache.unwrap().blocks(), &[1, 2, 3]);
     assert!(!publisher.publish_cache(&[1, 2, 3], 3, 8).unwrap());
 }
+
+/// A digest file removed by another process (a cleanup script) is put back
+/// at the next `publish_cache`, even for an unchanged set.
+#[test]
+fn a_removed_digest_file_is_put_back() {
+    let (_tmp, dir) = state_dir();
+    let mut publisher = start(&dir, "back");
+    let path = cache_dir(&dir).join("back");
+    publisher.publish_cache(&[4, 5], 2, 8).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert!(publisher.publish_cache(&[5, 4], 2, 8).unwrap(), "rewritten");
+    let digest = DigestFile::open(&path).unwrap().read().unwrap();
+    assert_eq!((digest.version(), digest.blocks()), (2, &[4, 5][..]));
+    assert!(!publisher.publish_cache(&[4, 5], 2, 8).unwrap());
+}

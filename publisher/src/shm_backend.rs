@@ -106,7 +106,8 @@ impl ShmBackend {
     /// Whether the digest file in place still fits a digest of `capacity`
     /// for the engine file's generation (else `publish_cache` writes a new
     /// file even for an unchanged set: a recreated engine file is a new
-    /// generation, whose readers would not use the old digest). A recreated
+    /// generation, whose readers would not use the old digest; a file
+    /// removed or replaced by another process is not seen). A recreated
     /// engine file waiting in the hand-off is adopted first, so the answer
     /// is about the file readers see. Called in the creating process only.
     pub(crate) fn digest_current(&mut self, capacity: usize) -> bool {
@@ -114,8 +115,10 @@ impl ShmBackend {
             self.handoff.adopt(&mut self.writer);
         }
         let generation = self.generation();
+        // `in_place`: one `lstat`, so a digest file that another process
+        // removed or replaced is put back at the next capture.
         self.digest.as_ref().is_some_and(|digest| {
-            digest.capacity() == capacity && digest.generation() == generation
+            digest.capacity() == capacity && digest.generation() == generation && digest.in_place()
         })
     }
 
@@ -141,12 +144,15 @@ impl ShmBackend {
         };
         match self.digest.as_mut() {
             Some(writer)
-                if writer.capacity() == next.capacity && writer.generation() == generation =>
+                if writer.capacity() == next.capacity
+                    && writer.generation() == generation
+                    && writer.in_place() =>
             {
                 writer.publish(&digest, next.held, captured_unix_ns)?
             }
             // A new file renamed over the old one (which readers then see
-            // retired), the digest in it before it appears.
+            // retired) or put where it was removed, the digest in it before
+            // it appears.
             Some(writer) => writer.replace(&options, &digest, next.held, captured_unix_ns)?,
             None => {
                 self.digest = Some(Box::new(DigestWriter::create(
