@@ -10,6 +10,10 @@
 //! - one cache digest of 430 entries (a 220k-token engine's default
 //!   capacity): the file's seqlock read and checks (`DigestFile::read`), and
 //!   the decode of its Redis value.
+//! - cache digests (docs/FORMAT.md, "Cache residency"): one engine with a
+//!   430-entry digest read without digests, with digests whose version did
+//!   not move, and with a version that moved at every read (the digest file
+//!   read and a new `Arc`); 1,024 engines scanned the same three ways.
 //!
 //! The writer runs in a child process: this same executable, started with
 //! `ES_BENCH_WRITER=<dir>:<id>:<hz|max>`.
@@ -318,6 +322,125 @@ fn bench_torn_dead(c: &mut Criterion) {
     group.finish();
 }
 
+/// Entries of the digest benchmarks: ~220k tokens of KV cache in 512-token
+/// router blocks (the example engine).
+const DIGEST_ENTRIES: usize = 430;
+
+/// One engine's writers: its file, and its digest file with
+/// [`DIGEST_ENTRIES`] entries at `version`.
+struct DigestEngine {
+    engine: ShmWriter,
+    digest: DigestWriter,
+    version: u64,
+    blocks: Vec<u64>,
+}
+
+impl DigestEngine {
+    fn create(dir: &Path, i: usize) -> DigestEngine {
+        let id = EngineId::new(&format!("engine-{i:04}")).unwrap();
+        let engine = ShmWriter::create(dir, &id, &WriterOptions::default(), &snapshot(1)).unwrap();
+        let blocks: Vec<u64> = (0..DIGEST_ENTRIES as u64)
+            .map(|b| b.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ i as u64)
+            .collect();
+        let options = DigestOptions {
+            capacity: DIGEST_ENTRIES,
+            generation: engine.generation(),
+            ..DigestOptions::default()
+        };
+        let first = CacheDigest::new(1, monotonic_ns(), blocks.clone());
+        let digest = DigestWriter::create(dir, &id, &options, &first, 430, 0).unwrap();
+        let mut engine = DigestEngine {
+            engine,
+            digest,
+            version: 1,
+            blocks,
+        };
+        engine.name_version();
+        engine
+    }
+
+    /// A snapshot naming the digest's version (as a publisher's next publish).
+    fn name_version(&mut self) {
+        let snap = Snapshot {
+            cache_blocks: DIGEST_ENTRIES as u64,
+            cache_version: self.version,
+            ..snapshot(self.version)
+        };
+        self.engine.publish(&snap).unwrap();
+        self.engine.stamp_heartbeat(monotonic_ns());
+    }
+
+    /// A new digest version (one block changed), then a snapshot naming it.
+    fn move_version(&mut self) {
+        self.version += 1;
+        self.blocks[0] = self.version;
+        let digest = CacheDigest::new(self.version, monotonic_ns(), self.blocks.clone());
+        self.digest.publish(&digest, 430, 0).unwrap();
+        self.name_version();
+    }
+}
+
+/// Cache digests: one engine and 1,024, each read without digests, with
+/// digests that did not move, and with digests moved before every read
+/// (the writes are not timed: `iter_custom` times the reads alone).
+fn bench_digests(c: &mut Criterion) {
+    let digests = no_rescan().with_cache_digests(true);
+    let mut group = c.benchmark_group("read_with_cache_digests");
+    for n in [1usize, 1024] {
+        let tmp = tempfile::tempdir_in(shm_root()).unwrap();
+        let dir = tmp.path().join("engines");
+        std::fs::create_dir(&dir).unwrap();
+        let mut engines: Vec<DigestEngine> =
+            (0..n).map(|i| DigestEngine::create(&dir, i)).collect();
+        let mut plain = ShmDir::open(&dir, no_rescan()).unwrap();
+        let mut with = ShmDir::open(&dir, digests).unwrap();
+        let mut reading = Reading::default();
+        with.read_into(&mut reading).unwrap();
+        assert_eq!(reading.engines.len(), n);
+        assert!(reading.errors.is_empty(), "{:?}", reading.errors);
+        assert!(reading
+            .engines
+            .iter()
+            .all(|e| e.cache.as_ref().is_some_and(|d| d.len() == DIGEST_ENTRIES)));
+        let label = if n == 1 { "one_engine" } else { "scan_1024" };
+        group.throughput(Throughput::Elements(n as u64));
+        group.bench_function(BenchmarkId::new(label, "no_digests"), |b| {
+            b.iter(|| {
+                plain.read_into(&mut reading).unwrap();
+                black_box(reading.engines.len())
+            })
+        });
+        group.bench_function(BenchmarkId::new(label, "digest_not_moved"), |b| {
+            b.iter(|| {
+                with.read_into(&mut reading).unwrap();
+                black_box(reading.engines.len())
+            })
+        });
+        group.bench_function(BenchmarkId::new(label, "digest_moved"), |b| {
+            b.iter_custom(|iters| {
+                let mut timed = Duration::ZERO;
+                for _ in 0..iters {
+                    for engine in &mut engines {
+                        engine.move_version();
+                    }
+                    let start = Instant::now();
+                    with.read_into(&mut reading).unwrap();
+                    timed += start.elapsed();
+                    black_box(reading.engines.len());
+                }
+                timed
+            })
+        });
+        let moved = reading.engines[0].cache.as_ref().unwrap();
+        assert_eq!(
+            moved.version(),
+            engines[0].version,
+            "the moved digest was read"
+        );
+    }
+    group.finish();
+}
+
 /// Single-read percentiles: criterion reports central values only.
 fn percentiles() {
     fn report(name: &str, mut samples: Vec<u64>, overhead: u64) {
@@ -491,6 +614,7 @@ fn main() {
     bench_scan(&mut c);
     bench_torn_dead(&mut c);
     bench_cache_digest(&mut c);
+    bench_digests(&mut c);
     c.final_summary();
     if std::env::args().any(|a| a == "--bench") {
         percentiles();
