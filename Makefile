@@ -29,7 +29,7 @@ help:
 	@echo "make lint        cargo fmt --check, clippy -D warnings, ruff, stubtest, the C header is current"
 	@echo "make capi-header regenerate capi/include/engine_state.h (cbindgen) after an ABI change"
 	@echo "make miri        the seqlock module under Miri (needs nightly with miri)"
-	@echo "make fuzz        the file parser and the Redis record decoder, 100k cases each"
+	@echo "make fuzz        the file parser, the Redis record decoder, the digest parsers, 100k cases each"
 
 # ---- build -------------------------------------------------------------------
 
@@ -175,10 +175,12 @@ miri:
 	fi
 
 # The parsers of what other processes write, fuzzed longer than in `cargo test`
-# (256 cases there): the reader's file parser and the Redis record decoder,
-# with arbitrary bytes and mutated valid inputs.
+# (256 cases there): the reader's file parser, the Redis record decoder and
+# the cache digest's parsers (file and value), with arbitrary bytes and
+# mutated valid inputs.
 fuzz:
 	PROPTEST_CASES=$${PROPTEST_CASES:-100000} $(CARGO) test --release -p engine-state-shm-format --test fuzz_file
+	PROPTEST_CASES=$${PROPTEST_CASES:-100000} $(CARGO) test --release -p engine-state-shm-format --test fuzz_digest
 	PROPTEST_CASES=$${PROPTEST_CASES:-100000} $(CARGO) test --release -p engine-state-reader --lib redis_schema::tests::fuzz
 
 # ---- demo --------------------------------------------------------------------

@@ -80,15 +80,12 @@ pub fn encode_digest_value(record: &DigestRecord) -> Result<Vec<u8>, crate::Erro
     Ok(out)
 }
 
-/// Decodes a Redis value (or a file's bytes, `seq` ignored) and validates it
-/// in the order of docs/FORMAT.md, "Cache residency": size at least a
-/// header, magic, version, header fields, `count ≤ capacity`, at most
-/// [`MAX_DIGEST_ENTRIES`], the size (exactly `128 + 8 × capacity`), then the
-/// entries (strictly ascending). Never allocates more than the value's own
-/// size.
-///
-/// A value must be ACTIVE (a writer deletes its value on close); its
-/// `capacity` equals its `count`.
+/// Decodes a Redis value and validates it in the order of docs/FORMAT.md,
+/// "Cache residency": magic, version, at least a header, the header's
+/// fields (capacity at most [`MAX_DIGEST_ENTRIES`]), the size (exactly
+/// `128 + 8 × capacity`), ACTIVE, `count` = `capacity`, the control words,
+/// then the entries (strictly ascending). Never allocates more than the
+/// value's own size.
 pub fn decode_digest_value(bytes: &[u8]) -> Result<DigestRecord, DigestError> {
     let (header, control, entries) = split(bytes)?;
     if header.state != STATE_ACTIVE {
@@ -104,11 +101,13 @@ pub fn decode_digest_value(bytes: &[u8]) -> Result<DigestRecord, DigestError> {
             header.capacity
         )));
     }
+    check_control(&header, &control)?;
     record(&header, &control, entries)
 }
 
-/// Header, control words and entry bytes of a digest's bytes, checked up
-/// to (not including) the entries' order.
+/// Header, control words and entry bytes of a digest's bytes: magic,
+/// version, at least a header, the header's fields, the size its capacity
+/// implies (the control words and entries are not checked).
 pub(crate) fn split(
     bytes: &[u8],
 ) -> Result<(DigestHeader, [u64; DIGEST_CONTROL_WORDS], &[u8]), DigestError> {
@@ -135,11 +134,6 @@ pub(crate) fn split(
             .expect("64 bytes"),
     );
     header.check()?;
-    let control: [u64; DIGEST_CONTROL_WORDS] = core::array::from_fn(|i| {
-        let at = DIGEST_CONTROL_OFFSET + 8 * i;
-        u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
-    });
-    check_control(&header, &control)?;
     let expected = digest_size(header.capacity as usize);
     if bytes.len() != expected {
         return Err(DigestError::WrongSize {
@@ -147,6 +141,10 @@ pub(crate) fn split(
             expected: expected as u64,
         });
     }
+    let control: [u64; DIGEST_CONTROL_WORDS] = core::array::from_fn(|i| {
+        let at = DIGEST_CONTROL_OFFSET + 8 * i;
+        u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
+    });
     Ok((header, control, &bytes[DIGEST_ENTRIES_OFFSET..]))
 }
 

@@ -102,6 +102,8 @@ pub use crate::snapshot::{Snapshot, FIELD_COUNT, FLAG_IDLE, FLAG_SHUTTING_DOWN, 
 pub use crate::writer::{Heartbeat, ShmWriter, WriterOptions, WrongProcess, DEFAULT_FILE_MODE};
 
 #[cfg(all(test, not(loom)))]
+mod digest_hostile_tests;
+#[cfg(all(test, not(loom)))]
 mod digest_tests;
 #[cfg(all(test, not(loom)))]
 mod file_tests;

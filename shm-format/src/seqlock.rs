@@ -16,6 +16,12 @@
 //!   they work on a read-only mapping (`PROT_READ`); the fences give them the
 //!   acquire semantics.
 //!
+//! The same protocol covers words whose number is known only at run time
+//! (a cache digest's control words and entries, docs/FORMAT.md, "Cache
+//! residency"): [`write_with_after`] and [`try_read_with`] / [`read_with`]
+//! take the stores and loads as closures, and the fixed-size functions are
+//! written with them, so the fences and their pairings are in one place.
+//!
 //! Pairings are named at each operation below. The model is checked with loom
 //! (`RUSTFLAGS="--cfg loom" cargo test -p engine-state-shm-format --release
 //! seqlock`), and the in-memory tests of this module run under Miri.
@@ -318,6 +324,64 @@ mod tests {
         assert_eq!(values[0], iterations);
         assert!(accepted > 0);
     }
+
+    /// The protocol over words counted at run time (`write_with_after`,
+    /// `read_with`, as a cache digest uses it): a count word, then that
+    /// many entries, each derived from the version. A copy is accepted only
+    /// whole, and a torn count is bounded before it is used as a length.
+    #[test]
+    fn run_time_counted_words_are_copied_whole() {
+        const CAPACITY: usize = 12;
+        let iterations: u64 = if cfg!(miri) { 100 } else { 100_000 };
+        let seq = Arc::new(AtomicU64::new(0));
+        let words: Arc<Vec<AtomicU64>> =
+            Arc::new((0..2 + CAPACITY).map(|_| AtomicU64::new(0)).collect());
+        let done = Arc::new(AtomicBool::new(false));
+        let count_of = |v: u64| (v as usize * 5) % (CAPACITY + 1);
+        let writer = {
+            let (seq, words, done) = (seq.clone(), words.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut last = 0;
+                for v in 1..=iterations {
+                    let count = count_of(v);
+                    write_with_after(&seq, last, || {
+                        words[0].store(v, Ordering::Relaxed);
+                        words[1].store(count as u64, Ordering::Relaxed);
+                        for word in &words[2..2 + count] {
+                            word.store(v, Ordering::Relaxed);
+                        }
+                    });
+                    last += 2;
+                }
+                done.store(true, Ordering::Release);
+            })
+        };
+        let mut accepted = 0u64;
+        let mut entries = Vec::with_capacity(CAPACITY);
+        while !done.load(Ordering::Acquire) || accepted == 0 {
+            let copy = read_with(&seq, || {
+                let v = words[0].load(Ordering::Relaxed);
+                let count = (words[1].load(Ordering::Relaxed) as usize).min(CAPACITY);
+                entries.clear();
+                entries.extend(
+                    words[2..2 + count]
+                        .iter()
+                        .map(|w| w.load(Ordering::Relaxed)),
+                );
+                (v, count)
+            });
+            if let Ok(((v, count), _)) = copy {
+                if v != 0 {
+                    assert_eq!(count, count_of(v), "count of another write");
+                    assert!(entries.iter().all(|e| *e == v), "mixed copy accepted");
+                }
+                accepted += 1;
+            }
+        }
+        writer.join().unwrap();
+        assert!(accepted > 0);
+        assert_eq!(seq.load(Ordering::Relaxed), 2 * iterations);
+    }
 }
 
 #[cfg(all(test, loom))]
@@ -376,6 +440,46 @@ mod loom_tests {
             writer.join().unwrap();
             reader.join().unwrap();
             assert_eq!(try_read(&cell.seq, &cell.words), Ok(([4, 40], 2)));
+        });
+    }
+
+    /// The run-time-counted protocol (`write_with_after`, `read_with`'s
+    /// attempt `try_read_with`): a reader racing a write that changes the
+    /// count accepts only (count 1, entry 10) or (count 2, entries 20, 20).
+    #[test]
+    fn counted_words_are_copied_whole() {
+        loom::model(|| {
+            let cell = Arc::new((
+                AtomicU64::new(0),
+                [AtomicU64::new(1), AtomicU64::new(10), AtomicU64::new(0)],
+            ));
+            let writer = {
+                let cell = cell.clone();
+                loom::thread::spawn(move || {
+                    let (seq, words) = &*cell;
+                    write_with_after(seq, 0, || {
+                        words[0].store(2, Ordering::Relaxed);
+                        words[1].store(20, Ordering::Relaxed);
+                        words[2].store(20, Ordering::Relaxed);
+                    });
+                })
+            };
+            let (seq, words) = &*cell;
+            if let Ok(((count, entries), _)) = try_read_with(seq, || {
+                let count = (words[0].load(Ordering::Relaxed) as usize).min(2);
+                let entries: Vec<u64> = words[1..1 + count]
+                    .iter()
+                    .map(|w| w.load(Ordering::Relaxed))
+                    .collect();
+                (count, entries)
+            }) {
+                match count {
+                    1 => assert_eq!(entries, [10]),
+                    2 => assert_eq!(entries, [20, 20]),
+                    _ => panic!("count {count}"),
+                }
+            }
+            writer.join().unwrap();
         });
     }
 }

@@ -159,6 +159,11 @@ impl Snapshot {
     /// producer never sets them.
     pub const CAPTURE_STAMPS: [&'static str; 2] = ["captured_mono_ns", "captured_unix_ns"];
 
+    /// The fields a publisher stamps at each publish from its last cache
+    /// digest (docs/FORMAT.md, "Cache residency"): a producer never sets
+    /// them; both 0 while the engine publishes no digest.
+    pub const CACHE_STAMPS: [&'static str; 2] = ["cache_blocks", "cache_version"];
+
     /// Every named field and its value, in word order (`esdump --json`, the
     /// esdump table, the Prometheus gauges).
     #[inline]
@@ -244,7 +249,10 @@ mod tests {
 
     #[test]
     fn capture_stamps_are_fields() {
-        for name in Snapshot::CAPTURE_STAMPS {
+        for name in Snapshot::CAPTURE_STAMPS
+            .into_iter()
+            .chain(Snapshot::CACHE_STAMPS)
+        {
             assert!(Snapshot::FIELD_NAMES.contains(&name), "{name}");
         }
     }

@@ -109,6 +109,8 @@ class EngineState:
     max_prefill_remaining: int
     num_preempted: int
     flags: int
+    cache_blocks: int
+    cache_version: int
     heartbeat_age_ms: float
     capture_age_ms: float
     gpu_kv_used_frac: float | None
