@@ -36,6 +36,14 @@ use self::entry::Entry;
 /// the read. A torn file whose writer is dead or silent is spun once and
 /// then reported torn until it changes ([`ShmDir::torn_spins`]).
 ///
+/// With [`ReaderOptions::cache_digests`] each read also hands out the
+/// engine's cache digest ([`EngineState::cache`]): the file
+/// `<dir>.cache/<id>` is mapped at the first snapshot that names a digest,
+/// read again only when the snapshot's `cache_version` moves past the one
+/// held (a compare per engine and an `Arc` clone otherwise), and opened
+/// again when its writer replaced it. What cannot be used there is that
+/// engine's [`Error::CorruptCache`] (see `shm_dir/cache.rs`).
+///
 /// The reads: every engine now ([`Source::read_into`]), every engine with
 /// ages measured from a given time ([`ShmDir::read_at`]), every engine handed
 /// to a closure as it is read ([`ShmDir::read_each`], for a caller that
