@@ -151,6 +151,22 @@ macro_rules! publisher_methods {
                 })
             }
 
+            /// Publishes the engine's cache digest (docs/FORMAT.md, "Cache
+            /// residency"): `blocks` are the router block hashes
+            /// (`block_hashes`) the engine holds in full, in any order, at most
+            /// `capacity` of them; `held` how many it held before a cut to the
+            /// capacity (at least `len(blocks)`). Writes a new digest version
+            /// and returns True when the set differs from the last one, else
+            /// does nothing and returns False; every later `publish()` stamps
+            /// `cache_blocks` and `cache_version` from it. ValueError (nothing
+            /// published) for more blocks than `capacity`, a capacity above
+            /// the format's bound, or `held` below `len(blocks)`.
+            fn publish_cache(&mut self, blocks: Vec<u64>, held: u64, capacity: usize) -> PyResult<bool> {
+                self.open()?
+                    .publish_cache(&blocks, held, capacity)
+                    .map_err(publisher_error)
+            }
+
             /// Counters, every key for both backends (0 where it does not apply;
             /// once closed, the counts when `close()` began).
             ///
