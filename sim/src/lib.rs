@@ -59,7 +59,9 @@ pub use crate::engine::{
 pub use crate::error::SimError;
 pub use crate::feed::{FeedSpec, HEARTBEAT_PERIOD_NS};
 pub use crate::metrics::{quantile, ttft_seconds, Summary};
-pub use crate::output::{csv, markdown, write_files, write_report};
+pub use crate::output::{
+    csv, markdown, read_csv, write_files, write_report, write_summary_plots, HEADLINE_FEED,
+};
 pub use crate::profile::{EngineProfile, KV_BLOCK_TOKENS};
 pub use crate::step_trace::{step_trace, ScenarioRequest, StepRecord, StepScenario};
 pub use crate::sweep::{run_one, Outcome, Sweep, SweepRun, TraceFormat, TraceSpec};

@@ -7,8 +7,8 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use engine_state_router::{Policy, RealStateUse, RouterSettings};
 use engine_state_sim::{
-    markdown, run_one, write_report, AgenticSpec, EngineProfile, FeedSpec, Outcome, RunConfig,
-    Split, StepScenario, Summary, Sweep, TraceFormat, TraceSpec,
+    markdown, read_csv, run_one, write_report, write_summary_plots, AgenticSpec, EngineProfile,
+    FeedSpec, Outcome, RunConfig, Split, StepScenario, Summary, Sweep, TraceFormat, TraceSpec,
 };
 
 #[derive(Parser)]
@@ -45,6 +45,18 @@ enum Command {
         /// Never ask the migration trigger (overrides the sweep file).
         #[arg(long)]
         no_migration: bool,
+    },
+    /// Redraw the plots that need only summary rows (TTFT p90 against feed
+    /// period, replicas over one router) from summary.csv files, without
+    /// re-running the sweep. Several CSVs: the seeds of one sweep (the
+    /// ratios are medians over them; no p90-per-group plots).
+    Plot {
+        /// summary.csv files (or the directories holding them).
+        #[arg(required = true)]
+        csv: Vec<PathBuf>,
+        /// Write the SVGs here (default: the first CSV's directory).
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// Describe a trace: counts, span, lengths, sessions, shared prefixes.
     TraceStats(TraceArgs),
@@ -181,6 +193,7 @@ fn main() -> anyhow::Result<()> {
             jobs,
             no_migration,
         ),
+        Command::Plot { csv, out } => plot(&csv, out.as_deref()),
         Command::StepTrace { profile } => step_trace(profile.as_deref()),
         Command::TraceStats(args) => {
             let trace = args.spec().load(args.rate_scale)?;
@@ -306,6 +319,37 @@ fn sweep(
         requests as f64 / wall
     );
     report(&outcomes, out, true)
+}
+
+fn plot(csvs: &[PathBuf], out: Option<&Path>) -> anyhow::Result<()> {
+    let mut seeds = Vec::new();
+    for path in csvs {
+        let file = match path.is_dir() {
+            true => path.join("summary.csv"),
+            false => path.clone(),
+        };
+        let text = std::fs::read_to_string(&file).with_context(|| {
+            format!(
+                "reading {} (a summary.csv of essim sweep --out)",
+                file.display()
+            )
+        })?;
+        seeds.push(read_csv(&text).with_context(|| format!("parsing {}", file.display()))?);
+    }
+    let dir = match out {
+        Some(dir) => dir.to_path_buf(),
+        None => {
+            let first = &csvs[0];
+            match first.is_dir() {
+                true => first.clone(),
+                false => first.parent().map_or_else(PathBuf::new, Path::to_path_buf),
+            }
+        }
+    };
+    for path in write_summary_plots(&dir, &seeds)? {
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
 }
 
 fn report(outcomes: &[Outcome], out: Option<&Path>, sweep: bool) -> anyhow::Result<()> {

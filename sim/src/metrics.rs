@@ -1,6 +1,6 @@
 //! One configuration's result reduced to the numbers a report shows.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::driver::{engines_per_session, policy_label, RunConfig, RunResult};
 
@@ -22,8 +22,10 @@ fn mean(values: &[f64]) -> f64 {
     values.iter().sum::<f64>() / values.len() as f64
 }
 
-/// One row of the report.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+/// One row of the report. It reads back from its own CSV
+/// ([`crate::read_csv`]): a column it lacks takes [`Summary::default`]'s value.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Summary {
     /// Configuration name.
     pub config: String,
@@ -31,6 +33,9 @@ pub struct Summary {
     pub policy: String,
     /// Real-state use.
     pub real_state_use: String,
+    /// Where the router's cache hits come from: `estimated` (its own
+    /// dispatches) or `engine` (the engines' published residency digests).
+    pub cache_knowledge: String,
     /// Feed.
     pub feed: String,
     /// Feed period in ms (0 for none).
@@ -94,6 +99,48 @@ pub struct Summary {
     pub simulated_s: f64,
 }
 
+impl Default for Summary {
+    /// Empty text, zero counts, and NaN (no value; an empty CSV cell) for
+    /// every measure, except `rate_scale` 1.
+    fn default() -> Summary {
+        Summary {
+            config: String::new(),
+            policy: String::new(),
+            real_state_use: String::new(),
+            cache_knowledge: String::new(),
+            feed: String::new(),
+            feed_period_ms: f64::NAN,
+            routers: 0,
+            requests: 0,
+            rejected: 0,
+            ttft_p50_s: f64::NAN,
+            ttft_p90_s: f64::NAN,
+            ttft_p99_s: f64::NAN,
+            ttft_mean_s: f64::NAN,
+            tpot_p50_ms: f64::NAN,
+            tpot_p90_ms: f64::NAN,
+            e2e_p50_s: f64::NAN,
+            e2e_p90_s: f64::NAN,
+            throughput_tok_s: f64::NAN,
+            throughput_req_s: f64::NAN,
+            prefix_hit_rate: f64::NAN,
+            preemptions: 0,
+            migrations: 0,
+            requests_per_engine_max: 0,
+            requests_per_engine_median: f64::NAN,
+            engines_per_session_mean: f64::NAN,
+            decisions_consulting_real: f64::NAN,
+            decisions_real_changed: f64::NAN,
+            real_state_age_p50_ms: f64::NAN,
+            real_state_age_p99_ms: f64::NAN,
+            steps: 0,
+            rate_scale: 1.0,
+            wall_s: f64::NAN,
+            simulated_s: f64::NAN,
+        }
+    }
+}
+
 impl Summary {
     /// Reduce a run.
     pub fn of(config: &RunConfig, result: &RunResult) -> Summary {
@@ -142,6 +189,7 @@ impl Summary {
             config: config.name(),
             policy: policy_label(&config.router),
             real_state_use: config.router.real_state_use.to_string(),
+            cache_knowledge: "estimated".to_owned(),
             feed: config.feed.to_string(),
             feed_period_ms: config.feed.period_ns().map_or(0.0, |ns| ns as f64 / 1e6),
             routers: config.routers,
