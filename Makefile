@@ -238,6 +238,8 @@ sim:
 	    --out docs/routing/agentic-nomig-seed$$seed > docs/routing/agentic-nomig-seed$$seed/table.md || exit 1; \
 	  rm -f docs/routing/agentic-nomig-seed$$seed/*.svg; \
 	done
+	$(BIN)/essim plot docs/routing/agentic-nomig docs/routing/agentic-nomig-seed2 docs/routing/agentic-nomig-seed3 \
+	  docs/routing/agentic-nomig-seed4 --out docs/routing/agentic-nomig-4seeds
 	rm -f docs/routing/*/summary.json  # the CSV holds the same; docs/routing/TABLES.md: sim/sweeps/pivot.py
 
 clean:
