@@ -14,6 +14,7 @@ use std::path::Path;
 
 use plotters::coord::Shift;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::error::SimError;
 use crate::metrics::{quantile, Summary};
@@ -155,6 +156,40 @@ fn tick(value: f64) -> String {
     text.trim_end_matches('0').trim_end_matches('.').to_owned()
 }
 
+/// The x ticks of a log axis over `lo..=hi`: its 1-2-5 values, or its
+/// decades alone where those would be more than 8.
+fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let mut ticks = Vec::new();
+    let mut decade = 10f64.powf(lo.log10().floor());
+    while decade <= hi {
+        for m in [1.0, 2.0, 5.0] {
+            let t = m * decade;
+            if t >= lo / 1.0001 && t <= hi * 1.0001 {
+                ticks.push(t);
+            }
+        }
+        decade *= 10.0;
+    }
+    if ticks.len() > 8 {
+        ticks.retain(|&t| (t.log10() - t.log10().round()).abs() < 1e-9);
+    }
+    ticks
+}
+
+/// The nearest 1-2-5 value strictly below (`up` false) or above `value`.
+fn nice_bound(value: f64, up: bool) -> f64 {
+    let decade = 10f64.powf(value.log10().floor());
+    let candidates = [0.5, 1.0, 2.0, 5.0, 10.0, 20.0].map(|m| m * decade);
+    if up {
+        candidates.into_iter().find(|&c| c > value * 1.0001)
+    } else {
+        candidates.into_iter().rev().find(|&c| c < value / 1.0001)
+    }
+    .unwrap_or(value)
+}
+
+/// A log range around `values` from a 1-2-5 value below the least to one
+/// above the greatest (at least 10 % of room each side).
 fn padded_log_range(values: impl Iterator<Item = f64>) -> (f64, f64) {
     let (lo, hi) = values
         .filter(|v| v.is_finite() && *v > 0.0)
@@ -162,7 +197,7 @@ fn padded_log_range(values: impl Iterator<Item = f64>) -> (f64, f64) {
     if lo > hi {
         return (0.1, 10.0);
     }
-    (lo / 1.25, hi * 1.25)
+    (nice_bound(lo / 1.1, false), nice_bound(hi * 1.1, true))
 }
 
 /// Nudge each panel's marked series apart on x (log axis), centred on the
@@ -264,10 +299,29 @@ fn small_multiples(path: &Path, frame: &Frame, mut lines: Vec<Line>) -> Result<(
             .x_desc(frame.x_desc)
             .y_desc(frame.y_desc)
             .light_line_style(WHITE.mix(0.0))
-            .x_label_formatter(&|x| tick(*x))
+            .disable_x_mesh()
+            .x_labels(0)
+            .x_label_formatter(&|_| String::new())
             .y_label_formatter(&|y| tick(*y))
             .draw()
             .map_err(err)?;
+        // plotters' own log ticks crowd a narrow range and skip a wide one's
+        // 1-2-5 values: grid lines and labels at log_ticks' values instead.
+        let tick_font =
+            TextStyle::from(("sans-serif", 12).into_font()).pos(Pos::new(HPos::Center, VPos::Top));
+        for t in log_ticks(x_lo, x_hi) {
+            chart
+                .draw_series(LineSeries::new(
+                    [(t, y_lo), (t, y_hi)],
+                    BLACK.mix(0.15).stroke_width(1),
+                ))
+                .map_err(err)?;
+            let (x, y) = chart.backend_coord(&(t, y_lo));
+            root.draw(&PathElement::new(vec![(x, y), (x, y + 4)], BLACK))
+                .map_err(err)?;
+            root.draw(&Text::new(tick(t), (x, y + 6), tick_font.clone()))
+                .map_err(err)?;
+        }
         if let Some(y) = frame.reference_y {
             chart
                 .draw_series(LineSeries::new(
@@ -276,6 +330,9 @@ fn small_multiples(path: &Path, frame: &Frame, mut lines: Vec<Line>) -> Result<(
                 ))
                 .map_err(err)?;
         }
+        // Baselines last: dashed over a series of equal value, both show.
+        let mut in_panel = in_panel;
+        in_panel.sort_by_key(|l| l.kind == Kind::Baseline);
         for line in in_panel {
             let style = styles[&line.label];
             let stroke = style.color.stroke_width(2);

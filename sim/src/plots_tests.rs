@@ -228,3 +228,19 @@ fn tick_labels_drop_needless_fractions() {
     assert_eq!(tick(0.25), "0.25");
     assert_eq!(tick(0.0), "0");
 }
+
+#[test]
+fn log_axes_span_and_label_1_2_5_values_only() {
+    assert_eq!(padded_log_range([50.0, 1000.0].into_iter()), (20.0, 2000.0));
+    assert_eq!(padded_log_range([0.5, 2.0].into_iter()), (0.2, 5.0));
+    assert_eq!(
+        padded_log_range([10.0, 30000.0].into_iter()),
+        (5.0, 50000.0)
+    );
+    assert_eq!(
+        log_ticks(20.0, 2000.0),
+        vec![20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0]
+    );
+    assert_eq!(log_ticks(0.2, 5.0), vec![0.2, 0.5, 1.0, 2.0, 5.0]);
+    assert_eq!(log_ticks(5.0, 50000.0), vec![10.0, 100.0, 1000.0, 10000.0]);
+}
