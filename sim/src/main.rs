@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use engine_state_router::{Policy, RealStateUse, RouterSettings};
+use engine_state_router::{CacheKnowledge, Policy, RealStateUse, RouterSettings};
 use engine_state_sim::{
     markdown, read_csv, run_one, write_report, write_summary_plots, AgenticSpec, EngineProfile,
     FeedSpec, Outcome, RunConfig, Split, StepScenario, Summary, Sweep, TraceFormat, TraceSpec,
@@ -24,7 +24,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Simulate configurations (every --policy × --feed) over one trace.
+    /// Simulate configurations (every --policy × --feed × --cache-knowledge) over one trace.
     Run(RunArgs),
     /// Run a sweep file (TOML; see docs/ROUTING.md).
     Sweep {
@@ -133,6 +133,10 @@ struct RunArgs {
     /// Where real state is used.
     #[arg(long, default_value = "always")]
     real_state_use: RealStateUse,
+    /// Where cache hits come from (repeat for several): engine (the engines'
+    /// cache digests, with a periodic feed) or estimated (the router's own).
+    #[arg(long = "cache-knowledge", default_value = "engine")]
+    cache_knowledge: Vec<CacheKnowledge>,
     /// unified: overload factor.
     #[arg(long, default_value_t = 2.0)]
     overload_factor: f64,
@@ -233,9 +237,13 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let trace = args.trace.spec().load(args.trace.rate_scale)?;
     eprintln!("{}", trace.stats());
     let mut outcomes = Vec::new();
-    let several = args.policies.len() * args.feeds.len() > 1;
+    let several = args.policies.len() * args.feeds.len() * args.cache_knowledge.len() > 1;
     for &policy in &args.policies {
-        for feed in &args.feeds {
+        for (feed, &cache_knowledge) in args
+            .feeds
+            .iter()
+            .flat_map(|feed| args.cache_knowledge.iter().map(move |k| (feed, k)))
+        {
             let decision_log = args.decision_log.as_ref().map(|path| match several {
                 true => PathBuf::from(format!("{}.{}", path.display(), outcomes.len())),
                 false => path.clone(),
@@ -247,6 +255,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
                 router: RouterSettings {
                     policy,
                     real_state_use: args.real_state_use,
+                    cache_knowledge,
                     overload_factor: args.overload_factor,
                     decode_weight: args.decode_weight,
                     ..RouterSettings::default()

@@ -33,11 +33,12 @@ pub struct Summary {
     pub policy: String,
     /// Real-state use.
     pub real_state_use: String,
-    /// Where the router's cache hits come from: `estimated` (its own
-    /// dispatches) or `engine` (the engines' published residency digests).
-    pub cache_knowledge: String,
     /// Feed.
     pub feed: String,
+    /// Where the routers' cache hits came from: `engine` (the engines'
+    /// digests, where fresh) or `estimated` (their own estimate; also every
+    /// run whose routers read no digest: no periodic feed, or `never`).
+    pub cache_knowledge: String,
     /// Feed period in ms (0 for none).
     pub feed_period_ms: f64,
     /// Router replicas.
@@ -80,6 +81,15 @@ pub struct Summary {
     pub requests_per_engine_median: f64,
     /// Mean distinct engines per session.
     pub engines_per_session_mean: f64,
+    /// Share of decisions whose cache hit came from an engine's digest.
+    pub decisions_engine_knowledge: f64,
+    /// Share of decisions (picks) that adopted a session by the digests.
+    pub adoptions: f64,
+    /// Router-believed cache hit above the engine's real one at first
+    /// admissions, as a share of their prompt tokens.
+    pub hit_overcounted: f64,
+    /// The engine's real hit above the router-believed one, likewise.
+    pub hit_undercounted: f64,
     /// Share of decisions that consulted real state.
     pub decisions_consulting_real: f64,
     /// Share of decisions (picks) that real state changed: the same policy
@@ -129,6 +139,10 @@ impl Default for Summary {
             requests_per_engine_max: 0,
             requests_per_engine_median: f64::NAN,
             engines_per_session_mean: f64::NAN,
+            decisions_engine_knowledge: f64::NAN,
+            adoptions: f64::NAN,
+            hit_overcounted: f64::NAN,
+            hit_undercounted: f64::NAN,
             decisions_consulting_real: f64::NAN,
             decisions_real_changed: f64::NAN,
             real_state_age_p50_ms: f64::NAN,
@@ -189,8 +203,8 @@ impl Summary {
             config: config.name(),
             policy: policy_label(&config.router),
             real_state_use: config.router.real_state_use.to_string(),
-            cache_knowledge: "estimated".to_owned(),
             feed: config.feed.to_string(),
+            cache_knowledge: config.effective_cache_knowledge().to_string(),
             feed_period_ms: config.feed.period_ns().map_or(0.0, |ns| ns as f64 / 1e6),
             routers: config.routers,
             requests: served.len(),
@@ -212,6 +226,13 @@ impl Summary {
             requests_per_engine_max: per_engine.last().copied().unwrap_or(0),
             requests_per_engine_median: quantile(&per_engine_f, 0.5),
             engines_per_session_mean: if eps.is_empty() { f64::NAN } else { mean(&eps) },
+            decisions_engine_knowledge: result.decisions_engine_knowledge as f64
+                / result.decisions.max(1) as f64,
+            adoptions: result.adoptions as f64 / result.decisions.max(1) as f64,
+            hit_overcounted: result.hit_overcounted_tokens as f64
+                / result.admitted_prompt_tokens.max(1) as f64,
+            hit_undercounted: result.hit_undercounted_tokens as f64
+                / result.admitted_prompt_tokens.max(1) as f64,
             decisions_consulting_real: result.decisions_consulting_real as f64
                 / result.decisions.max(1) as f64,
             decisions_real_changed: result.decisions_real_changed as f64
