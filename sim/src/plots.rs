@@ -41,6 +41,8 @@ const LEGEND_WIDTH: u32 = 270;
 const TITLE_HEIGHT: u32 = 40;
 /// The TTFT fractions marked on each CDF line.
 const CDF_MARKS: [f64; 4] = [0.25, 0.5, 0.75, 0.9];
+/// How a label names a delivery delay (`…, delay 5 ms`).
+const DELAY_PREFIX: &str = "delay ";
 /// The label of the no-feed baseline.
 pub const NO_FEED: &str = "no feed";
 
@@ -200,6 +202,61 @@ fn padded_log_range(values: impl Iterator<Item = f64>) -> (f64, f64) {
     (nice_bound(lo / 1.1, false), nice_bound(hi * 1.1, true))
 }
 
+/// Each label's style. Baselines are black; the others take a palette colour
+/// per label and a marker shape per label, except that labels ending in a
+/// delivery delay (`…, delay N ms`) share the colour of the rest of the label
+/// and take their shape from the delay: one colour per knowledge and use, one
+/// shape per delay.
+fn styles(labels: &[String], lines: &[Line]) -> BTreeMap<String, Style> {
+    let split = |label: &str| -> (String, Option<String>) {
+        match label.rsplit_once(", ") {
+            Some((rest, delay)) if delay.starts_with(DELAY_PREFIX) => {
+                (rest.to_owned(), Some(delay.to_owned()))
+            }
+            _ => (label.to_owned(), None),
+        }
+    };
+    let mut colours: Vec<String> = Vec::new();
+    let mut delays: Vec<String> = Vec::new();
+    let mut styles = BTreeMap::new();
+    for label in labels {
+        let kind = lines
+            .iter()
+            .find(|l| &l.label == label)
+            .map_or(Kind::Series, |l| l.kind);
+        if kind == Kind::Baseline {
+            let color = BASELINE;
+            styles.insert(
+                label.clone(),
+                Style {
+                    color,
+                    shape: 0,
+                    kind,
+                },
+            );
+            continue;
+        }
+        let (colour_key, delay) = split(label);
+        let c = colours
+            .iter()
+            .position(|k| *k == colour_key)
+            .unwrap_or_else(|| {
+                colours.push(colour_key);
+                colours.len() - 1
+            });
+        let shape = match delay {
+            Some(delay) => delays.iter().position(|d| *d == delay).unwrap_or_else(|| {
+                delays.push(delay);
+                delays.len() - 1
+            }),
+            None => c,
+        };
+        let color = PALETTE[c % PALETTE.len()];
+        styles.insert(label.clone(), Style { color, shape, kind });
+    }
+    styles
+}
+
 /// Nudge each panel's marked series apart on x (log axis), centred on the
 /// true value, so that series of equal value stay visible side by side.
 fn dodge(lines: &mut [Line]) {
@@ -228,30 +285,7 @@ fn small_multiples(path: &Path, frame: &Frame, mut lines: Vec<Line>) -> Result<(
     let err = |e: DrawingAreaErrorKind<_>| plot_error(path, e);
     let panels = distinct(lines.iter().map(|l| l.panel.as_str()));
     let labels = distinct(lines.iter().map(|l| l.label.as_str()));
-    let mut styles: BTreeMap<String, Style> = BTreeMap::new();
-    let mut next = 0;
-    for label in &labels {
-        let kind = lines
-            .iter()
-            .find(|l| &l.label == label)
-            .map_or(Kind::Series, |l| l.kind);
-        let style = match kind {
-            Kind::Baseline => Style {
-                color: BASELINE,
-                shape: 0,
-                kind,
-            },
-            _ => {
-                next += 1;
-                Style {
-                    color: PALETTE[(next - 1) % PALETTE.len()],
-                    shape: (next - 1) % SHAPES,
-                    kind,
-                }
-            }
-        };
-        styles.insert(label.clone(), style);
-    }
+    let styles = styles(&labels, &lines);
     if frame.dodge {
         dodge(&mut lines);
     }
@@ -439,7 +473,7 @@ impl LabelParts {
         if feed || row.feed.starts_with("scraped") {
             parts.push(row.feed.clone());
         } else if self.delays {
-            parts.push(format!("delay {} ms", feed_delay(&row.feed)));
+            parts.push(format!("{DELAY_PREFIX}{} ms", feed_delay(&row.feed)));
         }
         parts.join(", ")
     }

@@ -244,3 +244,51 @@ fn log_axes_span_and_label_1_2_5_values_only() {
     assert_eq!(log_ticks(0.2, 5.0), vec![0.2, 0.5, 1.0, 2.0, 5.0]);
     assert_eq!(log_ticks(5.0, 50000.0), vec![10.0, 100.0, 1000.0, 10000.0]);
 }
+
+#[test]
+fn delays_share_their_series_colour_and_differ_in_shape() {
+    let labels: Vec<String> = [
+        NO_FEED,
+        "engine, delay 0 ms",
+        "engine, delay 5 ms",
+        "estimated, delay 0 ms",
+        "estimated, delay 5 ms",
+        "placement",
+    ]
+    .map(String::from)
+    .to_vec();
+    let lines: Vec<Line> = labels
+        .iter()
+        .map(|l| {
+            let kind = if l == NO_FEED {
+                Kind::Baseline
+            } else {
+                Kind::Series
+            };
+            Line::new("p", l, kind, vec![(1.0, 1.0)])
+        })
+        .collect();
+    let styles = styles(&labels, &lines);
+    let style = |l: &str| styles[l];
+    assert_eq!(style(NO_FEED).color, BASELINE);
+    assert_eq!(
+        style("engine, delay 0 ms").color,
+        style("engine, delay 5 ms").color
+    );
+    assert_ne!(
+        style("engine, delay 0 ms").color,
+        style("estimated, delay 0 ms").color
+    );
+    assert_eq!(
+        style("engine, delay 0 ms").shape,
+        style("estimated, delay 0 ms").shape
+    );
+    assert_ne!(
+        style("engine, delay 0 ms").shape,
+        style("engine, delay 5 ms").shape
+    );
+    assert_ne!(
+        style("placement").color,
+        style("estimated, delay 0 ms").color
+    );
+}
