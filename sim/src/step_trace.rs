@@ -131,6 +131,7 @@ pub fn step_trace(
                 prompt_len: r.prompt_len,
                 output_len: r.output_len,
                 block_hashes: r.block_hashes.clone(),
+                router_block_hashes: Vec::new(),
             });
         }
         if engine.num_requests() == 0 {

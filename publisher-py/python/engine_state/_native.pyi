@@ -147,6 +147,7 @@ class Decision:
     reason: str
     input_len: int
     cache_hit_tokens: int
+    cache_knowledge: str
     new_prefill_tokens: int
     consulted_real_state: bool
 

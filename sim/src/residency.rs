@@ -1,0 +1,199 @@
+//! Cache residency of one modelled engine: which 512-token router blocks its
+//! prefix cache holds in full, published as a [`CacheDigest`] the way the
+//! vLLM hook publishes it (docs/FORMAT.md, "Cache residency").
+//!
+//! Router block `b` of a request covers its 16-token KV blocks
+//! `32b .. 32b + 32`; it is held when all 32 of their hashes are cached (in
+//! use, or free and not yet evicted), so a request with that prefix would
+//! hit it, and it is listed only with every block before it (prefix-closed).
+//! The pool reports each KV hash that becomes cached or stops being cached
+//! ([`Residency::cached`], [`Residency::evicted`]); a router block counts
+//! its cached KV hashes, so a capture costs nothing unless the set changed.
+//! Router blocks are known from the requests the engine was given
+//! ([`crate::EngineRequest::router_block_hashes`]): a block is remembered
+//! while a live request names it or any of its KV hashes is cached.
+
+use std::sync::Arc;
+
+use engine_state_shm_format::CacheDigest;
+
+use crate::kv::U64Map;
+use crate::profile::KV_BLOCK_TOKENS;
+
+/// KV blocks per router block (512 / 16).
+pub(crate) const KV_PER_ROUTER_BLOCK: usize =
+    engine_state_shm_format::blocks::BLOCK_TOKENS / KV_BLOCK_TOKENS as usize;
+
+#[derive(Clone, Debug)]
+struct RouterBlock {
+    /// The router block before it in its prompt (`None`: the first).
+    parent: Option<u64>,
+    /// Its KV hashes, to forget their owner with it.
+    kv: Box<[u64; KV_PER_ROUTER_BLOCK]>,
+    /// How many of `kv` are cached.
+    cached: usize,
+    /// Live requests that name it.
+    refs: u32,
+}
+
+/// The router blocks one engine knows of and how much of each it caches.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Residency {
+    /// KV hash → the router block it is part of.
+    owner: U64Map<u64>,
+    blocks: U64Map<RouterBlock>,
+    /// The set of held blocks may have changed since `latest` was built.
+    dirty: bool,
+    version: u64,
+    latest: Option<Arc<CacheDigest>>,
+    /// Scratch of [`Residency::digest`]: router block → listed (prefix-closed).
+    closed: U64Map<bool>,
+}
+
+impl Residency {
+    /// A request arrived naming these router blocks over its KV hashes
+    /// (`kv[32b .. 32b + 32]` for router block `b`); `is_cached` says which
+    /// KV hashes the pool caches now.
+    pub(crate) fn add_request(
+        &mut self,
+        router: &[u64],
+        kv: &[u64],
+        is_cached: impl Fn(u64) -> bool,
+    ) {
+        let mut parent = None;
+        for (b, &hash) in router.iter().enumerate() {
+            let block = self.blocks.entry(hash).or_insert_with(|| {
+                let kv: [u64; KV_PER_ROUTER_BLOCK] = kv
+                    [b * KV_PER_ROUTER_BLOCK..(b + 1) * KV_PER_ROUTER_BLOCK]
+                    .try_into()
+                    .expect("a router block covers 32 KV blocks");
+                let kv = Box::new(kv);
+                let cached = kv.iter().filter(|&&h| is_cached(h)).count();
+                for &h in kv.iter() {
+                    self.owner.insert(h, hash);
+                }
+                if cached == KV_PER_ROUTER_BLOCK {
+                    self.dirty = true;
+                }
+                RouterBlock {
+                    parent,
+                    kv,
+                    cached,
+                    refs: 0,
+                }
+            });
+            block.refs += 1;
+            parent = Some(hash);
+        }
+    }
+
+    /// A request that named these router blocks left the engine.
+    pub(crate) fn remove_request(&mut self, router: &[u64]) {
+        for hash in router {
+            let block = self.blocks.get_mut(hash).expect("named by a live request");
+            block.refs -= 1;
+            if block.refs == 0 && block.cached == 0 {
+                self.forget(*hash);
+            }
+        }
+    }
+
+    /// A KV hash became cached (the first block cached under it).
+    #[inline]
+    pub(crate) fn cached(&mut self, kv_hash: u64) {
+        let Some(owner) = self.owner.get(&kv_hash) else {
+            return;
+        };
+        let block = self.blocks.get_mut(owner).expect("owners have blocks");
+        block.cached += 1;
+        if block.cached == KV_PER_ROUTER_BLOCK {
+            self.dirty = true;
+        }
+    }
+
+    /// A KV hash is no longer cached (its last block was evicted).
+    #[inline]
+    pub(crate) fn evicted(&mut self, kv_hash: u64) {
+        let Some(&owner) = self.owner.get(&kv_hash) else {
+            return;
+        };
+        let block = self.blocks.get_mut(&owner).expect("owners have blocks");
+        if block.cached == KV_PER_ROUTER_BLOCK {
+            self.dirty = true;
+        }
+        block.cached -= 1;
+        if block.cached == 0 && block.refs == 0 {
+            self.forget(owner);
+        }
+    }
+
+    fn forget(&mut self, hash: u64) {
+        let block = self.blocks.remove(&hash).expect("known");
+        for h in block.kv.iter() {
+            if self.owner.get(h) == Some(&hash) {
+                self.owner.remove(h);
+            }
+        }
+    }
+
+    /// The digest as of `now_ns`: the same `Arc` while the held set is
+    /// unchanged, a new version when it changed.
+    pub(crate) fn digest(&mut self, now_ns: u64) -> Arc<CacheDigest> {
+        if let (false, Some(latest)) = (self.dirty, &self.latest) {
+            return Arc::clone(latest);
+        }
+        self.dirty = false;
+        let listed = self.held();
+        if let Some(latest) = &self.latest {
+            if latest.len() == listed.len() && listed.iter().all(|&h| latest.contains(h)) {
+                return Arc::clone(latest);
+            }
+        }
+        self.version += 1;
+        let digest = Arc::new(CacheDigest::new(self.version, now_ns, listed));
+        self.latest = Some(Arc::clone(&digest));
+        digest
+    }
+
+    /// The held router blocks whose predecessors are all held.
+    fn held(&mut self) -> Vec<u64> {
+        let full = |block: &RouterBlock| block.cached == KV_PER_ROUTER_BLOCK;
+        let mut closed = std::mem::take(&mut self.closed);
+        closed.clear();
+        let mut chain = Vec::new();
+        let mut listed = Vec::new();
+        for (&hash, block) in &self.blocks {
+            if !full(block) {
+                continue;
+            }
+            // Walk up to a block already decided (or the first), then decide
+            // the chain walked top down.
+            let mut at = Some(hash);
+            let mut verdict = true;
+            while let Some(h) = at {
+                if let Some(&known) = closed.get(&h) {
+                    verdict = known;
+                    break;
+                }
+                match self.blocks.get(&h) {
+                    Some(b) if full(b) => {
+                        chain.push(h);
+                        at = b.parent;
+                    }
+                    _ => {
+                        verdict = false;
+                        break;
+                    }
+                }
+            }
+            for h in chain.drain(..) {
+                closed.insert(h, verdict);
+            }
+            if verdict {
+                listed.push(hash);
+            }
+        }
+        self.closed = closed;
+        listed
+    }
+}
