@@ -11,13 +11,14 @@
 
 use std::collections::VecDeque;
 
+use std::rc::Rc;
 use std::sync::Arc;
 
 use engine_state_shm_format::{CacheDigest, RequestTokens, Snapshot, WaitingRequest};
 
 use crate::kv::{BlockPool, U64Map};
 use crate::profile::{EngineProfile, KV_BLOCK_TOKENS};
-use crate::residency::{Residency, KV_PER_ROUTER_BLOCK};
+use crate::residency::{Capture, Residency, KV_PER_ROUTER_BLOCK};
 use crate::trace::mix;
 
 /// A request as an engine receives it.
@@ -213,7 +214,14 @@ impl Engine {
     /// prefix-closed; a new version only when the set changed. `None` unless
     /// [`Engine::publish_residency`] was called.
     pub fn cache_digest(&mut self, now_ns: u64) -> Option<Arc<CacheDigest>> {
-        Some(self.pool.residency.as_mut()?.digest(now_ns))
+        Some(self.capture_residency(now_ns)?.digest())
+    }
+
+    /// What [`Engine::cache_digest`] would return, captured now and made
+    /// into a digest only when read (the feed's captures, most of them
+    /// superseded before any router reads them).
+    pub(crate) fn capture_residency(&mut self, now_ns: u64) -> Option<Rc<Capture>> {
+        Some(self.pool.residency.as_mut()?.capture(now_ns))
     }
 
     /// Queue a request at the back of the waiting queue.

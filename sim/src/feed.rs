@@ -26,15 +26,17 @@
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::rc::Rc;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use engine_state_reader::{judge, max_ahead, Clocks, EngineState, Freshness, Observation, Writer};
-use engine_state_shm_format::{CacheDigest, Snapshot};
+use engine_state_shm_format::Snapshot;
 
 use crate::engine::Engine;
 use crate::error::SimError;
+use crate::residency::Capture;
 
 /// The hook's heartbeat period: the default publish period, 50 ms
 /// (`AGENTIC_ENGINE_STATE_PERIOD_MS`; docs/VLLM.md, "When it captures"). Kept
@@ -141,9 +143,9 @@ impl FromStr for FeedSpec {
 #[derive(Debug)]
 pub(crate) struct EngineFeed {
     engine_id: Arc<str>,
-    /// Captured, not yet readable: `(readable at, snapshot, digest)`.
-    in_transit: VecDeque<(u64, Snapshot, Option<Arc<CacheDigest>>)>,
-    readable: Option<(Snapshot, Option<Arc<CacheDigest>>)>,
+    /// Captured, not yet readable: `(readable at, snapshot, residency)`.
+    in_transit: VecDeque<(u64, Snapshot, Option<Rc<Capture>>)>,
+    readable: Option<(Snapshot, Option<Rc<Capture>>)>,
     last_capture_ns: Option<u64>,
 }
 
@@ -177,7 +179,7 @@ impl EngineFeed {
             .last_capture_ns
             .is_none_or(|last| now_ns >= last + period_ns);
         if due || turned {
-            let digest = engine.cache_digest(now_ns);
+            let digest = engine.capture_residency(now_ns);
             self.capture(stamp(engine.snapshot(), now_ns), digest, now_ns, delay_ns);
         }
     }
@@ -199,7 +201,7 @@ impl EngineFeed {
     fn capture(
         &mut self,
         snapshot: Snapshot,
-        digest: Option<Arc<CacheDigest>>,
+        digest: Option<Rc<Capture>>,
         now_ns: u64,
         delay_ns: u64,
     ) {
@@ -249,7 +251,7 @@ impl EngineFeed {
             },
         };
         let mut state = judge(observation, now_ns, &Freshness::default());
-        state.cache = digest.clone();
+        state.cache = digest.as_ref().map(|capture| capture.digest());
         Some(state)
     }
 }

@@ -8,11 +8,15 @@
 //! hit it, and it is listed only with every block before it (prefix-closed).
 //! The pool reports each KV hash that becomes cached or stops being cached
 //! ([`Residency::cached`], [`Residency::evicted`]); a router block counts
-//! its cached KV hashes, so a capture costs nothing unless the set changed.
+//! its cached KV hashes, so a capture costs nothing unless the set changed,
+//! and then a copy of the held blocks; the digest (prefix-closed, sorted) is
+//! made only from captures a router reads ([`Capture::digest`]).
 //! Router blocks are known from the requests the engine was given
 //! ([`crate::EngineRequest::router_block_hashes`]): a block is remembered
 //! while a live request names it or any of its KV hashes is cached.
 
+use std::cell::{Cell, OnceCell};
+use std::rc::Rc;
 use std::sync::Arc;
 
 use engine_state_shm_format::CacheDigest;
@@ -29,7 +33,7 @@ struct RouterBlock {
     /// The router block before it in its prompt (`None`: the first).
     parent: Option<u64>,
     /// Its KV hashes, to forget their owner with it.
-    kv: Box<[u64; KV_PER_ROUTER_BLOCK]>,
+    kv: [u64; KV_PER_ROUTER_BLOCK],
     /// How many of `kv` are cached.
     cached: usize,
     /// Live requests that name it.
@@ -42,12 +46,12 @@ pub(crate) struct Residency {
     /// KV hash → the router block it is part of.
     owner: U64Map<u64>,
     blocks: U64Map<RouterBlock>,
+    /// The blocks all of whose KV hashes are cached.
+    full: U64Map<Held>,
     /// The set of held blocks may have changed since `latest` was built.
     dirty: bool,
     version: u64,
-    latest: Option<Arc<CacheDigest>>,
-    /// Scratch of [`Residency::digest`]: router block → listed (prefix-closed).
-    closed: U64Map<bool>,
+    latest: Option<Rc<Capture>>,
 }
 
 impl Residency {
@@ -67,12 +71,12 @@ impl Residency {
                     [b * KV_PER_ROUTER_BLOCK..(b + 1) * KV_PER_ROUTER_BLOCK]
                     .try_into()
                     .expect("a router block covers 32 KV blocks");
-                let kv = Box::new(kv);
                 let cached = kv.iter().filter(|&&h| is_cached(h)).count();
                 for &h in kv.iter() {
                     self.owner.insert(h, hash);
                 }
                 if cached == KV_PER_ROUTER_BLOCK {
+                    self.full.insert(hash, Held::new(parent));
                     self.dirty = true;
                 }
                 RouterBlock {
@@ -101,12 +105,13 @@ impl Residency {
     /// A KV hash became cached (the first block cached under it).
     #[inline]
     pub(crate) fn cached(&mut self, kv_hash: u64) {
-        let Some(owner) = self.owner.get(&kv_hash) else {
+        let Some(&owner) = self.owner.get(&kv_hash) else {
             return;
         };
-        let block = self.blocks.get_mut(owner).expect("owners have blocks");
+        let block = self.blocks.get_mut(&owner).expect("owners have blocks");
         block.cached += 1;
         if block.cached == KV_PER_ROUTER_BLOCK {
+            self.full.insert(owner, Held::new(block.parent));
             self.dirty = true;
         }
     }
@@ -119,6 +124,7 @@ impl Residency {
         };
         let block = self.blocks.get_mut(&owner).expect("owners have blocks");
         if block.cached == KV_PER_ROUTER_BLOCK {
+            self.full.remove(&owner);
             self.dirty = true;
         }
         block.cached -= 1;
@@ -136,64 +142,98 @@ impl Residency {
         }
     }
 
-    /// The digest as of `now_ns`: the same `Arc` while the held set is
-    /// unchanged, a new version when it changed.
-    pub(crate) fn digest(&mut self, now_ns: u64) -> Arc<CacheDigest> {
+    /// The held set as of `now_ns`: the same capture while no block became
+    /// held or stopped being held, a new version when one did. Cheap (a copy
+    /// of the held blocks); the digest is made from it when first read.
+    pub(crate) fn capture(&mut self, now_ns: u64) -> Rc<Capture> {
         if let (false, Some(latest)) = (self.dirty, &self.latest) {
-            return Arc::clone(latest);
+            return Rc::clone(latest);
         }
         self.dirty = false;
-        let listed = self.held();
-        if let Some(latest) = &self.latest {
-            if latest.len() == listed.len() && listed.iter().all(|&h| latest.contains(h)) {
-                return Arc::clone(latest);
-            }
-        }
         self.version += 1;
-        let digest = Arc::new(CacheDigest::new(self.version, now_ns, listed));
-        self.latest = Some(Arc::clone(&digest));
-        digest
+        let capture = Rc::new(Capture {
+            version: self.version,
+            captured_ns: now_ns,
+            // A clone of the table as it is: no rehashing.
+            full: self.full.clone(),
+            digest: OnceCell::new(),
+        });
+        self.latest = Some(Rc::clone(&capture));
+        capture
+    }
+}
+
+/// A held router block: its parent, and whether it is listed (decided
+/// when a capture's digest is made).
+#[derive(Clone, Debug)]
+struct Held {
+    parent: Option<u64>,
+    listed: Cell<Option<bool>>,
+}
+
+impl Held {
+    fn new(parent: Option<u64>) -> Held {
+        Held {
+            parent,
+            listed: Cell::new(None),
+        }
+    }
+}
+
+/// One capture of the held router blocks.
+#[derive(Debug)]
+pub(crate) struct Capture {
+    version: u64,
+    captured_ns: u64,
+    full: U64Map<Held>,
+    digest: OnceCell<Arc<CacheDigest>>,
+}
+
+impl Capture {
+    /// The digest: the held blocks whose predecessors are all held
+    /// (prefix-closed), made once.
+    pub(crate) fn digest(&self) -> Arc<CacheDigest> {
+        let digest = self.digest.get_or_init(|| {
+            Arc::new(CacheDigest::new(
+                self.version,
+                self.captured_ns,
+                self.prefix_closed(),
+            ))
+        });
+        Arc::clone(digest)
     }
 
-    /// The held router blocks whose predecessors are all held.
-    fn held(&mut self) -> Vec<u64> {
-        let full = |block: &RouterBlock| block.cached == KV_PER_ROUTER_BLOCK;
-        let mut closed = std::mem::take(&mut self.closed);
-        closed.clear();
+    /// The held blocks whose every predecessor is held: each block's chain
+    /// is walked up to a block already decided (or the first), and the
+    /// verdict marks every block walked, so each is looked up about twice.
+    fn prefix_closed(&self) -> Vec<u64> {
         let mut chain = Vec::new();
-        let mut listed = Vec::new();
-        for (&hash, block) in &self.blocks {
-            if !full(block) {
-                continue;
-            }
-            // Walk up to a block already decided (or the first), then decide
-            // the chain walked top down.
-            let mut at = Some(hash);
-            let mut verdict = true;
-            while let Some(h) = at {
-                if let Some(&known) = closed.get(&h) {
-                    verdict = known;
-                    break;
+        let mut listed = Vec::with_capacity(self.full.len());
+        for (&hash, held) in &self.full {
+            let mut at = Some((hash, held));
+            let verdict = loop {
+                let Some((_, held)) = at else {
+                    break true; // reached the first block
+                };
+                if let Some(known) = held.listed.get() {
+                    break known;
                 }
-                match self.blocks.get(&h) {
-                    Some(b) if full(b) => {
-                        chain.push(h);
-                        at = b.parent;
-                    }
-                    _ => {
-                        verdict = false;
-                        break;
-                    }
-                }
-            }
-            for h in chain.drain(..) {
-                closed.insert(h, verdict);
+                chain.push(held);
+                at = match held.parent {
+                    None => None,
+                    Some(parent) => match self.full.get_key_value(&parent) {
+                        Some((&parent, held)) => Some((parent, held)),
+                        None => break false,
+                    },
+                };
+            };
+            for held in chain.drain(..) {
+                held.listed.set(Some(verdict));
             }
             if verdict {
                 listed.push(hash);
             }
         }
-        self.closed = closed;
         listed
     }
 }
