@@ -207,6 +207,33 @@ fn a_missing_digest_is_reported_once_per_version() {
     assert_eq!(state.cache.unwrap().version(), 6);
 }
 
+/// A retired digest (its writer closed it) is not used: neither the one a
+/// reader already holds nor one it finds at the path.
+#[test]
+fn a_retired_digest_is_not_used() {
+    let (_tmp, dir) = state_dir();
+    let mut writer = engine(&dir, "r");
+    let _digests = digest_writer(&dir, "r", writer.generation(), 1);
+    name(&mut writer, 1);
+    let mut source = ShmDir::open(&dir, with_digests()).unwrap();
+    assert_eq!(read(&mut source, "r").0.cache.unwrap().version(), 1);
+    // RETIRED stored in the file at its path (what a writer does before it
+    // goes; the path still holds it here).
+    let path = engine_state_shm_format::cache_dir(&dir).join("r");
+    {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.write_all_at(&2u64.to_le_bytes(), 24).unwrap();
+    }
+    name(&mut writer, 1);
+    let (state, errors) = read(&mut source, "r");
+    assert_eq!(state.cache, None, "the held digest's file is retired");
+    assert!(errors.is_empty(), "{errors:?}");
+    // A reader that meets the retired file first does not use it either.
+    let mut fresh = ShmDir::open(&dir, with_digests()).unwrap();
+    assert_eq!(read(&mut fresh, "r").0.cache, None);
+}
+
 /// A digest of another run of the engine (another generation) is not used.
 #[test]
 fn a_digest_of_another_generation_is_not_used() {

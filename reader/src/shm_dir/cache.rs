@@ -61,8 +61,12 @@ impl CacheSlot {
             return None;
         }
         match &self.held {
+            // A retired file's digest is not used (docs/FORMAT.md, "Cache
+            // residency"): its writer closed it, so what it held may be gone.
             Some((held_generation, digest))
-                if *held_generation == generation && digest.version() >= version =>
+                if *held_generation == generation
+                    && digest.version() >= version
+                    && !self.file.as_ref().is_some_and(DigestFile::is_retired) =>
             {
                 return Some(digest.clone());
             }
@@ -110,6 +114,12 @@ impl CacheSlot {
             }
         }
         let file = self.file.as_ref().expect("opened above");
+        if file.is_retired() {
+            // Its writer closed it (and has not put a new one in place):
+            // no digest, and nothing wrong to report.
+            self.held = None;
+            return None;
+        }
         if file.generation() != generation {
             // A digest of another run of the engine (its writer has not
             // written one for this run yet): not used.
