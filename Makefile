@@ -19,17 +19,18 @@ export ENGINE_STATE_PYTHON := $(PY)
 
 .PHONY: help build bins py venv lint-venv test test-rust test-loom test-py test-go test-capi test-vllm \
         vllm-venv lint lint-rust lint-py lint-shm-only lint-capi capi-header fmt miri bench bench-vllm \
-        demo demo-smoke sim clean fuzz
+        demo demo-smoke sim sim-residency clean fuzz
 
 help:
 	@echo "make demo        four demo engines, live in esdump --watch for DURATION=$(DURATION) s"
 	@echo "make test        every test (Rust, loom, Miri, Python, Go, vLLM contract, demo smoke)"
 	@echo "make bench       benchmarks against their baselines (see BENCHMARKS.md)"
 	@echo "make sim         the essim routing sweeps behind docs/ROUTING.md (minutes)"
+	@echo "make sim-residency  the cache-residency sweeps (issue 21; minutes)"
 	@echo "make lint        cargo fmt --check, clippy -D warnings, ruff, stubtest, the C header is current"
 	@echo "make capi-header regenerate capi/include/engine_state.h (cbindgen) after an ABI change"
 	@echo "make miri        the seqlock module under Miri (needs nightly with miri)"
-	@echo "make fuzz        the file parser and the Redis record decoder, 100k cases each"
+	@echo "make fuzz        the file parser, the Redis record decoder, the digest parsers, 100k cases each"
 
 # ---- build -------------------------------------------------------------------
 
@@ -175,10 +176,12 @@ miri:
 	fi
 
 # The parsers of what other processes write, fuzzed longer than in `cargo test`
-# (256 cases there): the reader's file parser and the Redis record decoder,
-# with arbitrary bytes and mutated valid inputs.
+# (256 cases there): the reader's file parser, the Redis record decoder and
+# the cache digest's parsers (file and value), with arbitrary bytes and
+# mutated valid inputs.
 fuzz:
 	PROPTEST_CASES=$${PROPTEST_CASES:-100000} $(CARGO) test --release -p engine-state-shm-format --test fuzz_file
+	PROPTEST_CASES=$${PROPTEST_CASES:-100000} $(CARGO) test --release -p engine-state-shm-format --test fuzz_digest
 	PROPTEST_CASES=$${PROPTEST_CASES:-100000} $(CARGO) test --release -p engine-state-reader --lib redis_schema::tests::fuzz
 
 # ---- demo --------------------------------------------------------------------
@@ -238,7 +241,31 @@ sim:
 	    --out docs/routing/agentic-nomig-seed$$seed > docs/routing/agentic-nomig-seed$$seed/table.md || exit 1; \
 	  rm -f docs/routing/agentic-nomig-seed$$seed/*.svg; \
 	done
+	$(BIN)/essim plot docs/routing/agentic-nomig docs/routing/agentic-nomig-seed2 docs/routing/agentic-nomig-seed3 \
+	  docs/routing/agentic-nomig-seed4 --out docs/routing/agentic-nomig-4seeds
 	rm -f docs/routing/*/summary.json  # the CSV holds the same; docs/routing/TABLES.md: sim/sweeps/pivot.py
+
+# The cache-residency sweeps (issue 21): agentic seeds 1-4 at 1x and 2x, Mooncake at 0.5x,
+# each knowledge mode; the replicas-over-one-router plots over the 4 seeds in
+# docs/routing/residency-agentic-4seeds.
+sim-residency:
+	$(CARGO) build --release -p engine-state-sim
+	mkdir -p docs/routing/residency-agentic docs/routing/residency-mooncake
+	$(BIN)/essim sweep sim/sweeps/residency-agentic.toml --out docs/routing/residency-agentic --jobs 2 \
+	  > docs/routing/residency-agentic/table.md
+	$(BIN)/essim sweep sim/sweeps/residency-mooncake.toml --out docs/routing/residency-mooncake --jobs 2 \
+	  > docs/routing/residency-mooncake/table.md
+	for seed in 2 3 4; do \
+	  sed "s/^seed = 1$$/seed = $$seed/" sim/sweeps/residency-agentic.toml > $(TARGET_DIR)/residency-agentic-seed$$seed.toml && \
+	  mkdir -p docs/routing/residency-agentic-seed$$seed && \
+	  $(BIN)/essim sweep $(TARGET_DIR)/residency-agentic-seed$$seed.toml --jobs 2 \
+	    --out docs/routing/residency-agentic-seed$$seed > docs/routing/residency-agentic-seed$$seed/table.md || exit 1; \
+	  rm -f docs/routing/residency-agentic-seed$$seed/*.svg; \
+	done
+	$(BIN)/essim plot docs/routing/residency-agentic docs/routing/residency-agentic-seed2 \
+	  docs/routing/residency-agentic-seed3 docs/routing/residency-agentic-seed4 \
+	  --out docs/routing/residency-agentic-4seeds
+	rm -f docs/routing/residency-*/summary.json  # the CSV holds the same
 
 clean:
 	$(CARGO) clean

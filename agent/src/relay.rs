@@ -142,6 +142,7 @@ impl Relay {
             // of CPU per second saved at 1024 engines. New engines are found
             // within a second; replaced files are reopened at once anyway.
             rescan_interval: RESCAN_INTERVAL,
+            cache_digests: false,
         };
         let shm = ShmDir::open(&config.shm_dir, options)?;
         let sink = match &config.redis {

@@ -132,6 +132,16 @@ const FIELD_GAUGES: [(&str, Scale, &str); FIELD_COUNT] = [
         Scale::Same,
         "Snapshot flags: bit 0 idle, bit 1 shutting down",
     ),
+    (
+        "engine_state_cache_blocks",
+        Scale::Same,
+        "Router blocks in the engine's latest cache digest",
+    ),
+    (
+        "engine_state_cache_version",
+        Scale::Same,
+        "Version of the engine's latest cache digest (0: it publishes none)",
+    ),
 ];
 
 impl Scale {

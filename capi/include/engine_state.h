@@ -206,8 +206,12 @@ typedef struct EsSnapshot {
   uint64_t num_preempted;
   // Bit 0 idle, bit 1 shutting down; ignore other bits.
   uint64_t flags;
+  // Entries in the engine's latest cache digest.
+  uint64_t cache_blocks;
+  // Version of that digest; 0: the engine publishes no digest.
+  uint64_t cache_version;
   // Zero in layout version 1.
-  uint64_t reserved[3];
+  uint64_t reserved[1];
 } EsSnapshot;
 
 // One engine as one read saw it. Plain data: copy it freely.

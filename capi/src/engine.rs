@@ -72,8 +72,12 @@ pub struct EsSnapshot {
     pub num_preempted: u64,
     /// Bit 0 idle, bit 1 shutting down; ignore other bits.
     pub flags: u64,
+    /// Entries in the engine's latest cache digest.
+    pub cache_blocks: u64,
+    /// Version of that digest; 0: the engine publishes no digest.
+    pub cache_version: u64,
     /// Zero in layout version 1.
-    pub reserved: [u64; 3],
+    pub reserved: [u64; 1],
 }
 
 const _: () = assert!(size_of::<EsSnapshot>() == size_of::<Snapshot>());

@@ -78,6 +78,7 @@ pub(crate) unsafe fn reader_options(options: *const EsOptions) -> Result<ReaderO
             max_capture_age: Duration::from_nanos(options.max_capture_age_ns),
         },
         rescan_interval: Duration::from_nanos(options.rescan_interval_ns),
+        cache_digests: false,
     })
 }
 

@@ -51,7 +51,13 @@ fn the_header_snapshot_fields_are_the_rust_fields() {
         .filter_map(|line| line.strip_prefix("uint64_t "))
         .map(|declaration| declaration.trim_end_matches(';'))
         .collect();
-    let mut expected: Vec<&str> = engine_state_shm_format::Snapshot::FIELD_NAMES.to_vec();
-    expected.push("reserved[3]");
+    let mut expected: Vec<String> = engine_state_shm_format::Snapshot::FIELD_NAMES
+        .iter()
+        .map(|name| name.to_string())
+        .collect();
+    expected.push(format!(
+        "reserved[{}]",
+        engine_state_shm_format::SNAPSHOT_WORDS - engine_state_shm_format::FIELD_COUNT
+    ));
     assert_eq!(fields, expected);
 }

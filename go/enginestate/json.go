@@ -12,11 +12,11 @@ import (
 // golden vectors pin.
 
 // JSONKeys are the keys of one engine's object, in order.
-var JSONKeys = func() [18]string {
-	var k [18]string
+var JSONKeys = func() [len(FieldNames) + 5]string {
+	var k [len(FieldNames) + 5]string
 	k[0] = "engine_id"
-	copy(k[1:14], FieldNames[:])
-	k[14], k[15], k[16], k[17] = "status", "heartbeat_age_ms", "capture_age_ms", "gpu_kv_used_frac"
+	n := 1 + copy(k[1:], FieldNames[:])
+	k[n], k[n+1], k[n+2], k[n+3] = "status", "heartbeat_age_ms", "capture_age_ms", "gpu_kv_used_frac"
 	return k
 }()
 

@@ -68,7 +68,7 @@ func TestCompactJSONHasTheContractKeysInOrder(t *testing.T) {
 	want := `{"engine_id":"e0","captured_mono_ns":0,"captured_unix_ns":0,"step":0,"num_running":4,` +
 		`"num_waiting":0,"gpu_blocks_total":10,"gpu_blocks_free":4,"pending_prefill_tokens":0,` +
 		`"ongoing_decode_tokens":0,"num_prefilling":0,"max_prefill_remaining":0,"num_preempted":0,` +
-		`"flags":0,"status":"stale","heartbeat_age_ms":1.5,"capture_age_ms":0.0,"gpu_kv_used_frac":0.6}`
+		`"flags":0,"cache_blocks":0,"cache_version":0,"status":"stale","heartbeat_age_ms":1.5,"capture_age_ms":0.0,"gpu_kv_used_frac":0.6}`
 	if string(b) != want {
 		t.Errorf("got  %s\nwant %s", b, want)
 	}

@@ -41,9 +41,9 @@ const (
 	stateWord = 3
 )
 
-// FieldNames are the names of snapshot words 0 to 12, in word order: the
+// FieldNames are the names of snapshot words 0 to 14, in word order: the
 // same in Rust, Python, JSON and Prometheus labels.
-var FieldNames = [13]string{
+var FieldNames = [15]string{
 	"captured_mono_ns",
 	"captured_unix_ns",
 	"step",
@@ -57,6 +57,8 @@ var FieldNames = [13]string{
 	"max_prefill_remaining",
 	"num_preempted",
 	"flags",
+	"cache_blocks",
+	"cache_version",
 }
 
 // Header is cache line 0 of a file, as loaded at open.
@@ -108,7 +110,9 @@ type Snapshot struct {
 	MaxPrefillRemaining  uint64
 	NumPreempted         uint64
 	Flags                uint64 // FlagIdle, FlagShuttingDown; ignore other bits
-	Reserved             [3]uint64
+	CacheBlocks          uint64 // entries in the latest cache digest (docs/FORMAT.md, "Cache residency")
+	CacheVersion         uint64 // that digest's version; 0: the engine publishes none
+	Reserved             [1]uint64
 }
 
 // SnapshotFromWords is the snapshot of 16 words in layout order.
@@ -127,7 +131,9 @@ func SnapshotFromWords(w *[SnapshotWords]uint64) Snapshot {
 		MaxPrefillRemaining:  w[10],
 		NumPreempted:         w[11],
 		Flags:                w[12],
-		Reserved:             [3]uint64{w[13], w[14], w[15]},
+		CacheBlocks:          w[13],
+		CacheVersion:         w[14],
+		Reserved:             [1]uint64{w[15]},
 	}
 }
 
@@ -137,7 +143,7 @@ func (s *Snapshot) Words() [SnapshotWords]uint64 {
 		s.CapturedMonoNs, s.CapturedUnixNs, s.Step, s.NumRunning, s.NumWaiting,
 		s.GPUBlocksTotal, s.GPUBlocksFree, s.PendingPrefillTokens, s.OngoingDecodeTokens,
 		s.NumPrefilling, s.MaxPrefillRemaining, s.NumPreempted, s.Flags,
-		s.Reserved[0], s.Reserved[1], s.Reserved[2],
+		s.CacheBlocks, s.CacheVersion, s.Reserved[0],
 	}
 }
 

@@ -111,7 +111,7 @@ func (m *mapping) contains(addr uintptr) bool {
 
 // snapshotWords views a Snapshot as its 16 words, so a read copies the
 // payload straight into the caller's snapshot. Sound because Snapshot is
-// sixteen uint64 fields (13 named, then [3]uint64) in word order: Go lays
+// sixteen uint64 fields (15 named, then [1]uint64) in word order: Go lays
 // struct fields out in order, and uint64 fields need no padding between
 // them; the size is asserted below.
 func snapshotWords(s *Snapshot) *[SnapshotWords]uint64 {

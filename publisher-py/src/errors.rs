@@ -23,7 +23,7 @@ pyo3::create_exception!(
 pub(crate) fn publisher_error(error: engine_state_publisher::Error) -> PyErr {
     use engine_state_publisher::Error as E;
     match &error {
-        E::Config { .. } | E::BadUri(_) | E::InvalidSnapshot { .. } => {
+        E::Config { .. } | E::BadUri(_) | E::InvalidSnapshot { .. } | E::InvalidCache { .. } => {
             PyValueError::new_err(error.to_string())
         }
         E::Shm(engine_state_shm_format::Error::InvalidEngineId { .. }) => {

@@ -86,8 +86,9 @@ impl Publisher {
 }
 
 /// The Python methods. `publish` takes one keyword-only argument per
-/// snapshot field but the capture stamps, from shm-format's
-/// `snapshot_fields!` (the `@settable` rules drop the stamps): pyo3 parses
+/// snapshot field but the stamps (`Snapshot::CAPTURE_STAMPS`,
+/// `Snapshot::CACHE_STAMPS`), from shm-format's `snapshot_fields!` (the
+/// `@settable` rules drop the stamps): pyo3 parses
 /// them as declared arguments (the fast path, and its own errors for an
 /// unknown keyword, a positional argument or a value out of range). pyo3
 /// takes one `#[pymethods]` block per class, so the whole block is emitted
@@ -97,6 +98,12 @@ macro_rules! publisher_methods {
         publisher_methods!(@settable [$($field)*] $($rest)*);
     };
     (@settable [$($field:ident)*] $(#[$doc:meta])* captured_unix_ns = $word:literal, $($rest:tt)*) => {
+        publisher_methods!(@settable [$($field)*] $($rest)*);
+    };
+    (@settable [$($field:ident)*] $(#[$doc:meta])* cache_blocks = $word:literal, $($rest:tt)*) => {
+        publisher_methods!(@settable [$($field)*] $($rest)*);
+    };
+    (@settable [$($field:ident)*] $(#[$doc:meta])* cache_version = $word:literal, $($rest:tt)*) => {
         publisher_methods!(@settable [$($field)*] $($rest)*);
     };
     (@settable [$($field:ident)*] $(#[$doc:meta])* $next:ident = $word:literal, $($rest:tt)*) => {
@@ -129,7 +136,8 @@ macro_rules! publisher_methods {
             }
 
             /// Publishes one snapshot: one keyword per field of `FIELD_NAMES`
-            /// (`captured_*` excepted: they are stamped here); fields not given are
+            /// (`captured_*` and `cache_*` excepted: they are stamped here, the
+            /// cache words from the last digest); fields not given are
             /// 0, and the idle flag follows from `num_running` and `num_waiting`.
             /// ValueError (nothing published) when `gpu_blocks_free` exceeds
             /// `gpu_blocks_total` or `flags` has bits other than FLAG_IDLE and
@@ -141,6 +149,22 @@ macro_rules! publisher_methods {
                     $($field,)*
                     ..Snapshot::default()
                 })
+            }
+
+            /// Publishes the engine's cache digest (docs/FORMAT.md, "Cache
+            /// residency"): `blocks` are the router block hashes
+            /// (`block_hashes`) the engine holds in full, in any order, at most
+            /// `capacity` of them; `held` how many it held before a cut to the
+            /// capacity (at least `len(blocks)`). Writes a new digest version
+            /// and returns True when the set differs from the last one, else
+            /// does nothing and returns False; every later `publish()` stamps
+            /// `cache_blocks` and `cache_version` from it. ValueError (nothing
+            /// published) for more blocks than `capacity`, a capacity above
+            /// the format's bound, or `held` below `len(blocks)`.
+            fn publish_cache(&mut self, blocks: Vec<u64>, held: u64, capacity: usize) -> PyResult<bool> {
+                self.open()?
+                    .publish_cache(&blocks, held, capacity)
+                    .map_err(publisher_error)
             }
 
             /// Counters, every key for both backends (0 where it does not apply;

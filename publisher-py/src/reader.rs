@@ -6,6 +6,7 @@ use std::time::Duration;
 use engine_state_reader::{
     millis, open, printable, Freshness, ReaderOptions, Reading, Source, StateUri,
 };
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -24,17 +25,20 @@ pub(crate) struct Reader {
     inner: Mutex<(Box<dyn Source>, Reading)>,
     /// The source's URI, password hidden (read without the lock).
     uri: String,
+    /// Whether each read fills the engines' cache digests (`read_cache`).
+    cache_digests: bool,
 }
 
 #[pymethods]
 impl Reader {
     #[new]
-    #[pyo3(signature = (uri=None, stale_after_ms=None, max_capture_age_ms=None))]
+    #[pyo3(signature = (uri=None, stale_after_ms=None, max_capture_age_ms=None, *, cache_digests=false))]
     fn new(
         py: Python<'_>,
         uri: Option<&str>,
         stale_after_ms: Option<u64>,
         max_capture_age_ms: Option<u64>,
+        cache_digests: bool,
     ) -> PyResult<Reader> {
         let uri = StateUri::from_flag_or_env(uri).map_err(|e| reader_error(e.into()))?;
         let mut freshness = Freshness::default();
@@ -47,12 +51,14 @@ impl Reader {
         let options = ReaderOptions {
             freshness,
             ..ReaderOptions::default()
-        };
+        }
+        .with_cache_digests(cache_digests);
         // Connecting to Redis may wait (at most the URI's timeout).
         let source = py.detach(|| open(&uri, options)).map_err(reader_error)?;
         Ok(Reader {
             uri: source.uri(),
             inner: Mutex::new((source, Reading::default())),
+            cache_digests,
         })
     }
 
@@ -69,6 +75,33 @@ impl Reader {
             Ok(reading.engines.iter().map(EngineState::from).collect())
         })
         .map_err(reader_error)
+    }
+
+    /// The cache digest of `engine_id` as of the last `read()`
+    /// (docs/FORMAT.md, "Cache residency"): the router block hashes
+    /// (`block_hashes`) of the 512-token prompt prefixes the engine holds,
+    /// ascending. None when that read did not return the engine, when its
+    /// status is not "fresh" (a digest is used only with a fresh state), or
+    /// when the engine publishes no digest (`cache_version` 0) or its digest
+    /// could not be read (then `errors` says why; class `corrupt_cache`).
+    /// A digest is read again only when the engine's `cache_version` moved.
+    /// ValueError unless the Reader was created with `cache_digests=True`.
+    fn read_cache(&self, py: Python<'_>, engine_id: &str) -> PyResult<Option<Vec<u64>>> {
+        if !self.cache_digests {
+            return Err(PyValueError::new_err(format!(
+                "Reader({:?}) reads no cache digests: create it with cache_digests=True",
+                self.uri
+            )));
+        }
+        // Another thread may be inside read(): wait for it without the GIL.
+        Ok(py.detach(|| {
+            let guard = self.lock();
+            let state = guard.1.get(engine_id)?;
+            if !state.is_fresh() {
+                return None;
+            }
+            state.cache.as_ref().map(|digest| digest.blocks().to_vec())
+        }))
     }
 
     /// The per-engine errors of the last `read()` (bad or foreign files,

@@ -282,6 +282,8 @@ pub(crate) struct Decision {
     reason: &'static str,
     input_len: u64,
     cache_hit_tokens: u64,
+    /// `engine` (the instance's fresh cache digest) or `estimated`.
+    cache_knowledge: &'static str,
     new_prefill_tokens: u64,
     consulted_real_state: bool,
 }
@@ -295,6 +297,7 @@ impl From<engine_state_router::Decision> for Decision {
             reason: d.reason.name(),
             input_len: d.input_len,
             cache_hit_tokens: d.cache_hit_tokens,
+            cache_knowledge: d.cache_knowledge.name(),
             new_prefill_tokens: d.new_prefill_tokens,
             consulted_real_state: d.consulted_real_state,
         }

@@ -58,6 +58,9 @@ def test_fresh_engine_state_steers_the_pick(tmp_path):
         decision, _ = router.pick("r", tokens=PROMPT)
         assert decision.instance_id == "idle"
         assert decision.consulted_real_state
+        # No digest published: the router's own estimate.
+        assert decision.cache_knowledge == "estimated"
+        assert router.settings()["cache_knowledge"] == "engine"
         eff = {i["instance_id"]: i["effective"] for i in router.instances()}
         assert eff["busy"]["num_requests"] == 12
         assert eff["busy"]["pending_prefill_tokens"] == 50_000
@@ -287,10 +290,11 @@ def _nested(name, value):
 
 
 def test_every_setting_is_listed():
-    listed = set(SETTING_RANGES) | {"policy", "real_state_use", "migration"}
+    named = {"policy", "real_state_use", "cache_knowledge", "migration"}
+    listed = set(SETTING_RANGES) | named
     settings = Router(["a"]).settings()
     names = set(settings) | {f"migration.{k}" for k in settings["migration"]}
-    assert names - {"policy", "real_state_use", "migration"} <= listed
+    assert names - named <= listed
     assert names >= set(SETTING_RANGES)
 
 

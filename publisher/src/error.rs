@@ -52,6 +52,17 @@ pub enum Error {
         /// Which field is wrong and what would be right.
         what: String,
     },
+    /// A cache digest breaks the rules (too many blocks for its capacity, a
+    /// capacity above `MAX_DIGEST_ENTRIES`, `held` below the blocks
+    /// listed); nothing was published and later snapshots still name the
+    /// previous digest.
+    #[error("engine-state publisher for {engine_id:?}: cache digest refused: {what}")]
+    InvalidCache {
+        /// The engine id.
+        engine_id: String,
+        /// What is wrong and what would be right.
+        what: String,
+    },
     /// Another live publisher already publishes this engine id: the writer
     /// of a live file (shared memory), or of an unexpired record (Redis).
     /// The same error for both backends.

@@ -24,6 +24,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod cache;
 mod config;
 mod error;
 mod heartbeat;
@@ -43,5 +44,7 @@ pub use crate::recreate::PublisherStats;
 /// The counters of [`Publisher::redis_stats`].
 pub use engine_state_redis::SinkStats;
 
+#[cfg(test)]
+mod publisher_cache_tests;
 #[cfg(test)]
 mod publisher_tests;

@@ -1,7 +1,8 @@
 //! The publisher: one engine's snapshots to its backend (a shared-memory
 //! file or Redis) plus its heartbeat thread. Each concept has its file:
 //! `validate.rs` (what a snapshot must satisfy), `stamp.rs` (the capture
-//! clocks and idle flag), `shm_backend.rs`, `redis_backend.rs`,
+//! clocks, idle flag and cache words), `cache.rs` (what a cache digest must
+//! satisfy, and whether it changed), `shm_backend.rs`, `redis_backend.rs`,
 //! `heartbeat.rs` (the thread), `recreate.rs` (a lost file recreated).
 
 use std::path::Path;
@@ -9,6 +10,7 @@ use std::path::Path;
 use engine_state_redis::StateUri;
 use engine_state_shm_format::{fork_generation, Clock, Snapshot};
 
+use crate::cache::CacheState;
 use crate::config::PublisherConfig;
 use crate::error::Error;
 use crate::heartbeat::{HeartbeatThread, Ticks};
@@ -47,6 +49,9 @@ pub struct Publisher {
     clock: Clock,
     fork_generation: u64,
     owner_pid: u32,
+    /// The last cache digest published, whose words every later snapshot
+    /// carries.
+    cache: CacheState,
 }
 
 #[derive(Debug)]
@@ -121,11 +126,14 @@ impl Publisher {
             clock,
             fork_generation: fork_generation(),
             owner_pid: std::process::id(),
+            cache: CacheState::default(),
         })
     }
 
-    /// Publishes `snapshot`: `captured_mono_ns`, `captured_unix_ns` and the idle
-    /// flag are set here (whatever the caller passed); the rest as given.
+    /// Publishes `snapshot`: `captured_mono_ns`, `captured_unix_ns`, the idle
+    /// flag, `cache_blocks` and `cache_version` (the last digest of
+    /// [`Publisher::publish_cache`]; 0 before it) are set here, whatever the
+    /// caller passed; the rest as given.
     ///
     /// Refused with [`Error::InvalidSnapshot`] (two comparisons): more free
     /// than total KV blocks (readers would clamp `gpu_kv_used_frac` to 0 and
@@ -140,16 +148,79 @@ impl Publisher {
                 engine_id: self.config.engine_id.to_string(),
             }),
             Some(Backend::Shm(shm)) => shm
-                .publish(snapshot, &self.clock, self.fork_generation)
+                .publish(
+                    snapshot,
+                    &self.clock,
+                    self.cache.words,
+                    self.fork_generation,
+                )
                 .map_err(|_| self.wrong_process()),
             Some(Backend::Redis(redis)) => {
                 if fork_generation() != self.fork_generation {
                     return Err(self.wrong_process());
                 }
-                redis.publish(snapshot, &self.clock);
+                redis.publish(snapshot, &self.clock, self.cache.words);
                 Ok(())
             }
         }
+    }
+
+    /// Publishes the engine's cache digest (docs/FORMAT.md, "Cache
+    /// residency"): `blocks`, the router block hashes
+    /// (`engine_state_shm_format::blocks`) it holds in full, in any order
+    /// (duplicates count once), prefix-closed; `held`, how many it held
+    /// (more than `blocks` when the list was cut to `capacity`); `capacity`,
+    /// the entries its digest holds (`default_cache_capacity`).
+    ///
+    /// Writes a new digest version and returns true when the set differs
+    /// from the last one published (or the digest must be rewritten: a new
+    /// capacity, or a file recreated in a new generation); returns false
+    /// and writes nothing otherwise, so calling it at every capture costs a
+    /// sort and a compare. Every later [`Publisher::publish`] names the
+    /// digest in its `cache_blocks` and `cache_version` words; the digest is
+    /// in place before any snapshot names it. Shared memory: a file in
+    /// `<dir>.cache` (created at the first call, replaced when `capacity`
+    /// changes). Redis: the key `<prefix>cache:<id>`, handed to the sink
+    /// like a record (never waits on the network).
+    ///
+    /// Refused with [`Error::InvalidCache`]: more distinct blocks than
+    /// `capacity`, `capacity` above `MAX_DIGEST_ENTRIES`, `held` below the
+    /// blocks listed. An engine that cannot publish residency simply never
+    /// calls this (its `cache_version` stays 0).
+    pub fn publish_cache(
+        &mut self,
+        blocks: &[u64],
+        held: u64,
+        capacity: usize,
+    ) -> Result<bool, Error> {
+        if self.backend.is_some() && fork_generation() != self.fork_generation {
+            return Err(self.wrong_process());
+        }
+        let current = match self.backend.as_mut() {
+            None => {
+                return Err(Error::Closed {
+                    engine_id: self.config.engine_id.to_string(),
+                })
+            }
+            Some(Backend::Shm(shm)) => shm.digest_current(capacity),
+            Some(Backend::Redis(_)) => true,
+        };
+        let digest = match self.cache.prepare(blocks, held, capacity, current) {
+            Ok(Some(digest)) => digest,
+            Ok(None) => return Ok(false),
+            Err(what) => {
+                return Err(Error::InvalidCache {
+                    engine_id: self.config.engine_id.to_string(),
+                    what,
+                })
+            }
+        };
+        match self.backend.as_mut().expect("checked above") {
+            Backend::Shm(shm) => shm.publish_cache(&digest, &self.clock, &self.config)?,
+            Backend::Redis(redis) => redis.publish_cache(&digest, &self.clock),
+        }
+        self.cache.published();
+        Ok(true)
     }
 
     #[cold]

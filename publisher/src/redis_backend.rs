@@ -1,6 +1,9 @@
 //! Publishing to Redis: the first, owner-checked write
 //! (`engine_state_redis::claim`), a sink thread that writes the latest
-//! record, and the heartbeat that re-sends it (docs/REDIS.md).
+//! record, and the heartbeat that re-sends it (docs/REDIS.md); the cache
+//! digest goes through the same sink to `<prefix>cache:<id>`, written on
+//! change, its expiry refreshed with every record (docs/REDIS.md, "Key
+//! schema").
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -8,12 +11,15 @@ use std::time::Duration;
 use engine_state_redis::{
     Claim, RecordWriter, RedisRecord, RedisSink, RedisTarget, SinkHandle, SinkOp, SinkStats,
 };
-use engine_state_shm_format::{heartbeat, unix_ns, Clock, Snapshot};
+use engine_state_shm_format::{
+    encode_digest_value, heartbeat, unix_ns, CacheDigest, Clock, DigestRecord, Snapshot,
+};
 
+use crate::cache::NextDigest;
 use crate::config::PublisherConfig;
 use crate::error::Error;
 use crate::heartbeat::{HeartbeatThread, Ticks};
-use crate::stamp::stamp;
+use crate::stamp::{stamp, CacheWords};
 
 /// How long `close()` waits for the Redis sink to delete the engine's key.
 const CLOSE_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
@@ -24,6 +30,10 @@ pub(crate) struct RedisBackend {
     engine_id: Arc<str>,
     /// The latest record; the heartbeat thread re-sends it with a new heartbeat.
     record: Arc<Mutex<RedisRecord>>,
+    /// Who writes (the owner check of the record and of the digest).
+    writer: RecordWriter,
+    /// When this writer started (its digest values' `created_unix_ns`).
+    created_unix_ns: u64,
 }
 
 impl RedisBackend {
@@ -44,7 +54,7 @@ impl RedisBackend {
             Err(_) => None,
         };
         let engine_id: Arc<str> = Arc::from(config.engine_id.as_str());
-        let first = stamp(Snapshot::default(), clock);
+        let first = stamp(Snapshot::default(), clock, CacheWords::default());
         let writer = RecordWriter {
             pid: std::process::id(),
             publish_period_us: config.period.as_micros().min(u32::MAX as u128) as u32,
@@ -93,6 +103,8 @@ impl RedisBackend {
                 sink,
                 engine_id,
                 record,
+                writer,
+                created_unix_ns: writer.generation,
             },
             heartbeat,
         ))
@@ -100,8 +112,8 @@ impl RedisBackend {
 
     /// Hands `snapshot` (stamped here, with the next heartbeat) to the sink.
     #[inline]
-    pub(crate) fn publish(&mut self, snapshot: Snapshot, clock: &Clock) {
-        let snapshot = stamp(snapshot, clock);
+    pub(crate) fn publish(&mut self, snapshot: Snapshot, clock: &Clock, cache: CacheWords) {
+        let snapshot = stamp(snapshot, clock, cache);
         let record = {
             let mut record = lock(&self.record);
             record.snapshot = snapshot;
@@ -110,6 +122,24 @@ impl RedisBackend {
             *record
         };
         self.sink.send(&self.engine_id, SinkOp::Set(record));
+    }
+
+    /// Hands the digest `next` to the sink, which writes it (owner-checked)
+    /// before any later record, so no record names a version the key does
+    /// not hold yet (docs/REDIS.md, "Key schema").
+    pub(crate) fn publish_cache(&mut self, next: &NextDigest<'_>, clock: &Clock) {
+        let record = DigestRecord {
+            writer_pid: self.writer.pid,
+            generation: self.writer.generation,
+            created_unix_ns: self.created_unix_ns,
+            kv_block_size: 0,
+            captured_unix_ns: clock.unix_ns().unwrap_or_else(unix_ns),
+            held: next.held,
+            digest: CacheDigest::new(next.version, clock.now_ns(), next.blocks.to_vec()),
+        };
+        // Cannot fail: `publish_cache` refused more than MAX_DIGEST_ENTRIES.
+        let value = encode_digest_value(&record).expect("a digest within the entry bound");
+        self.sink.send_cache(&self.engine_id, Arc::from(value));
     }
 
     /// Deletes the engine's key (like removing the file: the engine leaves

@@ -6,7 +6,14 @@
 //!   1024 engines; the same against JSON files (parse included) and, when a
 //!   `redis-server` is on the PATH, a Redis GET/MGET on loopback;
 //! - a percentile pass (p50/p99/p999 of single reads, timer overhead
-//!   subtracted) with the writer at 20 Hz and publishing continuously.
+//!   subtracted) with the writer at 20 Hz and publishing continuously;
+//! - one cache digest of 430 entries (a 220k-token engine's default
+//!   capacity): the file's seqlock read and checks (`DigestFile::read`), and
+//!   the decode of its Redis value.
+//! - cache digests (docs/FORMAT.md, "Cache residency"): one engine with a
+//!   430-entry digest read without digests, with digests whose version did
+//!   not move, and with a version that moved at every read (the digest file
+//!   read and a new `Arc`); 1,024 engines scanned the same three ways.
 //!
 //! The writer runs in a child process: this same executable, started with
 //! `ES_BENCH_WRITER=<dir>:<id>:<hz|max>`.
@@ -18,7 +25,10 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use engine_state_reader::{ReaderOptions, Reading, ShmDir, Snapshot, Source};
-use engine_state_shm_format::{monotonic_ns, EngineId, ShmFile, ShmWriter, WriterOptions};
+use engine_state_shm_format::{
+    decode_digest_value, encode_digest_value, monotonic_ns, CacheDigest, DigestFile, DigestOptions,
+    DigestRecord, DigestWriter, EngineId, ShmFile, ShmWriter, WriterOptions,
+};
 
 fn snapshot(i: u64) -> Snapshot {
     Snapshot {
@@ -312,6 +322,125 @@ fn bench_torn_dead(c: &mut Criterion) {
     group.finish();
 }
 
+/// Entries of the digest benchmarks: ~220k tokens of KV cache in 512-token
+/// router blocks (the example engine).
+const DIGEST_ENTRIES: usize = 430;
+
+/// One engine's writers: its file, and its digest file with
+/// [`DIGEST_ENTRIES`] entries at `version`.
+struct DigestEngine {
+    engine: ShmWriter,
+    digest: DigestWriter,
+    version: u64,
+    blocks: Vec<u64>,
+}
+
+impl DigestEngine {
+    fn create(dir: &Path, i: usize) -> DigestEngine {
+        let id = EngineId::new(&format!("engine-{i:04}")).unwrap();
+        let engine = ShmWriter::create(dir, &id, &WriterOptions::default(), &snapshot(1)).unwrap();
+        let blocks: Vec<u64> = (0..DIGEST_ENTRIES as u64)
+            .map(|b| b.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ i as u64)
+            .collect();
+        let options = DigestOptions {
+            capacity: DIGEST_ENTRIES,
+            generation: engine.generation(),
+            ..DigestOptions::default()
+        };
+        let first = CacheDigest::new(1, monotonic_ns(), blocks.clone());
+        let digest = DigestWriter::create(dir, &id, &options, &first, 430, 0).unwrap();
+        let mut engine = DigestEngine {
+            engine,
+            digest,
+            version: 1,
+            blocks,
+        };
+        engine.name_version();
+        engine
+    }
+
+    /// A snapshot naming the digest's version (as a publisher's next publish).
+    fn name_version(&mut self) {
+        let snap = Snapshot {
+            cache_blocks: DIGEST_ENTRIES as u64,
+            cache_version: self.version,
+            ..snapshot(self.version)
+        };
+        self.engine.publish(&snap).unwrap();
+        self.engine.stamp_heartbeat(monotonic_ns());
+    }
+
+    /// A new digest version (one block changed), then a snapshot naming it.
+    fn move_version(&mut self) {
+        self.version += 1;
+        self.blocks[0] = self.version;
+        let digest = CacheDigest::new(self.version, monotonic_ns(), self.blocks.clone());
+        self.digest.publish(&digest, 430, 0).unwrap();
+        self.name_version();
+    }
+}
+
+/// Cache digests: one engine and 1,024, each read without digests, with
+/// digests that did not move, and with digests moved before every read
+/// (the writes are not timed: `iter_custom` times the reads alone).
+fn bench_digests(c: &mut Criterion) {
+    let digests = no_rescan().with_cache_digests(true);
+    let mut group = c.benchmark_group("read_with_cache_digests");
+    for n in [1usize, 1024] {
+        let tmp = tempfile::tempdir_in(shm_root()).unwrap();
+        let dir = tmp.path().join("engines");
+        std::fs::create_dir(&dir).unwrap();
+        let mut engines: Vec<DigestEngine> =
+            (0..n).map(|i| DigestEngine::create(&dir, i)).collect();
+        let mut plain = ShmDir::open(&dir, no_rescan()).unwrap();
+        let mut with = ShmDir::open(&dir, digests).unwrap();
+        let mut reading = Reading::default();
+        with.read_into(&mut reading).unwrap();
+        assert_eq!(reading.engines.len(), n);
+        assert!(reading.errors.is_empty(), "{:?}", reading.errors);
+        assert!(reading
+            .engines
+            .iter()
+            .all(|e| e.cache.as_ref().is_some_and(|d| d.len() == DIGEST_ENTRIES)));
+        let label = if n == 1 { "one_engine" } else { "scan_1024" };
+        group.throughput(Throughput::Elements(n as u64));
+        group.bench_function(BenchmarkId::new(label, "no_digests"), |b| {
+            b.iter(|| {
+                plain.read_into(&mut reading).unwrap();
+                black_box(reading.engines.len())
+            })
+        });
+        group.bench_function(BenchmarkId::new(label, "digest_not_moved"), |b| {
+            b.iter(|| {
+                with.read_into(&mut reading).unwrap();
+                black_box(reading.engines.len())
+            })
+        });
+        group.bench_function(BenchmarkId::new(label, "digest_moved"), |b| {
+            b.iter_custom(|iters| {
+                let mut timed = Duration::ZERO;
+                for _ in 0..iters {
+                    for engine in &mut engines {
+                        engine.move_version();
+                    }
+                    let start = Instant::now();
+                    with.read_into(&mut reading).unwrap();
+                    timed += start.elapsed();
+                    black_box(reading.engines.len());
+                }
+                timed
+            })
+        });
+        let moved = reading.engines[0].cache.as_ref().unwrap();
+        assert_eq!(
+            moved.version(),
+            engines[0].version,
+            "the moved digest was read"
+        );
+    }
+    group.finish();
+}
+
 /// Single-read percentiles: criterion reports central values only.
 fn percentiles() {
     fn report(name: &str, mut samples: Vec<u64>, overhead: u64) {
@@ -441,6 +570,37 @@ impl Drop for RedisServer {
     }
 }
 
+/// One digest of `entries` distinct blocks, read from its file and decoded
+/// from its Redis value (docs/FORMAT.md, "Cache residency").
+fn bench_cache_digest(c: &mut Criterion) {
+    let entries = 430;
+    let state = tempfile::tempdir_in(shm_root()).unwrap();
+    let blocks: Vec<u64> = (0..entries as u64)
+        .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        .collect();
+    let digest = CacheDigest::new(1, monotonic_ns(), blocks);
+    let options = DigestOptions {
+        capacity: entries,
+        ..DigestOptions::default()
+    };
+    let id = EngineId::new("digest-0").unwrap();
+    let writer = DigestWriter::create(state.path(), &id, &options, &digest, 430, 0).unwrap();
+    let file = DigestFile::open(writer.path()).unwrap();
+    assert_eq!(file.read().unwrap().len(), entries);
+    let value = encode_digest_value(&DigestRecord {
+        digest,
+        ..DigestRecord::default()
+    })
+    .unwrap();
+    let mut group = c.benchmark_group("read_cache_digest_430");
+    group.bench_function("digest_file_read", |b| b.iter(|| black_box(file.read())));
+    group.bench_function("decode_digest_value", |b| {
+        b.iter(|| black_box(decode_digest_value(black_box(&value))))
+    });
+    group.finish();
+    drop(writer);
+}
+
 fn main() {
     if let Ok(spec) = std::env::var("ES_BENCH_WRITER") {
         writer_main(&spec);
@@ -453,6 +613,8 @@ fn main() {
     bench_one_engine(&mut c);
     bench_scan(&mut c);
     bench_torn_dead(&mut c);
+    bench_cache_digest(&mut c);
+    bench_digests(&mut c);
     c.final_summary();
     if std::env::args().any(|a| a == "--bench") {
         percentiles();

@@ -50,6 +50,26 @@ pub enum Error {
         /// Which stamp, how far ahead, and the bound.
         ahead: crate::freshness::ClockAhead,
     },
+    /// One engine's cache digest cannot be used (an [`EngineError`]'s cause,
+    /// class `corrupt_cache`): the file or Redis value is damaged, of
+    /// another layout version, or missing while the snapshot names a
+    /// digest. The engine's state is still read, with `cache: None`; a
+    /// router falls back to its own estimate for it.
+    #[error(
+        "{location}: the cache digest of engine {engine_id:?} cannot be used ({what}); its state \
+         is read without it (cache: None). It is read again when the engine publishes its next \
+         digest; if this persists, restart that engine's publisher (it rewrites its digest), \
+         remove the digest so it is recreated, or turn digests off in this reader \
+         (ReaderOptions::cache_digests)"
+    )]
+    CorruptCache {
+        /// The engine.
+        engine_id: String,
+        /// The digest's file or Redis key.
+        location: String,
+        /// What is wrong.
+        what: String,
+    },
     /// Redis failed (unreachable, refused, wrong password, ...), or one
     /// engine's key holds no usable record (an [`EngineError`]'s cause: a
     /// foreign value, a key without expiry, another layout version).

@@ -16,6 +16,40 @@
 //!   "Liveness and staleness"), the one place it lives.
 //! - [`Reading`]: the engines of one read plus per-engine errors: a bad file
 //!   never stops the others from being read.
+//! - Cache digests (docs/FORMAT.md, "Cache residency"): with
+//!   [`ReaderOptions::cache_digests`] (off by default) every source fills
+//!   [`EngineState::cache`] for an engine whose snapshot names a digest
+//!   (`cache_version` ≠ 0): shared memory maps `<dir>.cache/<id>` at the
+//!   first version it needs, Redis fetches `<prefix>cache:<id>`
+//!   (docs/REDIS.md, "The cache digest key"); either reads a digest again
+//!   only when the version moves, and hands out the same `Arc` until then.
+//!   A digest that cannot be used is that engine's [`Error::CorruptCache`]
+//!   (class `corrupt_cache`; a missing one is said once per version), and
+//!   the engine's state is read all the same, with `cache: None`.
+//!
+//! ```
+//! use engine_state_reader::{ReaderOptions, ShmDir};
+//! use engine_state_shm_format::{
+//!     monotonic_ns, CacheDigest, DigestOptions, DigestWriter, EngineId, ShmWriter, Snapshot,
+//!     WriterOptions,
+//! };
+//!
+//! let tmp = tempfile::tempdir()?;
+//! let dir = tmp.path().join("engines");
+//! std::fs::create_dir(&dir)?;
+//! let id = EngineId::new("e0")?;
+//! // What a publisher's `publish_cache` and `publish` do: the digest first,
+//! // then a snapshot that names its version.
+//! let mut engine = ShmWriter::create(&dir, &id, &WriterOptions::default(), &Snapshot::default())?;
+//! let options = DigestOptions { capacity: 16, generation: engine.generation(), ..DigestOptions::default() };
+//! let _digest = DigestWriter::create(&dir, &id, &options, &CacheDigest::new(1, 0, vec![7, 3]), 2, 0)?;
+//! engine.publish(&Snapshot { captured_mono_ns: monotonic_ns(), cache_blocks: 2, cache_version: 1, ..Snapshot::default() })?;
+//!
+//! let mut source = ShmDir::open(&dir, ReaderOptions::default().with_cache_digests(true))?;
+//! let digest = source.read_engine("e0")?.unwrap().cache.expect("a digest");
+//! assert_eq!(digest.blocks(), &[3, 7]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 //!
 //! ```
 //! use engine_state_reader::{open, ReaderOptions, StateUri, Status};
@@ -70,6 +104,8 @@ pub use engine_state_redis as redis;
 pub use engine_state_redis::{RedisTarget, READ_TIMEOUT};
 pub use engine_state_shm_format::{Snapshot, FLAG_IDLE, FLAG_SHUTTING_DOWN};
 
+#[cfg(test)]
+mod shm_dir_cache_tests;
 #[cfg(test)]
 mod shm_dir_hostile_tests;
 #[cfg(test)]

@@ -19,7 +19,11 @@ use crate::state::{EngineState, Reading};
 /// A read is one pipeline: a bounded step of a scan of `<prefix>engines`
 /// (`SSCAN … COUNT 1000`; a scan starts at most every
 /// [`ReaderOptions::rescan_interval`]), then per engine whose key exists a
-/// `GETRANGE key 0 192` and a `PTTL` (see `engine_state_redis::RedisSource`).
+/// `GETRANGE key 0 192` and a `PTTL` (see `engine_state_redis::RedisSource`);
+/// with [`ReaderOptions::cache_digests`], one more round trip fetches the
+/// digests of the engines whose record names a `cache_version` past the one
+/// held (`GETRANGE <prefix>cache:<id>`, size-bounded), none when no digest
+/// moved.
 /// A read as a whole — reconnecting, and every reply — takes at most
 /// [`RedisTarget::timeout`] (`?timeout_ms=`, default
 /// [`crate::READ_TIMEOUT`], 500 ms); after a failure, reads during the
@@ -42,10 +46,10 @@ impl RedisSource {
     /// Connects and reads the registry; connection and authentication
     /// failures are errors here (later they only make engines stale).
     pub fn open(target: RedisTarget, options: ReaderOptions) -> Result<RedisSource, Error> {
-        Ok(RedisSource {
-            records: engine_state_redis::RedisSource::open(target, options.rescan_interval)?,
-            options,
-        })
+        let mut records = engine_state_redis::RedisSource::open(target, options.rescan_interval)?;
+        // From the first read on (the open's fetch read the registry).
+        records.read_cache_digests(options.cache_digests);
+        Ok(RedisSource { records, options })
     }
 
     /// The server, database and prefix read.
@@ -88,7 +92,18 @@ impl Source for RedisSource {
             if let Some(fault) = engine.fault {
                 out.errors
                     .push(EngineError::new(engine.id.to_string(), fault.clone()));
-            } else if let Some(state) = state(&engine, now, now_ns, &self.options) {
+            } else if let Some(mut state) = state(&engine, now, now_ns, &self.options) {
+                if let Some(fault) = engine.cache_fault {
+                    out.errors.push(EngineError::new(
+                        engine.id.to_string(),
+                        Error::CorruptCache {
+                            engine_id: engine.id.to_string(),
+                            location: format!("Redis key {:?}", fault.key),
+                            what: fault.what.to_owned(),
+                        },
+                    ));
+                }
+                state.cache = engine.cache.cloned();
                 out.engines.push(state);
             }
         }

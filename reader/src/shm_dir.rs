@@ -2,9 +2,11 @@
 //! (docs/FORMAT.md, "Reading a directory"). This file is the source's API;
 //! one concept a file below it: `shm_dir/discovery.rs` (listing the
 //! directory), `shm_dir/entry.rs` (the read path of one file),
-//! `shm_dir/changed.rs` (change detection for the relay). Whether a writer
+//! `shm_dir/changed.rs` (change detection for the relay), `shm_dir/cache.rs`
+//! (an engine's cache digest, with [`ReaderOptions::cache_digests`]). Whether a writer
 //! lives is `liveness.rs`; what a read makes of what it saw, `judge.rs`.
 
+mod cache;
 mod changed;
 mod discovery;
 mod entry;
@@ -33,6 +35,14 @@ use self::entry::Entry;
 /// under the source's URI ([`Error::Directory`]); other listing errors fail
 /// the read. A torn file whose writer is dead or silent is spun once and
 /// then reported torn until it changes ([`ShmDir::torn_spins`]).
+///
+/// With [`ReaderOptions::cache_digests`] each read also hands out the
+/// engine's cache digest ([`EngineState::cache`]): the file
+/// `<dir>.cache/<id>` is mapped at the first snapshot that names a digest,
+/// read again only when the snapshot's `cache_version` moves past the one
+/// held (a compare per engine and an `Arc` clone otherwise), and opened
+/// again when its writer replaced it. What cannot be used there is that
+/// engine's [`Error::CorruptCache`] (see `shm_dir/cache.rs`).
 ///
 /// The reads: every engine now ([`Source::read_into`]), every engine with
 /// ages measured from a given time ([`ShmDir::read_at`]), every engine handed
@@ -119,6 +129,9 @@ impl ShmDir {
             let state = entry.read(&self.dir, now_mono_ns, &self.options);
             if state.clock_ahead {
                 errors.extend(entry.clock_ahead_error(&self.dir, &state));
+            }
+            if self.options.cache_digests {
+                errors.extend(entry.cache_error(&state));
             }
             each(state);
         }

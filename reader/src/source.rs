@@ -36,6 +36,22 @@ pub struct ReaderOptions {
     /// (shared memory: a directory listing; Redis: `SMEMBERS` of the
     /// registry; default 250 ms).
     pub rescan_interval: Duration,
+    /// Read each engine's cache digest into [`crate::EngineState::cache`]
+    /// (docs/FORMAT.md, "Cache residency"; default off: a reader that does
+    /// not route by cache pays nothing for it). A digest is read only when
+    /// the snapshot's `cache_version` moved past the one held, else the
+    /// same `Arc` is handed out again; routers and `esdump --cache` turn it on.
+    pub cache_digests: bool,
+}
+
+impl ReaderOptions {
+    /// These options with [`ReaderOptions::cache_digests`] set to `on`.
+    pub fn with_cache_digests(self, on: bool) -> ReaderOptions {
+        ReaderOptions {
+            cache_digests: on,
+            ..self
+        }
+    }
 }
 
 impl Default for ReaderOptions {
@@ -43,6 +59,7 @@ impl Default for ReaderOptions {
         ReaderOptions {
             freshness: Freshness::default(),
             rescan_interval: Duration::from_millis(250),
+            cache_digests: false,
         }
     }
 }

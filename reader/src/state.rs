@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use engine_state_shm_format::{CacheDigest, Snapshot};
+use engine_state_shm_format::{CacheDigest, Snapshot, FIELD_COUNT};
 use serde::ser::{Serialize, SerializeMap, Serializer};
 
 use crate::error::EngineError;
@@ -86,19 +86,19 @@ impl EngineState {
 /// The keys of one engine's JSON object (`esdump --json`, the Python `Reader`):
 /// `engine_id`, the snapshot fields (docs/FORMAT.md, "Snapshot words"),
 /// `status`, `heartbeat_age_ms`, `capture_age_ms`, `gpu_kv_used_frac`.
-pub const JSON_KEYS: [&str; 18] = {
+pub const JSON_KEYS: [&str; FIELD_COUNT + 5] = {
     // Built from the snapshot's own field names, so the two lists cannot drift.
-    let mut keys = [""; 18];
+    let mut keys = [""; FIELD_COUNT + 5];
     keys[0] = "engine_id";
     let mut i = 0;
     while i < Snapshot::FIELD_NAMES.len() {
         keys[i + 1] = Snapshot::FIELD_NAMES[i];
         i += 1;
     }
-    keys[14] = "status";
-    keys[15] = "heartbeat_age_ms";
-    keys[16] = "capture_age_ms";
-    keys[17] = "gpu_kv_used_frac";
+    keys[FIELD_COUNT + 1] = "status";
+    keys[FIELD_COUNT + 2] = "heartbeat_age_ms";
+    keys[FIELD_COUNT + 3] = "capture_age_ms";
+    keys[FIELD_COUNT + 4] = "gpu_kv_used_frac";
     keys
 };
 

@@ -13,11 +13,18 @@ use engine_state_reader::redis::{
 use engine_state_reader::{
     CLOCK_AHEAD_SLACK, DEFAULT_MAX_CAPTURE_AGE, DEFAULT_STALE_AFTER, DEFAULT_URI,
 };
+use engine_state_shm_format::blocks::BLOCK_TOKENS;
+use engine_state_shm_format::digest_layout::{
+    DigestHeader, CACHE_DIR_SUFFIX, CONTROL_CAPTURED_MONO_NS, CONTROL_CAPTURED_UNIX_NS,
+    CONTROL_COUNT, CONTROL_HELD, CONTROL_VERSION, DIGEST_CONTROL_OFFSET, DIGEST_CONTROL_WORDS,
+    DIGEST_ENTRIES_OFFSET, DIGEST_ENTRY_SIZE, DIGEST_FIXED_HEADER_SIZE, DIGEST_MAGIC,
+    DIGEST_SEQ_OFFSET,
+};
 use engine_state_shm_format::layout::*;
 use engine_state_shm_format::seqlock::{READ_SPINS, READ_YIELDS};
 use engine_state_shm_format::{
-    Header, Snapshot, WriterOptions, FLAG_IDLE, FLAG_SHUTTING_DOWN, MAX_ENGINE_ID_LEN,
-    SNAPSHOT_WORDS,
+    Header, Snapshot, WriterOptions, DIGEST_HEADER_SIZE, DIGEST_LAYOUT_VERSION, FLAG_IDLE,
+    FLAG_SHUTTING_DOWN, MAX_DIGEST_ENTRIES, MAX_ENGINE_ID_LEN, SNAPSHOT_WORDS,
 };
 
 fn format_md() -> String {
@@ -279,6 +286,16 @@ fn the_constants_table_is_the_code() {
         ("DEFAULT_TTL", ms(DEFAULT_TTL)),
         ("READ_SPINS", READ_SPINS.to_string()),
         ("READ_YIELDS", READ_YIELDS.to_string()),
+        (
+            "DIGEST_MAGIC",
+            String::from_utf8(DIGEST_MAGIC.to_le_bytes().to_vec()).unwrap(),
+        ),
+        ("DIGEST_LAYOUT_VERSION", DIGEST_LAYOUT_VERSION.to_string()),
+        ("DIGEST_HEADER_SIZE", DIGEST_HEADER_SIZE.to_string()),
+        ("DIGEST_ENTRY_SIZE", DIGEST_ENTRY_SIZE.to_string()),
+        ("MAX_DIGEST_ENTRIES", MAX_DIGEST_ENTRIES.to_string()),
+        ("BLOCK_TOKENS", BLOCK_TOKENS.to_string()),
+        ("CACHE_DIR_SUFFIX", CACHE_DIR_SUFFIX.to_owned()),
     ];
     let documented: Vec<(&str, String)> =
         rows.iter().map(|r| (r[0].as_str(), r[1].clone())).collect();
@@ -289,6 +306,90 @@ fn the_constants_table_is_the_code() {
         engine_state_shm_format::layout::STATE_RETIRED
     );
     assert!(rows[0][2].contains(&format!("0x{MAGIC:016x}")));
+    let digest_magic = rows.iter().find(|r| r[0] == "DIGEST_MAGIC").unwrap();
+    assert!(digest_magic[2].contains(&format!("0x{DIGEST_MAGIC:016x}")));
+}
+
+fn size_of_digest_field<F>(_: fn(&DigestHeader) -> &F) -> usize {
+    size_of::<F>()
+}
+
+/// The cache digest's table ("Cache residency") is digest_layout.rs: the
+/// header by `offset_of!`, the control words by their indices, then the
+/// entries (`8 × capacity` bytes).
+#[test]
+fn the_digest_table_is_the_layout() {
+    let rows = table(&format_md(), "digest");
+    let (entries, fixed) = rows.split_last().expect("rows");
+    assert_eq!(
+        (
+            entries[0].as_str(),
+            entries[1].as_str(),
+            entries[2].as_str()
+        ),
+        ("128", "8 × capacity", "entries")
+    );
+    assert_eq!(number(&entries[0]), DIGEST_ENTRIES_OFFSET);
+    assert_eq!(DIGEST_ENTRY_SIZE, 8);
+    let fixed: Vec<(usize, usize, String)> = fixed
+        .iter()
+        .map(|r| (number(&r[0]), number(&r[1]), r[2].clone()))
+        .collect();
+    assert_contiguous(&fixed, DIGEST_HEADER_SIZE, "digest");
+    macro_rules! header_field {
+        ($f:ident) => {
+            (
+                stringify!($f),
+                offset_of!(DigestHeader, $f),
+                size_of_digest_field(|h| &h.$f),
+            )
+        };
+    }
+    let control = |name: &'static str, index: usize| (name, DIGEST_CONTROL_OFFSET + 8 * index, 8);
+    let expected = [
+        header_field!(magic),
+        header_field!(layout_version),
+        header_field!(header_size),
+        header_field!(entry_size),
+        header_field!(writer_pid),
+        header_field!(capacity),
+        header_field!(state),
+        header_field!(generation),
+        header_field!(created_unix_ns),
+        header_field!(kv_block_size),
+        header_field!(block_tokens),
+        header_field!(reserved),
+        ("seq", DIGEST_SEQ_OFFSET, 8),
+        control("version", CONTROL_VERSION),
+        control("captured_mono_ns", CONTROL_CAPTURED_MONO_NS),
+        control("captured_unix_ns", CONTROL_CAPTURED_UNIX_NS),
+        control("count", CONTROL_COUNT),
+        control("held", CONTROL_HELD),
+        (
+            "reserved",
+            DIGEST_CONTROL_OFFSET + 8 * (CONTROL_HELD + 1),
+            8 * (DIGEST_CONTROL_WORDS - CONTROL_HELD - 1),
+        ),
+    ];
+    let documented: Vec<(&str, usize, usize)> = fixed
+        .iter()
+        .map(|(offset, size, field)| (field.as_str(), *offset, *size))
+        .collect();
+    assert_eq!(
+        documented, expected,
+        "docs/FORMAT.md digest table vs digest_layout.rs"
+    );
+    assert_eq!(size_of::<DigestHeader>(), DIGEST_FIXED_HEADER_SIZE);
+    // The Redis owner check compares the record's bytes: the same offsets.
+    let record = layout(&format_md(), "redis-record");
+    for (field, offset) in [
+        ("writer_pid", offset_of!(DigestHeader, writer_pid)),
+        ("state", offset_of!(DigestHeader, state)),
+        ("generation", offset_of!(DigestHeader, generation)),
+    ] {
+        let in_record = record.iter().find(|(_, _, f)| f == field).unwrap();
+        assert_eq!(in_record.0, offset, "{field}: digest vs Redis record");
+    }
 }
 
 /// The JSON float cases are what serde_json (the encoder of `esdump --json`

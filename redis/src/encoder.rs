@@ -49,7 +49,8 @@ use redis::Value;
 use crate::ops::SinkOp;
 use crate::replies::holder_pid;
 use crate::schema::{
-    engine_key, registry_key, RedisRecord, DELETE_IF_OWNER_SCRIPT, RECORD_SIZE, SET_IF_OWNER_SCRIPT,
+    cache_key, engine_key, registry_key, RecordHeader, RedisRecord, DELETE_CACHE_IF_OWNER_SCRIPT,
+    DELETE_IF_OWNER_SCRIPT, RECORD_SIZE, SET_CACHE_IF_OWNER_SCRIPT, SET_IF_OWNER_SCRIPT,
 };
 use crate::stats::SinkStats;
 use crate::target::RedisTarget;
@@ -114,6 +115,9 @@ pub(crate) struct PipelineEncoder {
     /// Per owner-checked `SET` in `request`, what [`Self::settle_claims`]
     /// needs.
     claims: Vec<Claim>,
+    /// Per owner-checked cache digest write in `request`: its command's
+    /// index and engine.
+    cache_claims: Vec<(usize, Arc<str>)>,
     /// When the pipeline was begun (both clocks).
     began: Instant,
     began_mono_ns: u64,
@@ -150,6 +154,46 @@ struct EngineKeyState {
     /// The identity (`writer_pid`, `generation`) of the last record queued,
     /// which a delete claims.
     identity: (u32, u64),
+    /// The engine's cache digest key, once a digest of it was queued: its
+    /// expiry is refreshed with every record, and a delete deletes it.
+    cache: Option<CacheKey>,
+}
+
+/// An engine's cache digest key, and the `PEXPIRE` that every record of the
+/// engine carries (encoded once).
+#[derive(Debug)]
+struct CacheKey {
+    key: String,
+    pexpire: Vec<u8>,
+}
+
+impl EngineKeyState {
+    fn new(prefix: &str, id: &str, identity: (u32, u64)) -> EngineKeyState {
+        EngineKeyState {
+            set_head: set_head(&engine_key(prefix, id)),
+            registered: None,
+            refused: false,
+            held_since: None,
+            identity,
+            cache: None,
+        }
+    }
+}
+
+/// The (`writer_pid`, `generation`) of a record's or digest value's bytes
+/// (the same offsets in both; zeros when too short).
+fn identity_of(value: &[u8]) -> (u32, u64) {
+    let (pid_at, generation_at) = (
+        core::mem::offset_of!(RecordHeader, writer_pid),
+        core::mem::offset_of!(RecordHeader, generation),
+    );
+    let pid = value
+        .get(pid_at..pid_at + 4)
+        .map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4 bytes")));
+    let generation = value
+        .get(generation_at..generation_at + 8)
+        .map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
+    (pid, generation)
 }
 
 /// The RESP bytes of a `SET` after the value: `PX <ttl_ms>`.
@@ -182,6 +226,7 @@ impl PipelineEncoder {
             ownership,
             hold_for: hold_for(target.ttl(), target.timeout()),
             claims: Vec::new(),
+            cache_claims: Vec::new(),
             written: HashMap::default(),
             deleted: Vec::new(),
             began: Instant::now(),
@@ -212,6 +257,13 @@ impl PipelineEncoder {
         // Acknowledged: the records of these are gone (or another writer's).
         for id in self.deleted.drain(..) {
             self.written.remove(&id);
+        }
+        for (command, _) in self.cache_claims.drain(..) {
+            // The script's refusal: another writer holds the engine id (its
+            // records are refused too, and that is logged with them).
+            if matches!(replies.get(command), Some(Value::BulkString(_))) {
+                stats.refused.fetch_add(1, Ordering::Relaxed);
+            }
         }
         if self.claims.is_empty() {
             return;
@@ -271,6 +323,7 @@ impl PipelineEncoder {
         self.commands = 0;
         self.sent.clear();
         self.claims.clear();
+        self.cache_claims.clear();
         self.deleted.clear();
         self.began = Instant::now();
         self.began_mono_ns = monotonic_ns();
@@ -294,19 +347,53 @@ impl PipelineEncoder {
         }
     }
 
-    fn push_set(&mut self, id: &Arc<str>, record: &RedisRecord) {
-        let now = self.began;
-        let prefix = &self.prefix;
+    /// Appends the write of `id`'s cache digest `value` (a digest value,
+    /// docs/FORMAT.md, "Cache residency"): owner-checked against the
+    /// engine's record ([`SET_CACHE_IF_OWNER_SCRIPT`]) unless this sink
+    /// writes unchecked. From now on every record of `id` refreshes the
+    /// digest key's expiry.
+    pub(crate) fn push_cache(&mut self, id: &Arc<str>, value: &[u8]) {
+        let (prefix, ttl_ms) = (&self.prefix, self.ttl_ms);
+        let identity = identity_of(value);
         let key = self
             .engines
             .entry(id.clone())
-            .or_insert_with(|| EngineKeyState {
-                set_head: set_head(&engine_key(prefix, id)),
-                registered: None,
-                refused: false,
-                held_since: None,
-                identity: (record.writer_pid, record.generation),
-            });
+            .or_insert_with(|| EngineKeyState::new(prefix, id, identity));
+        let cache = key.cache.get_or_insert_with(|| {
+            let key = cache_key(prefix, id);
+            let pexpire = redis::cmd("PEXPIRE")
+                .arg(&key)
+                .arg(ttl_ms)
+                .get_packed_command();
+            CacheKey { key, pexpire }
+        });
+        if matches!(self.ownership, Ownership::Unchecked) {
+            redis::cmd("SET")
+                .arg(&cache.key)
+                .arg(value)
+                .arg("PX")
+                .arg(ttl_ms)
+                .write_packed_command(&mut self.request);
+        } else {
+            redis::cmd("EVAL")
+                .arg(SET_CACHE_IF_OWNER_SCRIPT)
+                .arg(2)
+                .arg(engine_key(prefix, id))
+                .arg(&cache.key)
+                .arg(value)
+                .arg(ttl_ms)
+                .write_packed_command(&mut self.request);
+            self.cache_claims.push((self.commands, id.clone()));
+        }
+        self.commands += 1;
+    }
+
+    fn push_set(&mut self, id: &Arc<str>, record: &RedisRecord) {
+        let now = self.began;
+        let prefix = &self.prefix;
+        let key = self.engines.entry(id.clone()).or_insert_with(|| {
+            EngineKeyState::new(prefix, id, (record.writer_pid, record.generation))
+        });
         key.identity = (record.writer_pid, record.generation);
         let mut record = *record;
         record.ttl_ms = self.ttl_ms;
@@ -346,6 +433,11 @@ impl PipelineEncoder {
             self.request.extend_from_slice(&self.set_tail);
         }
         self.commands += 1;
+        if let Some(cache) = &key.cache {
+            // The digest lives as long as the records that name it.
+            self.request.extend_from_slice(&cache.pexpire);
+            self.commands += 1;
+        }
         let due = key
             .registered
             .is_none_or(|t| now.duration_since(t) >= REREGISTER_EVERY);
@@ -362,7 +454,11 @@ impl PipelineEncoder {
 
     fn push_delete(&mut self, id: &Arc<str>) {
         let key = engine_key(&self.prefix, id);
-        let state = self.engines.remove(id);
+        let mut state = self.engines.remove(id);
+        let cache = state
+            .as_mut()
+            .and_then(|state| state.cache.take())
+            .map(|cache| cache.key);
         self.deleted.push(id.clone());
         let as_record = |(writer_pid, generation): (u32, u64)| {
             RedisRecord {
@@ -393,6 +489,12 @@ impl PipelineEncoder {
             }
         }
         if mine == [None, None] {
+            if let Some(cache) = &cache {
+                redis::cmd("DEL")
+                    .arg(cache)
+                    .write_packed_command(&mut self.request);
+                self.commands += 1;
+            }
             redis::cmd("DEL")
                 .arg(&key)
                 .write_packed_command(&mut self.request);
@@ -402,6 +504,19 @@ impl PipelineEncoder {
                 .write_packed_command(&mut self.request);
             self.commands += 2;
             return;
+        }
+        for mine in mine.iter().flatten() {
+            // Only our digest: another writer's stays. Before the record,
+            // which is what names it.
+            if let Some(cache) = &cache {
+                redis::cmd("EVAL")
+                    .arg(DELETE_CACHE_IF_OWNER_SCRIPT)
+                    .arg(1)
+                    .arg(cache)
+                    .arg(&mine[..])
+                    .write_packed_command(&mut self.request);
+                self.commands += 1;
+            }
         }
         for mine in mine.into_iter().flatten() {
             // Only our key: another writer's stays.

@@ -3,12 +3,83 @@
 //! the server's and the writer's clocks (never a difference of two hosts'
 //! clocks). [`crate::RedisSource`] uses these; a program that fetches with
 //! its own Redis client calls them directly (the reader's `record_state`
-//! then judges the status).
+//! then judges the status). An engine's cache digest is fetched the same
+//! way, size-bounded ([`CACHE_FETCH_END`]) and judged by
+//! [`decode_fetched_cache`].
 
 use std::time::Duration;
 
+use engine_state_shm_format::{decode_digest_value, CacheDigest, MAX_DIGEST_SIZE};
+
 use crate::error::Error;
 use crate::schema::RedisRecord;
+
+/// The last byte a reader fetches of a cache digest key:
+/// `GETRANGE <prefix>cache:<id> 0 CACHE_FETCH_END` returns at most one
+/// byte more than the largest digest (`128 + 8 × MAX_DIGEST_ENTRIES`), so a
+/// huge foreign value costs no more than the largest digest and is told
+/// from one.
+pub const CACHE_FETCH_END: usize = MAX_DIGEST_SIZE;
+
+/// Judges one fetch of an engine's cache digest key (the `GETRANGE … 0`
+/// [`CACHE_FETCH_END`] bytes; empty for a missing key) for the record it
+/// goes with: the record's `generation` and the `cache_version` its
+/// snapshot names. A digest of another generation (another run of the
+/// engine), or older than the version named, is not used; a value that is
+/// not a digest is refused. The error says what is wrong (the caller names
+/// the key).
+pub fn decode_fetched_cache(
+    bytes: &[u8],
+    generation: u64,
+    version: u64,
+) -> Result<CacheDigest, CacheRefused> {
+    let not_yet = |what: String| CacheRefused {
+        what,
+        damaged: false,
+    };
+    let damaged = |what: String| CacheRefused {
+        what,
+        damaged: true,
+    };
+    if bytes.is_empty() {
+        return Err(not_yet(format!(
+            "the record names digest version {version}, but the key holds no value (expired, \
+             or not written yet)"
+        )));
+    }
+    if bytes.len() > MAX_DIGEST_SIZE {
+        return Err(damaged(format!(
+            "a value larger than the largest digest ({MAX_DIGEST_SIZE} bytes; only its first {} \
+             were read)",
+            MAX_DIGEST_SIZE + 1
+        )));
+    }
+    let record = decode_digest_value(bytes).map_err(|e| damaged(e.to_string()))?;
+    if record.generation != generation {
+        return Err(not_yet(format!(
+            "it belongs to generation {} of the engine, not to the record's {generation}",
+            record.generation
+        )));
+    }
+    if record.digest.version() < version {
+        return Err(not_yet(format!(
+            "it holds version {}, older than the version {version} the record names",
+            record.digest.version()
+        )));
+    }
+    Ok(record.digest)
+}
+
+/// Why [`decode_fetched_cache`] did not return a digest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CacheRefused {
+    /// What is wrong.
+    pub what: String,
+    /// The value is not a usable digest (reported at every read while the
+    /// record names it); false: none is there yet for this record (missing,
+    /// another generation, older: reported once).
+    pub damaged: bool,
+}
 
 /// Decodes a fetched value and checks the key's expiry against the record:
 /// a record's age is `ttl_ms - PTTL`, which only holds for a key written

@@ -7,7 +7,7 @@
 //!   whose Redis part is a `RedisTarget` (the parser is
 //!   `engine-state-settings`'; the reader re-exports this type).
 //! - [`RedisRecord`] / [`RecordHeader`]: the key schema ([`engine_key`],
-//!   [`registry_key`]) and the bytes of a value ([`RedisRecord::active`]
+//!   [`registry_key`], [`cache_key`] for an engine's cache digest) and the bytes of a value ([`RedisRecord::active`]
 //!   makes every record a writer sends); the owner-check scripts, and
 //!   [`claim`]: a publisher's first, owner-checked write.
 //! - [`Backoff`]: the one reconnection backoff of every client here.
@@ -38,18 +38,21 @@ mod target;
 pub use crate::backoff::{Backoff, RECONNECT_CAP, RECONNECT_FIRST};
 pub use crate::claim::{claim, Claim};
 pub use crate::error::Error;
-pub use crate::fetch::{decode_fetched, heartbeat_age_at_fetch};
+pub use crate::fetch::{
+    decode_fetched, decode_fetched_cache, heartbeat_age_at_fetch, CacheRefused, CACHE_FETCH_END,
+};
 pub use crate::inline_sink::InlineSink;
 pub use crate::mailbox::SinkHandle;
 pub use crate::ops::{AckLagObserver, SinkOp};
 pub use crate::redact::{is_secret_parameter, redact};
 pub use crate::replies::holder_pid;
 pub use crate::schema::{
-    engine_key, registry_key, RecordHeader, RecordWriter, RedisRecord, DELETE_IF_OWNER_SCRIPT,
-    RECORD_HEADER_SIZE, RECORD_MAGIC, RECORD_SIZE, SET_IF_OWNER_SCRIPT, SET_IF_OWNER_SCRIPT_SHA1,
+    cache_key, engine_key, registry_key, RecordHeader, RecordWriter, RedisRecord,
+    DELETE_CACHE_IF_OWNER_SCRIPT, DELETE_IF_OWNER_SCRIPT, RECORD_HEADER_SIZE, RECORD_MAGIC,
+    RECORD_SIZE, SET_CACHE_IF_OWNER_SCRIPT, SET_IF_OWNER_SCRIPT, SET_IF_OWNER_SCRIPT_SHA1,
 };
 pub use crate::sink::RedisSink;
-pub use crate::source::{EngineView, RedisSource, PRUNE_AFTER};
+pub use crate::source::{CacheFault, EngineView, RedisSource, PRUNE_AFTER};
 pub use crate::stats::SinkStats;
 pub use crate::target::{
     is_permission_error, RedisTarget, StateUri, DEFAULT_PREFIX, DEFAULT_TTL, NETWORK_TIMEOUT,

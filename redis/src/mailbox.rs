@@ -25,6 +25,10 @@ pub(crate) struct Shared {
 #[derive(Default)]
 pub(crate) struct Mailbox {
     pub(crate) pending: HashMap<Arc<str>, SinkOp>,
+    /// Per engine, the latest cache digest value to write (a slot apart
+    /// from the record's: a newer record must not replace a digest that
+    /// it names). Written before the records of the same batch.
+    pub(crate) pending_cache: HashMap<Arc<str>, Arc<[u8]>>,
     /// The thread sleeps on `wake` for work: only then is it worth a notify.
     pub(crate) waiting: bool,
     /// The thread holds a batch taken from `pending`.
@@ -86,9 +90,39 @@ impl SinkHandle {
         }
     }
 
+    /// Queues the cache digest value `value` (docs/FORMAT.md, "Cache
+    /// residency") for `engine_id`'s `<prefix>cache:<id>` key, replacing
+    /// a digest still pending for it. The sink writes it before any record
+    /// queued after it, owner-checked
+    /// ([`crate::SET_CACHE_IF_OWNER_SCRIPT`]); from then on every record it
+    /// writes of the engine refreshes the digest key's expiry, and a delete
+    /// of the engine deletes it too.
+    pub fn send_cache(&self, engine_id: &Arc<str>, value: Arc<[u8]>) {
+        let mut mailbox = lock(&self.shared.mailbox);
+        if mailbox
+            .pending_cache
+            .insert(engine_id.clone(), value)
+            .is_some()
+        {
+            self.shared.stats.replaced.fetch_add(1, Ordering::Relaxed);
+        }
+        if mailbox.waiting {
+            mailbox.waiting = false;
+            drop(mailbox);
+            self.shared.wake.notify_one();
+        }
+    }
+
     /// The sink's counters.
     pub fn stats(&self) -> &SinkStats {
         &self.shared.stats
+    }
+}
+
+impl Mailbox {
+    /// Nothing to write.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.pending.is_empty() && self.pending_cache.is_empty()
     }
 }
 

@@ -8,6 +8,9 @@
 //! ```text
 //! <prefix>engines            SET of engine ids (discovery without KEYS)
 //! <prefix>engine:<id>        one record, SET ... PX <ttl_ms>
+//! <prefix>cache:<id>         the engine's cache digest (docs/FORMAT.md,
+//!                            "Cache residency"), SET ... PX <ttl_ms> on
+//!                            change, PEXPIREd with every record
 //!
 //! record (192 bytes, little-endian)
 //! offset size
@@ -140,6 +143,47 @@ redis.call('SREM', KEYS[2], ARGV[2])
 return 1
 "#;
 
+/// Lua script: writes the cache digest value `ARGV[1]` under `KEYS[2]`
+/// with `PX ARGV[2]` unless the engine's record key `KEYS[1]` holds an
+/// ACTIVE record of another writer: the writer of an engine id owns its
+/// digest, by the record's own owner check ([`SET_IF_OWNER_SCRIPT`]). A
+/// digest value carries its writer's `writer_pid` and `generation` at the
+/// record's offsets (bytes 17–20 and 33–40, 1-based) and ACTIVE at 25–32,
+/// so the bytes compare alike. Replies 1 when written, else the holder's
+/// 64-byte record header. A digest of a writer that lost its key is never
+/// written over the new owner's.
+pub const SET_CACHE_IF_OWNER_SCRIPT: &str = r#"
+local new = ARGV[1]
+local old = redis.pcall('GETRANGE', KEYS[1], 0, 192)
+if type(old) == 'string' and #old == 192
+    and string.sub(old, 1, 8) == 'ENGSTATE'
+    and string.sub(old, 25, 32) == string.sub(new, 25, 32)
+    and (string.sub(old, 17, 20) ~= string.sub(new, 17, 20)
+         or string.sub(old, 33, 40) ~= string.sub(new, 33, 40)) then
+  return string.sub(old, 1, 64)
+end
+redis.call('SET', KEYS[2], new, 'PX', ARGV[2])
+return 1
+"#;
+
+/// Lua script: a clean close's delete of the cache digest key `KEYS[1]` of
+/// the writer whose identity (`writer_pid` at bytes 17–20, `generation` at
+/// 33–40, 1-based) is in `ARGV[1]` (its record or digest bytes), unless the
+/// key holds another writer's digest (magic `ESDIGEST`): then it is left
+/// alone. Replies 1 when deleted (or already gone), else 0.
+pub const DELETE_CACHE_IF_OWNER_SCRIPT: &str = r#"
+local mine = ARGV[1]
+local old = redis.pcall('GETRANGE', KEYS[1], 0, 127)
+if type(old) == 'string' and #old >= 40
+    and string.sub(old, 1, 8) == 'ESDIGEST'
+    and (string.sub(old, 17, 20) ~= string.sub(mine, 17, 20)
+         or string.sub(old, 33, 40) ~= string.sub(mine, 33, 40)) then
+  return 0
+end
+redis.call('DEL', KEYS[1])
+return 1
+"#;
+
 /// The key of the engine-id registry.
 pub fn registry_key(prefix: &str) -> String {
     format!("{prefix}engines")
@@ -148,6 +192,12 @@ pub fn registry_key(prefix: &str) -> String {
 /// The key of one engine's record.
 pub fn engine_key(prefix: &str, engine_id: &str) -> String {
     format!("{prefix}engine:{engine_id}")
+}
+
+/// The key of one engine's cache digest (outside `engine:*` and the
+/// registry, so readers of layout version 1 never meet it).
+pub fn cache_key(prefix: &str, engine_id: &str) -> String {
+    format!("{prefix}cache:{engine_id}")
 }
 
 /// One engine's value in Redis.
@@ -348,7 +398,7 @@ mod tests {
             write_delay_us: 15,
             snapshot: Snapshot {
                 num_running: 3,
-                reserved: [0; 3],
+                reserved: [0; 1],
                 ..Snapshot::from_words(core::array::from_fn(|i| i as u64 * 11))
             },
         }
@@ -368,8 +418,16 @@ mod tests {
         assert_eq!(bytes[64 + 3 * 8], 3, "num_running is word 3 of the payload");
         assert_eq!(RedisRecord::decode("k", &bytes).unwrap(), record);
         assert_eq!(
-            (registry_key("p:"), engine_key("p:", "e0")),
-            ("p:engines".to_owned(), "p:engine:e0".to_owned())
+            (
+                registry_key("p:"),
+                engine_key("p:", "e0"),
+                cache_key("p:", "e0")
+            ),
+            (
+                "p:engines".to_owned(),
+                "p:engine:e0".to_owned(),
+                "p:cache:e0".to_owned()
+            )
         );
     }
 

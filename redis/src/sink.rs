@@ -79,6 +79,7 @@ impl RedisSink {
             target,
             con: connection,
             spare: HashMap::new(),
+            spare_cache: HashMap::new(),
             backoff: Backoff::default(),
         };
         let thread = std::thread::Builder::new()
@@ -101,6 +102,11 @@ impl RedisSink {
         self.handle.send(engine_id, op)
     }
 
+    /// Queues a cache digest value (see [`SinkHandle::send_cache`]).
+    pub fn send_cache(&self, engine_id: &Arc<str>, value: Arc<[u8]>) {
+        self.handle.send_cache(engine_id, value)
+    }
+
     /// Queues many ops at once (see [`SinkHandle::send_all`]).
     pub fn send_all(&self, ops: &mut Vec<(Arc<str>, SinkOp)>) {
         self.handle.send_all(ops)
@@ -119,9 +125,9 @@ impl RedisSink {
             .handle
             .shared
             .drained
-            .wait_timeout_while(mailbox, timeout, |m| !m.pending.is_empty() || m.busy)
+            .wait_timeout_while(mailbox, timeout, |m| !m.is_empty() || m.busy)
             .unwrap_or_else(|p| p.into_inner());
-        mailbox.pending.is_empty() && !mailbox.busy
+        mailbox.is_empty() && !mailbox.busy
     }
 
     /// Writes what is pending (one attempt) and stops the thread. Idempotent.
@@ -157,15 +163,17 @@ struct Worker {
     /// The previous batch's map, emptied, swapped into the mailbox next time
     /// (so neither side reallocates in the steady state).
     spare: HashMap<Arc<str>, SinkOp>,
+    /// The same for cache digests.
+    spare_cache: HashMap<Arc<str>, Arc<[u8]>>,
     backoff: Backoff,
 }
 
 impl Worker {
     fn run(mut self) {
         loop {
-            let (batch, stopping) = {
+            let (batch, caches, stopping) = {
                 let mut mailbox = lock(&self.shared.mailbox);
-                while mailbox.pending.is_empty() && !mailbox.stop {
+                while mailbox.is_empty() && !mailbox.stop {
                     mailbox.waiting = true;
                     mailbox = self
                         .shared
@@ -174,29 +182,36 @@ impl Worker {
                         .unwrap_or_else(|p| p.into_inner());
                 }
                 mailbox.waiting = false;
-                if mailbox.pending.is_empty() {
+                if mailbox.is_empty() {
                     return; // stopping, nothing left
                 }
                 mailbox.busy = true;
                 let mut batch = std::mem::take(&mut self.spare);
                 std::mem::swap(&mut batch, &mut mailbox.pending);
-                (batch, mailbox.stop)
+                let mut caches = std::mem::take(&mut self.spare_cache);
+                std::mem::swap(&mut caches, &mut mailbox.pending_cache);
+                (batch, caches, mailbox.stop)
             };
-            let result = self.write(&batch);
+            let result = self.write(&batch, &caches);
             let failed = result.is_err();
-            let mut batch = batch;
+            let (mut batch, mut caches) = (batch, caches);
             {
                 let mut mailbox = lock(&self.shared.mailbox);
                 if failed && !stopping {
-                    // Keep what no newer record replaced meanwhile.
+                    // Keep what no newer record or digest replaced meanwhile.
                     for (id, op) in batch.drain() {
                         mailbox.pending.entry(id).or_insert(op);
+                    }
+                    for (id, value) in caches.drain() {
+                        mailbox.pending_cache.entry(id).or_insert(value);
                     }
                 }
                 mailbox.busy = false;
             }
             batch.clear();
+            caches.clear();
             self.spare = batch;
+            self.spare_cache = caches;
             self.shared.drained.notify_all();
             match result {
                 Ok(()) => {
@@ -209,7 +224,10 @@ impl Worker {
                     self.shared.stats.failed(&error);
                     let wait = self.backoff.failed();
                     if stopping || self.sleep_unless_stopped(wait) {
-                        lock(&self.shared.mailbox).pending.clear();
+                        let mut mailbox = lock(&self.shared.mailbox);
+                        mailbox.pending.clear();
+                        mailbox.pending_cache.clear();
+                        drop(mailbox);
                         self.shared.drained.notify_all();
                         return;
                     }
@@ -229,12 +247,20 @@ impl Worker {
         mailbox.stop
     }
 
-    /// Writes one batch as one pipeline.
-    fn write(&mut self, batch: &HashMap<Arc<str>, SinkOp>) -> Result<(), Error> {
+    /// Writes one batch as one pipeline: the cache digests first, so that
+    /// a record naming a digest's version never lands before it.
+    fn write(
+        &mut self,
+        batch: &HashMap<Arc<str>, SinkOp>,
+        caches: &HashMap<Arc<str>, Arc<[u8]>>,
+    ) -> Result<(), Error> {
         if self.con.is_none() {
             self.con = Some(self.target.connect()?);
         }
         self.encoder.begin();
+        for (id, value) in caches {
+            self.encoder.push_cache(id, value);
+        }
         for (id, op) in batch {
             self.encoder.push(id, op);
         }

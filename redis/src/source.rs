@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use engine_state_shm_format::EngineId;
+use engine_state_shm_format::{CacheDigest, EngineId};
 use redis::Value;
 
 use crate::backoff::Backoff;
@@ -13,6 +13,11 @@ use crate::error::Error;
 use crate::fetch::{decode_fetched, heartbeat_age_at_fetch};
 use crate::schema::{engine_key, registry_key, RedisRecord, RECORD_SIZE};
 use crate::target::{query_by, RedisTarget};
+
+#[path = "source_cache.rs"]
+mod cache;
+
+pub use self::cache::CacheFault;
 
 /// How long a registered engine whose key is missing is still listed (as
 /// dead) before this reader removes it from the registry.
@@ -85,6 +90,12 @@ pub struct RedisSource {
     retry_at: Instant,
     backoff: Backoff,
     connection_error: Option<Error>,
+    /// Fetch the cache digests the records name
+    /// ([`RedisSource::read_cache_digests`]).
+    cache_digests: bool,
+    /// Refreshes so far (a digest fault found by the last one is reported
+    /// with its read).
+    refreshes: u64,
 }
 
 /// One pass over the registry, a [`SCAN_STEP`] at a time.
@@ -114,6 +125,9 @@ struct RegisteredEngine {
     fetched_once: bool,
     /// Queued for, or in, an `SREM` (see [`RedisSource::prune`]).
     prune_pending: bool,
+    /// The engine's cache digest (fetched only with
+    /// [`RedisSource::read_cache_digests`]).
+    cache: cache::CacheSlot,
 }
 
 /// Where an engine is indexed (see [`RegisteredEngine::class`]).
@@ -153,6 +167,14 @@ pub struct EngineView<'a> {
     pub heartbeat_at: Option<Instant>,
     /// The key expired on the server's clock: the writer is gone.
     pub expired: bool,
+    /// The engine's cache digest, for the record's generation and at least
+    /// the `cache_version` it names ([`RedisSource::read_cache_digests`];
+    /// the same `Arc` until that version moves).
+    pub cache: Option<&'a Arc<CacheDigest>>,
+    /// Why the digest the record names is not used: a value that is not a
+    /// digest (at every read), or none there for this record (missing,
+    /// another run, older: with the refresh that found it only).
+    pub cache_fault: Option<CacheFault<'a>>,
 }
 
 impl std::fmt::Debug for RedisSource {
@@ -203,6 +225,8 @@ impl RedisSource {
             retry_at: now,
             backoff: Backoff::default(),
             connection_error: None,
+            cache_digests: false,
+            refreshes: 0,
         }
     }
 
@@ -220,6 +244,15 @@ impl RedisSource {
     #[doc(hidden)]
     pub fn set_prune_after(&mut self, prune_after: Duration) {
         self.prune_after = prune_after;
+    }
+
+    /// Whether refreshes also fetch the engines' cache digests (default
+    /// off): a digest is fetched (`GETRANGE <prefix>cache:<id> 0`
+    /// [`crate::CACHE_FETCH_END`], size-bounded) only for an engine whose
+    /// record names a `cache_version` past the one held, in one more round
+    /// trip after the records' when any is needed.
+    pub fn read_cache_digests(&mut self, on: bool) {
+        self.cache_digests = on;
     }
 
     /// The server, database and prefix read.
@@ -240,6 +273,16 @@ impl RedisSource {
                 record: engine.last_record.as_ref().map(|r| &r.record),
                 heartbeat_at: engine.last_record.map(|r| r.heartbeat_at),
                 expired: engine.missing_since.is_some(),
+                cache: engine.last_record.as_ref().and_then(|r| {
+                    engine
+                        .cache
+                        .digest(r.record.generation, r.record.snapshot.cache_version)
+                }),
+                cache_fault: engine.last_record.as_ref().and_then(|r| {
+                    engine
+                        .cache
+                        .fault(r.record.snapshot.cache_version, self.refreshes)
+                }),
             })
     }
 
@@ -311,6 +354,7 @@ impl RedisSource {
 
     /// One round trip (two when the registry step names members to fetch).
     fn fetch(&mut self, now: Instant, deadline: Instant) -> Result<(), Error> {
+        self.refreshes += 1;
         if self.scan.is_none()
             && self
                 .last_scan_start
@@ -396,7 +440,7 @@ impl RedisSource {
                 self.apply_values(&probing, &mut replies, now)?;
             }
         }
-        Ok(())
+        self.fetch_digests(deadline)
     }
 
     /// Applies the `SREM` of `ids`: removed from the registry, they leave
@@ -638,6 +682,7 @@ impl RedisSource {
                             fault: None,
                             fetched_once: false,
                             prune_pending: false,
+                            cache: cache::CacheSlot::default(),
                         },
                     );
                     self.probe.push(id);

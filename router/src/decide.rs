@@ -1,6 +1,7 @@
 //! One decision under the lock: effective state, the policy (or a forced or
 //! migration placement), the reservation, and the decision record.
 
+use std::cmp::Reverse;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 
@@ -8,11 +9,11 @@ use crate::decision::{Decision, Reason};
 use crate::decision_log::{render, RecordInput, Scoring};
 use crate::error::Error;
 use crate::migration::{self, MigrationAdvice};
-use crate::policy::{self, AffinityCheck};
+use crate::policy::{self, AffinityCheck, Candidate};
 use crate::request::{HashedPrompt, Request};
 use crate::reservation::{HeldReservation, Reservation};
 use crate::router::Router;
-use crate::settings::{Policy, RealStateUse};
+use crate::settings::{CacheKnowledge, Policy, RealStateUse};
 use crate::shadow::Load;
 use crate::state::{request_key, session_key, RouterState};
 
@@ -55,6 +56,17 @@ impl Router {
         self.shared.settings.real_state_use != RealStateUse::Never
     }
 
+    /// Whether cache hits come from fresh engine digests where there are
+    /// some: `cache_knowledge = engine`, unless real state is never used
+    /// (docs/ROUTING.md, "Where real state is used"). Not tied to
+    /// `placement`: a digest says where a prefix is, not how loaded an
+    /// engine is, so reading it at every decision cannot herd.
+    pub(crate) fn uses_digests(&self) -> bool {
+        let settings = &self.shared.settings;
+        settings.cache_knowledge == CacheKnowledge::Engine
+            && settings.real_state_use != RealStateUse::Never
+    }
+
     /// Fill the candidates for a migration question and return the source's
     /// position. A held reservation is left out of its instance's load: the
     /// request must not count against itself (docs/ROUTING.md, "Migration").
@@ -68,7 +80,13 @@ impl Router {
     ) -> Result<usize, Error> {
         let consult_real = self.consults_real_for_migration();
         let expiry = self.shared.real_state_expiry;
-        state.fill_candidates(consult_real, Some(&prompt.blocks), now_ns, expiry);
+        state.fill_candidates(
+            consult_real,
+            self.uses_digests(),
+            Some(&prompt.blocks),
+            now_ns,
+            expiry,
+        );
         match source {
             MigrationSource::Named(id) => {
                 let position = state.position(id)?;
@@ -181,7 +199,14 @@ impl Router {
             (_, RealStateUse::Always) => true,
             (_, RealStateUse::Placement) => binds_a_session,
         };
+        let digests = self.uses_digests();
+        // Session adoption (docs/ROUTING.md, "The policies"): a session this
+        // replica has not bound may be bound already by another replica, or
+        // by this one before it forgot: the engines' digests say where its
+        // cache is.
+        let adopting = matches!(placement, Placement::Policy) && binds_a_session && digests;
         let hits_needed = state.logging
+            || adopting
             || matches!(placement, Placement::Migration(_))
             || matches!(
                 (placement, settings.policy),
@@ -192,7 +217,7 @@ impl Router {
         // `state.candidates` for the choice and its log record.
         let shadow_only = match placement {
             Placement::Policy if consult_real && state.compare_shadow => {
-                state.fill_candidates(false, blocks, now_ns, expiry);
+                state.fill_candidates(false, false, blocks, now_ns, expiry);
                 // A copy of the cursor: the counterfactual must not move it.
                 let mut round_robin = state.round_robin;
                 policy::choose(
@@ -207,24 +232,36 @@ impl Router {
             _ => None,
         };
         if !matches!(placement, Placement::Migration(_)) {
-            state.fill_candidates(consult_real, blocks, now_ns, expiry);
+            state.fill_candidates(consult_real, digests, blocks, now_ns, expiry);
         }
+        let adopted = match adopting {
+            true => adoption(&state.candidates, prompt.input_len),
+            false => None,
+        };
 
         let mut affinity: Option<AffinityCheck> = None;
         let mut advice = None;
         let mut migrated_from = None;
         let (position, reason, scoring) = match placement {
             Placement::Policy => {
+                // An adopted session is bound before the policy's own
+                // placement rule: the policy treats it as the session's
+                // instance (unified still checks it is warm and not
+                // overloaded).
                 let choice = policy::choose(
                     settings,
                     &state.candidates,
                     prompt.input_len,
-                    bound,
+                    bound.or(adopted),
                     &mut state.round_robin,
                 )
                 .ok_or(Error::AllShuttingDown)?;
                 affinity = choice.affinity;
-                (choice.index, choice.reason, Scoring::Policy)
+                let reason = match choice.reason {
+                    Reason::Affinity if adopted.is_some() => Reason::Adoption,
+                    reason => reason,
+                };
+                (choice.index, reason, Scoring::Policy)
             }
             Placement::Forced(id) => (state.position(id)?, Reason::Forced, Scoring::None),
             Placement::Migration(source) => {
@@ -258,11 +295,12 @@ impl Router {
             }
         };
 
-        let cache_hit_tokens = match blocks {
-            Some(_) => state.candidates[position].cache_hit_tokens,
-            None => state.instances[position]
-                .shadow
-                .cache_hit_tokens(&prompt.blocks),
+        let (cache_hit_tokens, cache_knowledge) = match blocks {
+            Some(_) => {
+                let chosen = &state.candidates[position];
+                (chosen.cache_hit_tokens, chosen.cache_knowledge)
+            }
+            None => state.instances[position].cache_hit(&prompt.blocks, digests, now_ns, expiry),
         };
         let load = Load {
             input_len: prompt.input_len,
@@ -286,6 +324,7 @@ impl Router {
             reason,
             input_len: prompt.input_len,
             cache_hit_tokens,
+            cache_knowledge,
             new_prefill_tokens: load.new_prefill,
             consulted_real_state: consult_real,
             shadow_only_instance_id: shadow_only.map(|p| state.instances[p].id.clone()),
@@ -319,3 +358,26 @@ impl Router {
         }))
     }
 }
+
+/// The instance a session no replica-local binding names is adopted by: the
+/// open one whose engine digest holds the longest leading run of the prompt,
+/// if that covers more than half of the prompt (docs/ROUTING.md, "The
+/// policies"). Ties go to the fewer requests, then to instance order.
+/// Estimated hits never adopt: this replica's own estimate would only find
+/// where it sent the session itself, and then it is bound already.
+pub(crate) fn adoption(candidates: &[Candidate], input_len: u64) -> Option<usize> {
+    candidates
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| {
+            !c.shutting_down
+                && c.cache_knowledge == CacheKnowledge::Engine
+                && u128::from(c.cache_hit_tokens) * 2 > u128::from(input_len)
+        })
+        .min_by_key(|(index, c)| (Reverse(c.cache_hit_tokens), c.state.num_requests, *index))
+        .map(|(index, _)| index)
+}
+
+#[cfg(test)]
+#[path = "cache_knowledge_tests.rs"]
+mod cache_knowledge_tests;

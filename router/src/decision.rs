@@ -2,6 +2,8 @@
 
 use serde::Serialize;
 
+use crate::settings::CacheKnowledge;
+
 /// Why an instance was chosen; logged under these snake_case names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -15,6 +17,10 @@ pub enum Reason {
     Placement,
     /// `sticky`/`unified`: the session's instance, kept.
     Affinity,
+    /// `sticky`/`unified`: a session this router had not bound, bound to the
+    /// instance whose engine digest holds more than half of its prompt
+    /// (`cache_knowledge = engine`), and kept there.
+    Adoption,
     /// `unified`: the session's instance had a cold cache (hit ratio not above
     /// the threshold), so the fallback score chose.
     FallbackColdCache,
@@ -34,6 +40,7 @@ impl Reason {
             Reason::Lmetric => "lmetric",
             Reason::Placement => "placement",
             Reason::Affinity => "affinity",
+            Reason::Adoption => "adoption",
             Reason::FallbackColdCache => "fallback_cold_cache",
             Reason::FallbackOverloaded => "fallback_overloaded",
             Reason::Migration => "migration",
@@ -57,6 +64,10 @@ pub struct Decision {
     pub input_len: u64,
     /// Tokens of the prompt's leading blocks the chosen instance is believed to cache.
     pub cache_hit_tokens: u64,
+    /// Where `cache_hit_tokens` came from: `Engine`, the instance's fresh
+    /// cache digest; `Estimated`, the router's own estimate (the setting is
+    /// `estimated`, or the instance had no fresh digest).
+    pub cache_knowledge: CacheKnowledge,
     /// `input_len - cache_hit_tokens`: the prefill reserved on the instance.
     pub new_prefill_tokens: u64,
     /// Fresh real state was consulted for this decision (per `real_state_use`).

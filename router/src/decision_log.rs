@@ -21,8 +21,11 @@ use crate::state::Instance;
 /// the decision (`CLOCK_MONOTONIC`, or a simulator's simulated time), and
 /// `time_unix_ns`, the wall clock, only with the real clock — then the
 /// decision's sequence number `seq`, the request and session ids, the chosen
-/// instance and reason, and for every instance its score, cache hit and
-/// effective state, with the fields that came from real state and their age
+/// instance and reason, its cache hit and where it came from
+/// (`cache_knowledge`: `engine` for a fresh engine digest, `estimated` for
+/// the router's estimate; the setting itself is `cache_knowledge_setting`),
+/// and for every instance its score, cache hit (with its `cache_knowledge`)
+/// and effective state, with the fields that came from real state and their age
 /// (`"real": {"age_ms": …, "fields": […]}`, `null` for shadow alone).
 /// A failed write never fails a decision; it is counted in
 /// [`crate::RouterStats::decision_log_errors`].
@@ -88,6 +91,7 @@ struct Record<'a> {
     session_id: Option<&'a str>,
     policy: &'static str,
     real_state_use: &'static str,
+    cache_knowledge_setting: &'static str,
     consulted_real_state: bool,
     instance: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -95,6 +99,7 @@ struct Record<'a> {
     reason: &'static str,
     input_len: u64,
     cache_hit_tokens: u64,
+    cache_knowledge: &'static str,
     new_prefill_tokens: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     affinity: Option<AffinityRecord<'a>>,
@@ -119,6 +124,7 @@ struct CandidateRecord<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     avoided: Option<Avoided>,
     cache_hit_tokens: u64,
+    cache_knowledge: &'static str,
     new_prefill_tokens: u64,
     effective: &'a EffectiveState,
 }
@@ -158,6 +164,7 @@ pub(crate) fn render(input: &RecordInput<'_>) -> String {
                 Scoring::None => None,
             },
             cache_hit_tokens: c.cache_hit_tokens,
+            cache_knowledge: c.cache_knowledge.name(),
             new_prefill_tokens: c.new_prefill(d.input_len),
             effective: &c.state,
         })
@@ -170,12 +177,14 @@ pub(crate) fn render(input: &RecordInput<'_>) -> String {
         session_id: d.session_id.as_deref(),
         policy: input.settings.policy.name(),
         real_state_use: input.settings.real_state_use.name(),
+        cache_knowledge_setting: input.settings.cache_knowledge.name(),
         consulted_real_state: d.consulted_real_state,
         instance: &d.instance_id,
         shadow_only_instance: d.shadow_only_instance_id.as_deref(),
         reason: d.reason.name(),
         input_len: d.input_len,
         cache_hit_tokens: d.cache_hit_tokens,
+        cache_knowledge: d.cache_knowledge.name(),
         new_prefill_tokens: d.new_prefill_tokens,
         affinity: input.affinity.map(|a| AffinityRecord {
             instance: &input.instances[a.instance].id,

@@ -1,9 +1,10 @@
 //! Real state input and the `max(shadow, real)` merge (docs/ROUTING.md, "The
 //! merge").
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use engine_state_shm_format::Snapshot;
+use engine_state_shm_format::{CacheDigest, Snapshot};
 use serde::ser::{SerializeSeq, Serializer};
 use serde::Serialize;
 
@@ -19,7 +20,7 @@ use crate::shadow::ShadowCounters;
 /// `Fresh` is fresh; `Stale`, `Dead` and `Torn` are stored but never merged.
 ///
 /// [`From<&EngineState>`]: engine_state_reader::EngineState
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RealState {
     /// The engine's last snapshot.
     pub snapshot: Snapshot,
@@ -32,6 +33,11 @@ pub struct RealState {
     /// `CLOCK_MONOTONIC` nanoseconds ([`engine_state_shm_format::monotonic_ns`])
     /// when it was read: the ages above are as of then.
     pub read_mono_ns: u64,
+    /// The engine's cache digest as of the snapshot (the reader's
+    /// `EngineState::cache`), if it publishes one: with
+    /// `cache_knowledge = engine` the instance's cache hits come from it while
+    /// the state is fresh (docs/ROUTING.md, "Where real state is used").
+    pub cache: Option<Arc<CacheDigest>>,
 }
 
 impl RealState {
@@ -44,6 +50,7 @@ impl RealState {
             capture_age,
             heartbeat_age: Duration::ZERO,
             read_mono_ns: engine_state_shm_format::monotonic_ns(),
+            cache: None,
         }
     }
 
@@ -52,6 +59,14 @@ impl RealState {
         RealState {
             fresh: false,
             ..RealState::fresh(snapshot, capture_age)
+        }
+    }
+
+    /// The same state with the engine's cache digest.
+    pub fn with_cache(self, cache: CacheDigest) -> RealState {
+        RealState {
+            cache: Some(Arc::new(cache)),
+            ..self
         }
     }
 

@@ -16,6 +16,7 @@ impl From<&EngineState> for RealState {
             capture_age: state.capture_age,
             heartbeat_age: state.heartbeat_age,
             read_mono_ns: state.read_mono_ns,
+            cache: state.cache.clone(),
         }
     }
 }

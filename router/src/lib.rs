@@ -9,8 +9,10 @@
 //! - [`Reservation`]: the handle a pick returns; `prefill_done`, `complete`,
 //!   `fail`, or dropping it, move and release the counters.
 //! - [`RouterSettings`]: the [`Policy`] (`load_only`, `lmetric`, `sticky`,
-//!   `unified`), where real state is consulted ([`RealStateUse`]), and every
-//!   threshold, with the documented defaults.
+//!   `unified`), where real state is consulted ([`RealStateUse`]), where
+//!   cache hits come from ([`CacheKnowledge`]: the engines' cache digests or
+//!   the router's estimate), and every threshold, with the documented
+//!   defaults.
 //! - [`Request`] / [`Prompt`]: token ids (hashed into chained 512-token block
 //!   hashes, [`block_hashes`]) or precomputed block hashes.
 //! - [`EffectiveState`]: what a policy sees of an instance, with the fields
@@ -82,9 +84,13 @@ pub use crate::migration::MigrationAdvice;
 pub use crate::request::{Prompt, Request};
 pub use crate::reservation::Reservation;
 pub use crate::router::{InstanceView, Router, RouterStats};
-pub use crate::settings::{MigrationSettings, Policy, RealStateUse, RouterSettings};
+pub use crate::settings::{
+    CacheKnowledge, MigrationSettings, Policy, RealStateUse, RouterSettings,
+};
 pub use crate::shadow::ShadowCounters;
 pub use engine_state_shm_format::blocks::{block_hashes, BLOCK_TOKENS};
+/// An engine's cache digest real state carries (re-exported from `engine-state-shm-format`).
+pub use engine_state_shm_format::CacheDigest;
 /// The engine snapshot real state carries (re-exported from `engine-state-shm-format`).
 pub use engine_state_shm_format::Snapshot;
 

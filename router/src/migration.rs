@@ -146,6 +146,7 @@ mod tests {
         Candidate {
             state,
             cache_hit_tokens: hit,
+            cache_knowledge: crate::CacheKnowledge::Estimated,
             shutting_down: false,
         }
     }

@@ -6,7 +6,7 @@
 
 use crate::decision::Reason;
 use crate::effective::EffectiveState;
-use crate::settings::{Policy, RouterSettings};
+use crate::settings::{CacheKnowledge, Policy, RouterSettings};
 
 /// One instance as a policy sees it.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -14,6 +14,8 @@ pub(crate) struct Candidate {
     pub state: EffectiveState,
     /// Tokens of the prompt's leading blocks this instance caches.
     pub cache_hit_tokens: u64,
+    /// Where `cache_hit_tokens` came from (the engine's digest or the estimate).
+    pub cache_knowledge: CacheKnowledge,
     /// Its fresh snapshot says it is shutting down: no policy or migration
     /// chooses it (its reservations still complete normally).
     pub shutting_down: bool,

@@ -15,6 +15,7 @@ fn cand(num_requests: u64, pending: u64, decode: u64, hit: u64) -> Candidate {
     Candidate {
         state,
         cache_hit_tokens: hit,
+        cache_knowledge: crate::CacheKnowledge::Estimated,
         shutting_down: false,
     }
 }

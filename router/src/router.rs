@@ -217,7 +217,7 @@ impl Router {
         let mut state = self.shared.lock();
         states
             .into_iter()
-            .filter(|(id, real)| state.set_real_state(id.as_ref(), *real))
+            .filter(|(id, real)| state.set_real_state(id.as_ref(), real))
             .count()
     }
 

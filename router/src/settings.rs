@@ -55,6 +55,24 @@ pub enum RealStateUse {
     Always,
 }
 
+/// Where a policy's cache hits come from (docs/ROUTING.md, "Where real
+/// state is used").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum CacheKnowledge {
+    /// The router's own estimate: the prefixes it dispatched to each
+    /// instance (its shadow cache).
+    #[serde(rename = "estimated")]
+    Estimated,
+    /// The engine's own account: the leading run of the prompt's blocks in
+    /// the instance's latest fresh cache digest (`RealState::cache`); the
+    /// estimate for an instance while it has no fresh digest. Sessions a
+    /// replica has not bound yet are adopted by the instance whose digest
+    /// holds more than half of their prompt. The default.
+    #[default]
+    #[serde(rename = "engine")]
+    Engine,
+}
+
 macro_rules! names {
     ($ty:ty, $what:literal, $($variant:path => $name:literal),+) => {
         impl $ty {
@@ -90,6 +108,8 @@ names!(Policy, "policy",
 names!(RealStateUse, "real_state_use",
     RealStateUse::Never => "never", RealStateUse::Placement => "placement",
     RealStateUse::Always => "always");
+names!(CacheKnowledge, "cache_knowledge",
+    CacheKnowledge::Estimated => "estimated", CacheKnowledge::Engine => "engine");
 
 /// Everything that shapes a decision. `Default` gives the documented defaults.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -99,6 +119,9 @@ pub struct RouterSettings {
     pub policy: Policy,
     /// Where real state is consulted (default `always`).
     pub real_state_use: RealStateUse,
+    /// Where cache hits come from (default `engine`: the engines' cache
+    /// digests where fresh, the router's estimate elsewhere).
+    pub cache_knowledge: CacheKnowledge,
     /// `unified`: the session's instance is overloaded above
     /// `max(mean num_requests, 1) × overload_factor`. Default 2.0
     /// (docs/ROUTING.md, "The policies"; 1.3 is the tuned value).
@@ -137,6 +160,7 @@ impl Default for RouterSettings {
         RouterSettings {
             policy: Policy::default(),
             real_state_use: RealStateUse::default(),
+            cache_knowledge: CacheKnowledge::default(),
             overload_factor: 2.0,
             decode_weight: 0.0,
             affinity_min_hit_ratio: 0.5,
@@ -386,6 +410,17 @@ mod tests {
             "placement".parse::<RealStateUse>().unwrap(),
             RealStateUse::Placement
         );
+        for knowledge in [CacheKnowledge::Estimated, CacheKnowledge::Engine] {
+            assert_eq!(
+                knowledge.to_string().parse::<CacheKnowledge>().unwrap(),
+                knowledge
+            );
+        }
+        let err = "exact".parse::<CacheKnowledge>().unwrap_err().to_string();
+        assert!(
+            err.contains("cache_knowledge") && err.contains("one of estimated engine"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -395,6 +430,10 @@ mod tests {
         assert_eq!(s.policy, Policy::LMetric);
         assert_eq!(s.migration.rel_hi, 2.0);
         assert_eq!(s.migration.ttft_slo_s, 2.5);
+        assert_eq!(s.cache_knowledge, CacheKnowledge::Engine, "the default");
+        let s: RouterSettings =
+            serde_json::from_str(r#"{"cache_knowledge": "estimated"}"#).unwrap();
+        assert_eq!(s.cache_knowledge, CacheKnowledge::Estimated);
         assert!(serde_json::from_str::<RouterSettings>(r#"{"polcy": "x"}"#).is_err());
     }
 

@@ -1,18 +1,21 @@
 //! The router's shared state, only ever touched under its one mutex.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use std::hash::{BuildHasherDefault, DefaultHasher, Hash, Hasher};
 
 use engine_state_reader::heartbeat_recent;
+use engine_state_shm_format::blocks::BLOCK_TOKENS;
+use engine_state_shm_format::CacheDigest;
 
 use crate::effective::{EffectiveState, RealLoad, RealState};
 use crate::error::Error;
 use crate::lru::Lru;
 use crate::policy::{Candidate, RoundRobin};
 use crate::reservation::HeldReservation;
-use crate::settings::RouterSettings;
+use crate::settings::{CacheKnowledge, RouterSettings};
 use crate::shadow::{InstanceShadow, Load, ShadowCounters};
 
 /// One routed-to instance.
@@ -66,13 +69,15 @@ impl Hasher for KeyHasher {
 /// reading's ages and the time of the reading, so that a decision ages every
 /// instance's state from when it was read (docs/ROUTING.md, "The merge"),
 /// not from when it was handed over.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct StoredReal {
     load: RealLoad,
     capture_age: Duration,
     heartbeat_age: Duration,
     /// `CLOCK_MONOTONIC` ns of the reading.
     read_ns: u64,
+    /// The engine's cache digest as of the snapshot, if it publishes one.
+    cache: Option<Arc<CacheDigest>>,
 }
 
 impl StoredReal {
@@ -106,6 +111,44 @@ impl Instance {
                 live.remove();
             }
         }
+    }
+
+    /// Its cache hit for a prompt's blocks, in tokens, and where it came
+    /// from: with `digests` (`cache_knowledge = engine`, real state not
+    /// `never` used), the leading run of the blocks in the engine's digest
+    /// while its state is fresh (docs/ROUTING.md, "Where real state is
+    /// used"); the shadow estimate otherwise.
+    #[inline]
+    pub(crate) fn cache_hit(
+        &self,
+        blocks: &[u64],
+        digests: bool,
+        now_ns: u64,
+        expiry: Duration,
+    ) -> (u64, CacheKnowledge) {
+        match self.fresh_digest(digests, now_ns, expiry) {
+            Some(digest) => (
+                (digest.leading_blocks(blocks) * BLOCK_TOKENS) as u64,
+                CacheKnowledge::Engine,
+            ),
+            None => (
+                self.shadow.cache_hit_tokens(blocks),
+                CacheKnowledge::Estimated,
+            ),
+        }
+    }
+
+    /// The engine's digest, if `digests` and its stored state is fresh at `now_ns`.
+    #[inline]
+    pub(crate) fn fresh_digest(
+        &self,
+        digests: bool,
+        now_ns: u64,
+        expiry: Duration,
+    ) -> Option<&CacheDigest> {
+        let real = self.real.as_ref().filter(|_| digests)?;
+        let digest = real.cache.as_deref()?;
+        real.since_read(now_ns, expiry).map(|_| digest)
     }
 
     /// Its effective state at `now_ns` (`CLOCK_MONOTONIC`). Inlined into the
@@ -244,12 +287,13 @@ impl RouterState {
         Ok(())
     }
 
-    pub(crate) fn set_real_state(&mut self, id: &str, real: RealState) -> bool {
+    pub(crate) fn set_real_state(&mut self, id: &str, real: &RealState) -> bool {
         let stored = real.fresh.then(|| StoredReal {
             load: RealLoad::of(&real.snapshot),
             capture_age: real.capture_age,
             heartbeat_age: real.heartbeat_age,
             read_ns: real.read_mono_ns,
+            cache: real.cache.clone(),
         });
         match self.positions.get(id) {
             Some(&position) => {
@@ -301,23 +345,32 @@ impl RouterState {
         self.counts.migrated += 1;
     }
 
-    /// Fill `candidates` for one decision. Cache hits are only estimated when
+    /// Fill `candidates` for one decision. Cache hits are only found when
     /// `blocks` is given: `load_only` and `sticky` never read them, and on a
     /// long prompt the estimate costs more than the rest of the decision.
+    /// `digests`: from fresh engine digests where there are some
+    /// ([`Instance::cache_hit`]).
     pub(crate) fn fill_candidates(
         &mut self,
         consult_real: bool,
+        digests: bool,
         blocks: Option<&[u64]>,
         now_ns: u64,
         expiry: Duration,
     ) {
         self.candidates.clear();
         self.candidates
-            .extend(self.instances.iter().map(|instance| Candidate {
-                state: instance.effective(consult_real, now_ns, expiry),
-                cache_hit_tokens:
-                    blocks.map_or(0, |blocks| instance.shadow.cache_hit_tokens(blocks)),
-                shutting_down: instance.shutting_down,
+            .extend(self.instances.iter().map(|instance| {
+                let (cache_hit_tokens, cache_knowledge) = match blocks {
+                    Some(blocks) => instance.cache_hit(blocks, digests, now_ns, expiry),
+                    None => (0, CacheKnowledge::Estimated),
+                };
+                Candidate {
+                    state: instance.effective(consult_real, now_ns, expiry),
+                    cache_hit_tokens,
+                    cache_knowledge,
+                    shutting_down: instance.shutting_down,
+                }
             }));
     }
 

@@ -29,6 +29,21 @@ impl CacheDigest {
         }
     }
 
+    /// A digest of `blocks` already strictly ascending (checked by the
+    /// caller: a decoded or read digest), without sorting again.
+    pub(crate) fn from_ascending(
+        version: u64,
+        captured_mono_ns: u64,
+        blocks: Vec<u64>,
+    ) -> CacheDigest {
+        debug_assert!(blocks.windows(2).all(|pair| pair[0] < pair[1]));
+        CacheDigest {
+            version,
+            captured_mono_ns,
+            blocks,
+        }
+    }
+
     /// The writer's counter: it changes exactly when the set may have.
     pub fn version(&self) -> u64 {
         self.version

@@ -127,6 +127,89 @@ pub enum Error {
         /// The size of a valid file.
         expected: u64,
     },
+    /// A cache digest file that cannot be used (docs/FORMAT.md, "Cache
+    /// residency"); [`DigestError::kind`] classifies it.
+    #[error("cache digest {}: {error}", path.display())]
+    Digest {
+        /// The digest file.
+        path: PathBuf,
+        /// What is wrong with it.
+        error: DigestError,
+    },
+    /// A digest writer was asked for more entries than its capacity or the
+    /// format's limit.
+    #[error(
+        "a cache digest of {count} entries does not fit its capacity of {capacity} (at most          {max}); cut it with cut_prefix_closed, or create the digest with a larger capacity",
+        max = crate::digest_layout::MAX_DIGEST_ENTRIES
+    )]
+    DigestCapacity {
+        /// Entries asked for.
+        count: usize,
+        /// The capacity (or the capacity asked for, when that is over the limit).
+        capacity: usize,
+    },
+}
+
+/// What is wrong with a cache digest (docs/FORMAT.md, "Cache residency"),
+/// read from its file or decoded from its Redis value. [`DigestError::kind`]
+/// is its error class (the golden vectors', `format/vectors/cache`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DigestError {
+    /// The first 8 bytes are not `ESDIGEST` (or there are fewer than 8).
+    #[error("not a cache digest (bad magic); remove it from the cache directory")]
+    NotDigest,
+    /// A digest layout version this build does not know.
+    #[error(
+        "digest layout version {found}, but this build reads version {supported}; upgrade          engine-state on this side (or downgrade the writer) so both use the same layout",
+        supported = crate::digest_layout::DIGEST_LAYOUT_VERSION
+    )]
+    UnknownVersion {
+        /// The version found.
+        found: u32,
+    },
+    /// A file or value whose size does not match its header's capacity or
+    /// count (or too short to hold a header).
+    #[error(
+        "{size} bytes, but its header says {expected} (truncated, or not a cache digest);          remove it (a restarted publisher creates a new one)"
+    )]
+    WrongSize {
+        /// Its size.
+        size: u64,
+        /// The size its header implies.
+        expected: u64,
+    },
+    /// A digest whose header or contents break the format's rules (sizes,
+    /// state, capacity, `count > capacity`, entries not strictly ascending,
+    /// more than `MAX_DIGEST_ENTRIES`).
+    #[error("corrupt cache digest ({what}); remove it (a restarted publisher creates a new one)")]
+    Corrupt {
+        /// What is wrong.
+        what: String,
+    },
+    /// No consistent copy within the seqlock's retry bound (a write was in
+    /// progress at every attempt, or the writer died in one): try again later.
+    #[error("cache digest torn (a write was in progress, sequence {}); read it again later", .0.last_seq)]
+    Torn(crate::seqlock::Torn),
+}
+
+impl DigestError {
+    #[cfg_attr(loom, allow(dead_code))]
+    pub(crate) fn corrupt(what: String) -> DigestError {
+        DigestError::Corrupt { what }
+    }
+
+    /// The error class: `not_digest`, `unknown_version`, `wrong_size`,
+    /// `corrupt_cache` or `torn`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            DigestError::NotDigest => "not_digest",
+            DigestError::UnknownVersion { .. } => "unknown_version",
+            DigestError::WrongSize { .. } => "wrong_size",
+            DigestError::Corrupt { .. } => "corrupt_cache",
+            DigestError::Torn(_) => "torn",
+        }
+    }
 }
 
 /// The action of a reader opening an engine file (its permission hint is about

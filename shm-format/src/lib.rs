@@ -20,6 +20,12 @@
 //!   reader or relay considers a stamp late), the one place its numbers live.
 //! - [`layout`]: every offset, pinned by compile-time asserts and a
 //!   golden-bytes test.
+//! - Cache residency (docs/FORMAT.md, "Cache residency"): the in-memory
+//!   [`CacheDigest`]; its bytes ([`digest_layout`]); its file in
+//!   [`cache_dir`], written by a [`DigestWriter`] and read through a
+//!   [`DigestFile`]; its Redis value ([`encode_digest_value`],
+//!   [`decode_digest_value`]); its capacity ([`default_cache_capacity`])
+//!   and overflow rule ([`cut_prefix_closed`]).
 //!
 //! ```
 //! use engine_state_shm_format::{EngineId, ShmFile, ShmWriter, Snapshot, WriterOptions};
@@ -46,6 +52,13 @@ mod aggregate;
 pub mod blocks;
 mod clock;
 mod digest;
+mod digest_capacity;
+#[cfg(not(loom))]
+mod digest_file;
+pub mod digest_layout;
+mod digest_value;
+#[cfg(not(loom))]
+mod digest_writer;
 mod engine_id;
 mod error;
 mod fork;
@@ -67,8 +80,18 @@ mod writer;
 pub use crate::aggregate::{RequestTokens, WaitingRequest};
 pub use crate::clock::{monotonic_ns, pid_namespace, unix_ns, Clock};
 pub use crate::digest::CacheDigest;
+pub use crate::digest_capacity::{cut_prefix_closed, default_cache_capacity, DigestEntry};
+#[cfg(not(loom))]
+pub use crate::digest_file::DigestFile;
+pub use crate::digest_layout::{
+    cache_dir, digest_size, DigestHeader, DIGEST_HEADER_SIZE, DIGEST_LAYOUT_VERSION,
+    MAX_DIGEST_ENTRIES, MAX_DIGEST_SIZE,
+};
+pub use crate::digest_value::{decode_digest_value, encode_digest_value, DigestRecord};
+#[cfg(not(loom))]
+pub use crate::digest_writer::{DigestOptions, DigestWriter};
 pub use crate::engine_id::{EngineId, MAX_ENGINE_ID_LEN};
-pub use crate::error::Error;
+pub use crate::error::{DigestError, Error};
 pub use crate::fork::fork_generation;
 pub use crate::layout::{Header, FILE_SIZE, LAYOUT_VERSION};
 pub use crate::seqlock::Torn;
@@ -78,6 +101,10 @@ pub use crate::snapshot::{Snapshot, FIELD_COUNT, FLAG_IDLE, FLAG_SHUTTING_DOWN, 
 #[cfg(not(loom))]
 pub use crate::writer::{Heartbeat, ShmWriter, WriterOptions, WrongProcess, DEFAULT_FILE_MODE};
 
+#[cfg(all(test, not(loom)))]
+mod digest_hostile_tests;
+#[cfg(all(test, not(loom)))]
+mod digest_tests;
 #[cfg(all(test, not(loom)))]
 mod file_tests;
 #[cfg(all(test, not(loom)))]

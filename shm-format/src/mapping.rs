@@ -1,4 +1,5 @@
-//! A mapped engine-state file seen as atomic words.
+//! A mapped engine-state file (an engine's, or a cache digest's) seen as
+//! atomic words.
 //!
 //! The `unsafe` of the crate lives here (turning offsets into the mapping
 //! into `&AtomicU64`), in `sigbus` (surviving a file truncated under a
@@ -15,10 +16,13 @@ use crate::error::Error;
 use crate::layout::{FILE_SIZE, HEADER_SIZE};
 use crate::sigbus::{self, Slot};
 
-/// A `FILE_SIZE`-byte shared mapping of an engine-state file.
+/// A shared mapping of an engine-state file: `FILE_SIZE` bytes for an
+/// engine's file, the size fixed at creation for a cache digest's.
 #[derive(Debug)]
 pub(crate) struct Mapping {
     map: MmapRaw,
+    /// Bytes mapped (every access is checked against it).
+    len: usize,
     /// Where the `SIGBUS` handler flags this mapping when the file was
     /// truncated under it.
     slot: &'static Slot,
@@ -35,22 +39,34 @@ impl Drop for Mapping {
 impl Mapping {
     /// Maps `file` read-only (`PROT_READ`). The caller checked its size.
     pub(crate) fn read_only(file: &File, path: &Path) -> Result<Mapping, Error> {
-        let map = MmapOptions::new()
-            .len(FILE_SIZE)
-            .map_raw_read_only(file)
-            .map_err(|e| Error::io("map", path, e))?;
-        let slot = sigbus::register(map.as_ptr() as usize, false);
-        Ok(Mapping { map, slot })
+        Mapping::read_only_len(file, path, FILE_SIZE)
     }
 
     /// Maps `file` read-write and shared. The caller checked or reserved its size.
     pub(crate) fn read_write(file: &File, path: &Path) -> Result<Mapping, Error> {
+        Mapping::read_write_len(file, path, FILE_SIZE)
+    }
+
+    /// Maps the first `len` bytes of `file` read-only (`PROT_READ`). The
+    /// caller checked its size.
+    pub(crate) fn read_only_len(file: &File, path: &Path, len: usize) -> Result<Mapping, Error> {
         let map = MmapOptions::new()
-            .len(FILE_SIZE)
+            .len(len)
+            .map_raw_read_only(file)
+            .map_err(|e| Error::io("map", path, e))?;
+        let slot = sigbus::register(map.as_ptr() as usize, len, false);
+        Ok(Mapping { map, len, slot })
+    }
+
+    /// Maps the first `len` bytes of `file` read-write and shared. The
+    /// caller checked or reserved its size.
+    pub(crate) fn read_write_len(file: &File, path: &Path, len: usize) -> Result<Mapping, Error> {
+        let map = MmapOptions::new()
+            .len(len)
             .map_raw(file)
             .map_err(|e| Error::io("map", path, e))?;
-        let slot = sigbus::register(map.as_ptr() as usize, true);
-        Ok(Mapping { map, slot })
+        let slot = sigbus::register(map.as_ptr() as usize, len, true);
+        Ok(Mapping { map, len, slot })
     }
 
     /// Whether the file was truncated under this mapping: a load touched a
@@ -68,16 +84,16 @@ impl Mapping {
     #[inline]
     pub(crate) fn word(&self, offset: usize) -> &AtomicU64 {
         assert!(
-            offset % 8 == 0 && offset + 8 <= FILE_SIZE,
+            offset % 8 == 0 && offset + 8 <= self.len,
             "word offset {offset} out of layout"
         );
         // SAFETY:
-        // - the mapping is `FILE_SIZE` bytes (length passed to mmap), so
+        // - the mapping is `self.len` bytes (length passed to mmap), so
         //   `offset..offset + 8` is inside it; the file was at least that long
         //   when checked (reader) or reserved (writer) and a writer never
         //   truncates it; if another process truncates it anyway, an access
         //   faults once and the `sigbus` handler maps zero pages over the
-        //   range (still `FILE_SIZE` accessible bytes at this address);
+        //   range (still `self.len` accessible bytes at this address);
         // - mmap returns a page-aligned address and `offset` is a multiple of 8,
         //   so the pointer is aligned for `AtomicU64`, which has the size and
         //   alignment of `u64`;
@@ -95,13 +111,27 @@ impl Mapping {
     #[inline]
     pub(crate) fn words<const N: usize>(&self, offset: usize) -> &[AtomicU64; N] {
         assert!(
-            offset % 8 == 0 && offset + 8 * N <= FILE_SIZE,
+            offset % 8 == 0 && offset + 8 * N <= self.len,
             "words {offset}+{N} out of layout"
         );
         // SAFETY: as in `word`, for the `8 * N` bytes at `offset`, which are
         // inside the mapping (asserted above); `[AtomicU64; N]` has the layout
         // of `[u64; N]`.
         unsafe { &*(self.map.as_ptr().add(offset) as *const [AtomicU64; N]) }
+    }
+
+    /// `n` consecutive words starting at byte `offset` (a run whose length
+    /// is known only at run time: a cache digest's entries).
+    #[inline]
+    pub(crate) fn word_slice(&self, offset: usize, n: usize) -> &[AtomicU64] {
+        assert!(
+            offset % 8 == 0 && n <= self.len / 8 && offset <= self.len - 8 * n,
+            "words {offset}+{n} out of the mapping"
+        );
+        // SAFETY: as in `word`, for the `8 * n` bytes at `offset`, which are
+        // inside the mapping (asserted above, without overflow); a slice of
+        // `AtomicU64` has the layout of a slice of `u64`.
+        unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(offset) as *const AtomicU64, n) }
     }
 
     /// The header words, each loaded Relaxed (only `state` changes after creation).

@@ -16,6 +16,12 @@
 //!   they work on a read-only mapping (`PROT_READ`); the fences give them the
 //!   acquire semantics.
 //!
+//! The same protocol covers words whose number is known only at run time
+//! (a cache digest's control words and entries, docs/FORMAT.md, "Cache
+//! residency"): [`write_with_after`] and [`try_read_with`] / [`read_with`]
+//! take the stores and loads as closures, and the fixed-size functions are
+//! written with them, so the fences and their pairings are in one place.
+//!
 //! Pairings are named at each operation below. The model is checked with loom
 //! (`RUSTFLAGS="--cfg loom" cargo test -p engine-state-shm-format --release
 //! seqlock`), and the in-memory tests of this module run under Miri.
@@ -77,6 +83,20 @@ pub fn write_after<const N: usize>(
     values: &[u64; N],
     last: u64,
 ) {
+    write_with_after(seq, last, || {
+        for (word, value) in words.iter().zip(values) {
+            word.store(*value, Ordering::Relaxed);
+        }
+    });
+}
+
+/// The seqlock write with the stores done by `store`, from the sequence
+/// `last` (even) the writer stored last: the protocol over any set of words,
+/// e.g. a cache digest's control words and its first `count` entries, whose
+/// number is known only at run time. `store` must only do Relaxed stores
+/// of the protected words (the fences below order them).
+#[inline]
+pub fn write_with_after(seq: &AtomicU64, last: u64, store: impl FnOnce()) {
     debug_assert!(
         last % 2 == 0,
         "a seqlock write must start from an even sequence"
@@ -88,13 +108,11 @@ pub fn write_after<const N: usize>(
     // that sees any of the word stores below also sees the odd sequence above
     // when it reloads `seq`, so it rejects a copy that mixes old and new words.
     fence(Ordering::Release);
-    for (word, value) in words.iter().zip(values) {
-        word.store(*value, Ordering::Relaxed);
-    }
+    store();
     // Pairs with the reader's first Relaxed load of `seq` and the
-    // `fence(Acquire)` after it (`try_read`; no Acquire load: on a read-only
-    // mapping only Relaxed loads are documented to work): a reader whose load
-    // sees s+2 sees every word stored above.
+    // `fence(Acquire)` after it (`try_read_with`; no Acquire load: on a
+    // read-only mapping only Relaxed loads are documented to work): a reader
+    // whose load sees s+2 sees every word stored above.
     seq.store(s.wrapping_add(2), Ordering::Release);
 }
 
@@ -105,6 +123,23 @@ pub fn try_read<const N: usize>(
     seq: &AtomicU64,
     words: &[AtomicU64; N],
 ) -> Result<([u64; N], u64), u64> {
+    try_read_with(seq, || {
+        let mut out = [0u64; N];
+        for (slot, word) in out.iter_mut().zip(words) {
+            *slot = word.load(Ordering::Relaxed);
+        }
+        out
+    })
+}
+
+/// One attempt at a consistent copy made by `load`, and the (even) sequence
+/// it was published under; `Err(seq)` when a write interfered (then what
+/// `load` made is dropped). The protocol over any set of words: `load` must
+/// only do Relaxed loads of the protected words, and must not trust what
+/// it loads until this returns `Ok` (a count loaded from a torn copy can be
+/// anything: bound it before using it as a length).
+#[inline]
+pub fn try_read_with<T>(seq: &AtomicU64, load: impl FnOnce() -> T) -> Result<(T, u64), u64> {
     // Relaxed load + Acquire fence rather than an Acquire load: on a read-only
     // mapping only Relaxed loads of at most 8 bytes are documented to work.
     // Together they pair with the writer's final Release store of `seq`: a
@@ -114,10 +149,7 @@ pub fn try_read<const N: usize>(
     if s0 % 2 == 1 {
         return Err(s0);
     }
-    let mut out = [0u64; N];
-    for (slot, word) in out.iter_mut().zip(words) {
-        *slot = word.load(Ordering::Relaxed);
-    }
+    let out = load();
     // Pairs with the writer's `fence(Release)` after its odd store: if any load
     // above saw a store from a later write, the reload below sees that write's
     // odd (or later) sequence.
@@ -137,9 +169,23 @@ pub fn read<const N: usize>(
     seq: &AtomicU64,
     words: &[AtomicU64; N],
 ) -> Result<([u64; N], u64), Torn> {
+    read_with(seq, || {
+        let mut out = [0u64; N];
+        for (slot, word) in out.iter_mut().zip(words) {
+            *slot = word.load(Ordering::Relaxed);
+        }
+        out
+    })
+}
+
+/// A consistent copy made by `load` (see [`try_read_with`]) and the (even)
+/// sequence it was published under, or [`Torn`] after [`READ_SPINS`] +
+/// [`READ_YIELDS`] failed attempts.
+#[inline]
+pub fn read_with<T>(seq: &AtomicU64, mut load: impl FnMut() -> T) -> Result<(T, u64), Torn> {
     let mut last_seq = 0;
     for attempt in 0..READ_SPINS + READ_YIELDS {
-        match try_read(seq, words) {
+        match try_read_with(seq, &mut load) {
             Ok(copy) => return Ok(copy),
             Err(s) => {
                 last_seq = s;
@@ -278,6 +324,64 @@ mod tests {
         assert_eq!(values[0], iterations);
         assert!(accepted > 0);
     }
+
+    /// The protocol over words counted at run time (`write_with_after`,
+    /// `read_with`, as a cache digest uses it): a count word, then that
+    /// many entries, each derived from the version. A copy is accepted only
+    /// whole, and a torn count is bounded before it is used as a length.
+    #[test]
+    fn run_time_counted_words_are_copied_whole() {
+        const CAPACITY: usize = 12;
+        let iterations: u64 = if cfg!(miri) { 100 } else { 100_000 };
+        let seq = Arc::new(AtomicU64::new(0));
+        let words: Arc<Vec<AtomicU64>> =
+            Arc::new((0..2 + CAPACITY).map(|_| AtomicU64::new(0)).collect());
+        let done = Arc::new(AtomicBool::new(false));
+        let count_of = |v: u64| (v as usize * 5) % (CAPACITY + 1);
+        let writer = {
+            let (seq, words, done) = (seq.clone(), words.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut last = 0;
+                for v in 1..=iterations {
+                    let count = count_of(v);
+                    write_with_after(&seq, last, || {
+                        words[0].store(v, Ordering::Relaxed);
+                        words[1].store(count as u64, Ordering::Relaxed);
+                        for word in &words[2..2 + count] {
+                            word.store(v, Ordering::Relaxed);
+                        }
+                    });
+                    last += 2;
+                }
+                done.store(true, Ordering::Release);
+            })
+        };
+        let mut accepted = 0u64;
+        let mut entries = Vec::with_capacity(CAPACITY);
+        while !done.load(Ordering::Acquire) || accepted == 0 {
+            let copy = read_with(&seq, || {
+                let v = words[0].load(Ordering::Relaxed);
+                let count = (words[1].load(Ordering::Relaxed) as usize).min(CAPACITY);
+                entries.clear();
+                entries.extend(
+                    words[2..2 + count]
+                        .iter()
+                        .map(|w| w.load(Ordering::Relaxed)),
+                );
+                (v, count)
+            });
+            if let Ok(((v, count), _)) = copy {
+                if v != 0 {
+                    assert_eq!(count, count_of(v), "count of another write");
+                    assert!(entries.iter().all(|e| *e == v), "mixed copy accepted");
+                }
+                accepted += 1;
+            }
+        }
+        writer.join().unwrap();
+        assert!(accepted > 0);
+        assert_eq!(seq.load(Ordering::Relaxed), 2 * iterations);
+    }
 }
 
 #[cfg(all(test, loom))]
@@ -336,6 +440,46 @@ mod loom_tests {
             writer.join().unwrap();
             reader.join().unwrap();
             assert_eq!(try_read(&cell.seq, &cell.words), Ok(([4, 40], 2)));
+        });
+    }
+
+    /// The run-time-counted protocol (`write_with_after`, `read_with`'s
+    /// attempt `try_read_with`): a reader racing a write that changes the
+    /// count accepts only (count 1, entry 10) or (count 2, entries 20, 20).
+    #[test]
+    fn counted_words_are_copied_whole() {
+        loom::model(|| {
+            let cell = Arc::new((
+                AtomicU64::new(0),
+                [AtomicU64::new(1), AtomicU64::new(10), AtomicU64::new(0)],
+            ));
+            let writer = {
+                let cell = cell.clone();
+                loom::thread::spawn(move || {
+                    let (seq, words) = &*cell;
+                    write_with_after(seq, 0, || {
+                        words[0].store(2, Ordering::Relaxed);
+                        words[1].store(20, Ordering::Relaxed);
+                        words[2].store(20, Ordering::Relaxed);
+                    });
+                })
+            };
+            let (seq, words) = &*cell;
+            if let Ok(((count, entries), _)) = try_read_with(seq, || {
+                let count = (words[0].load(Ordering::Relaxed) as usize).min(2);
+                let entries: Vec<u64> = words[1..1 + count]
+                    .iter()
+                    .map(|w| w.load(Ordering::Relaxed))
+                    .collect();
+                (count, entries)
+            }) {
+                match count {
+                    1 => assert_eq!(entries, [10]),
+                    2 => assert_eq!(entries, [20, 20]),
+                    _ => panic!("count {count}"),
+                }
+            }
+            writer.join().unwrap();
         });
     }
 }

@@ -178,7 +178,7 @@ impl ShmFile {
 /// (`ENXIO`), which would be reported as an I/O error rather than what it
 /// is. (Swapped in between `lstat` and `open`, an entry is still refused
 /// by the `fstat`.)
-fn open_regular(path: &Path) -> Result<File, Error> {
+pub(crate) fn open_regular(path: &Path) -> Result<File, Error> {
     refuse_irregular_entry(path)?;
     let file = OpenOptions::new()
         .read(true)

@@ -42,8 +42,6 @@ use std::sync::{Once, OnceLock};
 
 use nix::libc;
 
-use crate::layout::FILE_SIZE;
-
 /// Slots per chunk of the registry (a chunk is allocated when all are taken).
 const SLOTS_PER_CHUNK: usize = 256;
 
@@ -57,6 +55,9 @@ pub(crate) struct Slot {
     /// Start address of the mapping; 0 while the slot is free. Its Release
     /// store in `register` pairs with the handler's Acquire load.
     start: AtomicUsize,
+    /// Bytes the mapping covers, rounded up to whole pages (stored before
+    /// `start`, so the handler's Acquire load of `start` sees it).
+    len: AtomicUsize,
     /// Set by the handler when it replaced the mapping with zero pages. Read
     /// by the thread that faulted (after the signal handler returned, so no
     /// fence is needed beyond a compiler fence) or by other threads sharing
@@ -70,6 +71,7 @@ impl Slot {
             taken: AtomicBool::new(false),
             writable: AtomicBool::new(false),
             start: AtomicUsize::new(0),
+            len: AtomicUsize::new(0),
             truncated: AtomicBool::new(false),
         }
     }
@@ -97,9 +99,8 @@ struct Chunk {
 /// loads in `register` and in the handler.
 static CHUNKS: AtomicPtr<Chunk> = AtomicPtr::new(ptr::null_mut());
 
-/// Bytes covered by a mapping: `FILE_SIZE` rounded up to whole pages (set
-/// once before the handler is installed).
-static MAP_LEN: AtomicUsize = AtomicUsize::new(0);
+/// The page size (set once before the handler is installed).
+static PAGE_SIZE: AtomicUsize = AtomicUsize::new(4096);
 
 /// The `SIGBUS` action that was installed before ours.
 static PREVIOUS: OnceLock<Previous> = OnceLock::new();
@@ -114,15 +115,18 @@ unsafe impl Send for Previous {}
 
 static INSTALL: Once = Once::new();
 
-/// Registers the mapping at `start` (page aligned, `FILE_SIZE` bytes,
-/// `writable` or read-only) and installs the handler on first use. The
-/// returned slot must be passed to [`unregister`] before the mapping is
-/// unmapped.
-pub(crate) fn register(start: usize, writable: bool) -> &'static Slot {
+/// Registers the mapping at `start` (page aligned, `len` bytes, `writable`
+/// or read-only) and installs the handler on first use. The returned slot
+/// must be passed to [`unregister`] before the mapping is unmapped.
+pub(crate) fn register(start: usize, len: usize, writable: bool) -> &'static Slot {
     INSTALL.call_once(install);
     let slot = free_slot();
+    let page = PAGE_SIZE.load(Ordering::Relaxed);
     slot.truncated.store(false, Ordering::Relaxed);
     slot.writable.store(writable, Ordering::Relaxed);
+    // Relaxed: published by the Release store of `start` below.
+    slot.len
+        .store(len.max(1).div_ceil(page) * page, Ordering::Relaxed);
     // Pairs with the handler's Acquire load of `start`.
     slot.start.store(start, Ordering::Release);
     slot
@@ -179,7 +183,7 @@ fn free_slot() -> &'static Slot {
 fn install() {
     // SAFETY: sysconf has no preconditions.
     let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-    MAP_LEN.store(FILE_SIZE.div_ceil(page) * page, Ordering::Relaxed);
+    PAGE_SIZE.store(page, Ordering::Relaxed);
     // SAFETY: an all-zero `sigaction` is a valid value (SIG_DFL, empty
     // mask, no flags), overwritten by the kernel below.
     let mut previous: libc::sigaction = unsafe { std::mem::zeroed() };
@@ -224,7 +228,6 @@ extern "C" fn on_sigbus(
 /// If `address` lies in a registered mapping, maps zero pages over that
 /// mapping and flags it; whether it did.
 fn replace_with_zero_pages(address: usize) -> bool {
-    let len = MAP_LEN.load(Ordering::Relaxed);
     let mut chunk = CHUNKS.load(Ordering::Acquire).cast_const();
     while !chunk.is_null() {
         // SAFETY: as in `free_slot`: leaked, published with Release, never freed.
@@ -232,6 +235,8 @@ fn replace_with_zero_pages(address: usize) -> bool {
         for slot in &current.slots {
             // Pairs with the Release store in `register`.
             let start = slot.start.load(Ordering::Acquire);
+            // Relaxed: stored before the Release store of `start` seen above.
+            let len = slot.len.load(Ordering::Relaxed);
             if start == 0 || address < start || address >= start + len {
                 continue;
             }

@@ -64,6 +64,10 @@ macro_rules! snapshot_fields {
             num_preempted = 11,
             /// `FLAG_IDLE` (bit 0), `FLAG_SHUTTING_DOWN` (bit 1).
             flags = 12,
+            /// Entries in the engine's latest cache digest (docs/FORMAT.md, "Cache residency").
+            cache_blocks = 13,
+            /// Version of that digest; 0: the engine publishes no digest.
+            cache_version = 14,
         }
     };
 }
@@ -83,7 +87,7 @@ macro_rules! define_snapshot {
         pub struct Snapshot {
             $($(#[$doc])* pub $field: u64,)*
             /// Zero in layout version 1.
-            pub reserved: [u64; 3],
+            pub reserved: [u64; SNAPSHOT_WORDS - FIELD_COUNT],
         }
 
         $(const _: () = assert!(core::mem::offset_of!(Snapshot, $field) == $word * 8);)*
@@ -112,7 +116,7 @@ macro_rules! define_snapshot {
 }
 
 /// Number of meaningful words (named fields) in a snapshot; the rest are reserved.
-pub const FIELD_COUNT: usize = 13;
+pub const FIELD_COUNT: usize = 15;
 
 snapshot_fields!(define_snapshot);
 
@@ -154,6 +158,11 @@ impl Snapshot {
     /// The fields a writer stamps at each publish (the capture clocks): a
     /// producer never sets them.
     pub const CAPTURE_STAMPS: [&'static str; 2] = ["captured_mono_ns", "captured_unix_ns"];
+
+    /// The fields a publisher stamps at each publish from its last cache
+    /// digest (docs/FORMAT.md, "Cache residency"): a producer never sets
+    /// them; both 0 while the engine publishes no digest.
+    pub const CACHE_STAMPS: [&'static str; 2] = ["cache_blocks", "cache_version"];
 
     /// Every named field and its value, in word order (`esdump --json`, the
     /// esdump table, the Prometheus gauges).
@@ -240,7 +249,10 @@ mod tests {
 
     #[test]
     fn capture_stamps_are_fields() {
-        for name in Snapshot::CAPTURE_STAMPS {
+        for name in Snapshot::CAPTURE_STAMPS
+            .into_iter()
+            .chain(Snapshot::CACHE_STAMPS)
+        {
             assert!(Snapshot::FIELD_NAMES.contains(&name), "{name}");
         }
     }

@@ -10,7 +10,7 @@
 //!   ([`Heartbeat::in_place`]) and what this writer wrote;
 //! - `retire`: marking the file retired and removing it.
 
-mod create;
+pub(crate) mod create;
 mod damage;
 mod retire;
 

@@ -15,8 +15,8 @@ use std::sync::Arc;
 
 use engine_state_reader::{Reading, Status};
 use engine_state_router::{
-    Clock, DecisionLog, Policy, Request, Reservation, Router, RouterSettings, RouterStats,
-    ShadowCounters,
+    CacheKnowledge, Clock, DecisionLog, Policy, RealStateUse, Reason, Request, Reservation, Router,
+    RouterSettings, RouterStats, ShadowCounters,
 };
 use serde::{Deserialize, Serialize};
 
@@ -91,18 +91,45 @@ impl Default for RunConfig {
 }
 
 impl RunConfig {
-    /// `policy/real_state_use/feed/routers` unless a label was given.
+    /// `policy/real_state_use/feed/routers` unless a label was given, with
+    /// the cache knowledge after the feed where engines publish digests (a
+    /// periodic feed) and real state is used
+    /// (`unified/placement/periodic:50/engine/r4`).
     pub fn name(&self) -> String {
         if !self.label.is_empty() {
             return self.label.clone();
         }
+        let digests = matches!(self.feed, FeedSpec::Periodic { .. })
+            && self.router.real_state_use != RealStateUse::Never;
+        let knowledge = match digests {
+            true => format!("/{}", self.router.cache_knowledge),
+            false => String::new(),
+        };
         format!(
-            "{}/{}/{}/r{}",
+            "{}/{}/{}{knowledge}/r{}",
             policy_label(&self.router),
             self.router.real_state_use,
             self.feed,
             self.routers
         )
+    }
+
+    /// Whether the engines' cache digests reach the routers and are read:
+    /// a periodic feed (as the vLLM hook publishes them), real state used,
+    /// `cache_knowledge = engine`.
+    pub fn reads_digests(&self) -> bool {
+        matches!(self.feed, FeedSpec::Periodic { .. })
+            && self.router.cache_knowledge == CacheKnowledge::Engine
+            && self.router.real_state_use != RealStateUse::Never
+    }
+
+    /// The cache knowledge the routers work with: `engine` only where
+    /// digests are read ([`RunConfig::reads_digests`]), else `estimated`.
+    pub fn effective_cache_knowledge(&self) -> CacheKnowledge {
+        match self.reads_digests() {
+            true => CacheKnowledge::Engine,
+            false => CacheKnowledge::Estimated,
+        }
     }
 }
 
@@ -164,6 +191,18 @@ pub struct RunResult {
     pub decisions_real_changed: u64,
     /// Decisions made.
     pub decisions: u64,
+    /// Decisions whose cache hit came from an engine's digest
+    /// (`Decision::cache_knowledge`; the final one for a migrated request).
+    pub decisions_engine_knowledge: u64,
+    /// Picks that adopted a session (`Reason::Adoption`).
+    pub adoptions: u64,
+    /// Prompt tokens at first admissions (the denominator of the next two).
+    pub admitted_prompt_tokens: u64,
+    /// Σ over first admissions of the router's believed cache hit (the
+    /// decision's `cache_hit_tokens`) above the engine's real hit.
+    pub hit_overcounted_tokens: u64,
+    /// Σ of the engine's real hit above the router's believed one.
+    pub hit_undercounted_tokens: u64,
     /// Age (ns) of the chosen engine's real state at decisions that consulted
     /// fresh real state for it.
     pub decision_real_age_ns: Vec<u64>,
@@ -240,12 +279,22 @@ pub fn simulate(trace: &Trace, config: &RunConfig) -> Result<RunResult, SimError
             router.set_decision_log(Some(DecisionLog::append_to(&path)?));
         }
     }
+    // Engines publish their cache digests with periodic snapshots (as the
+    // vLLM hook does); only tracked when the routers read them, which
+    // changes nothing else.
+    let publishes_residency = config.reads_digests();
     let mut engines: Vec<EngineSlot> = ids
         .iter()
-        .map(|id| EngineSlot {
-            engine: Engine::new(config.profile.clone()),
-            feed: EngineFeed::new(id),
-            in_flight: None,
+        .map(|id| {
+            let mut engine = Engine::new(config.profile.clone());
+            if publishes_residency {
+                engine.publish_residency();
+            }
+            EngineSlot {
+                engine,
+                feed: EngineFeed::new(id),
+                in_flight: None,
+            }
         })
         .collect();
 
@@ -265,6 +314,8 @@ pub fn simulate(trace: &Trace, config: &RunConfig) -> Result<RunResult, SimError
     let mut reservations: Vec<Option<Reservation>> =
         (0..trace.requests.len()).map(|_| None).collect();
     let mut outstanding = trace.requests.len();
+    // The cache hit each request's (final) decision believed in.
+    let mut believed_hit = vec![0u64; trace.requests.len()];
     let mut reading = Reading::default();
 
     let mut next_sample = 0;
@@ -327,16 +378,25 @@ pub fn simulate(trace: &Trace, config: &RunConfig) -> Result<RunResult, SimError
                 if decision.real_state_changed() == Some(true) {
                     result.decisions_real_changed += 1;
                 }
+                if decision.reason == Reason::Adoption {
+                    result.adoptions += 1;
+                }
                 let mut consulted = decision.consulted_real_state;
                 let mut instance = decision.instance_id;
+                let mut hit = (decision.cache_hit_tokens, decision.cache_knowledge);
                 if config.migration {
                     if let Some(moved) = router.migrate_reservation(&request, &mut reservation)? {
                         result.migrations += 1;
                         consulted |= moved.consulted_real_state;
                         instance = moved.instance_id;
+                        hit = (moved.cache_hit_tokens, moved.cache_knowledge);
                     }
                 }
                 result.decisions += 1;
+                believed_hit[index] = hit.0;
+                if hit.1 == CacheKnowledge::Engine {
+                    result.decisions_engine_knowledge += 1;
+                }
                 // With no feed there is nothing to consult, whatever the setting says.
                 if consulted && config.feed != FeedSpec::None {
                     result.decisions_consulting_real += 1;
@@ -357,9 +417,14 @@ pub fn simulate(trace: &Trace, config: &RunConfig) -> Result<RunResult, SimError
                     prompt_len: trace_request.input_len,
                     output_len: trace_request.output_len,
                     block_hashes: trace_request.kv_block_hashes(index),
+                    router_block_hashes: match publishes_residency {
+                        true => trace_request.known_router_block_hashes(index),
+                        false => Vec::new(),
+                    },
                 });
                 if slot.in_flight.is_none() {
                     start_step(slot, engine, &config.feed, time, &mut events, true);
+                    count_hits(slot, &believed_hit, trace, &mut result);
                 }
             }
             Event::StepEnd(engine) => {
@@ -387,9 +452,10 @@ pub fn simulate(trace: &Trace, config: &RunConfig) -> Result<RunResult, SimError
                 }
                 let idle = slot.engine.num_requests() == 0;
                 slot.feed
-                    .step_boundary(&config.feed, &slot.engine, time, idle);
+                    .step_boundary(&config.feed, &mut slot.engine, time, idle);
                 if !idle {
                     start_step(slot, engine, &config.feed, time, &mut events, false);
+                    count_hits(slot, &believed_hit, trace, &mut result);
                 }
             }
             Event::LateComplete(index) => {
@@ -430,6 +496,19 @@ pub fn simulate(trace: &Trace, config: &RunConfig) -> Result<RunResult, SimError
     Ok(result)
 }
 
+/// Compare the router's believed cache hit of each request the step just
+/// scheduled admitted for the first time with the engine's real one.
+fn count_hits(slot: &EngineSlot, believed: &[u64], trace: &Trace, result: &mut RunResult) {
+    let step = slot.in_flight.as_ref().expect("just started");
+    for admission in step.admitted.iter().filter(|a| !a.resumed) {
+        let index = admission.id as usize;
+        let believed = believed[index];
+        result.admitted_prompt_tokens += trace.requests[index].input_len;
+        result.hit_overcounted_tokens += believed.saturating_sub(admission.hit_tokens);
+        result.hit_undercounted_tokens += admission.hit_tokens.saturating_sub(believed);
+    }
+}
+
 /// Whether request `index`'s completion reaches the router late (a fixed,
 /// seedless choice per request, so every configuration delays the same ones).
 fn late(config: &RunConfig, index: usize) -> bool {
@@ -451,7 +530,7 @@ fn start_step(
         "engine e{engine} has work but scheduled nothing (a request larger than the KV cache?)"
     );
     slot.feed
-        .step_boundary(feed, &slot.engine, now_ns, turned_busy);
+        .step_boundary(feed, &mut slot.engine, now_ns, turned_busy);
     events.push(Reverse((now_ns + step.duration_ns, Event::StepEnd(engine))));
     slot.in_flight = Some(step);
 }

@@ -1,7 +1,7 @@
 //! The driver end to end: conservation, determinism, and what one engine or
 //! one session must give whatever the policy.
 
-use engine_state_router::{Policy, RealStateUse};
+use engine_state_router::{CacheKnowledge, Policy, RealStateUse};
 
 use super::*;
 use crate::agentic::AgenticSpec;
@@ -250,4 +250,44 @@ fn real_state_changes_decisions_only_where_it_reaches_the_router() {
     // Four replicas: each shadow sees a quarter of the traffic, so the
     // engines' real load must overrule it for some picks.
     assert!(changed(&config(Policy::LoadOnly, 4, "periodic:50", 4)) > 0);
+}
+
+/// With `cache_knowledge = engine` and a periodic feed, the engines' digests
+/// reach the replicas and steer them: hits come from the engine, sessions
+/// bound by another replica are adopted, and the router's believed hits
+/// match the engines' at admission more closely than the replicas' own
+/// estimates do. Without a periodic feed no digest is read.
+#[test]
+fn engine_digests_reach_the_replicas_and_are_used() {
+    let trace = agentic(40, 3);
+    let run = |feed: &str, knowledge: CacheKnowledge| {
+        let mut config = config(Policy::Unified, 4, feed, 4);
+        config.router.cache_knowledge = knowledge;
+        config.router.real_state_use = RealStateUse::Placement;
+        let result = simulate(&trace, &config).unwrap();
+        assert_conserved(&trace, &config, &result);
+        (Summary::of(&config, &result), result)
+    };
+    let (engine, engine_result) = run("periodic:50+1", CacheKnowledge::Engine);
+    let (estimated, estimated_result) = run("periodic:50+1", CacheKnowledge::Estimated);
+    assert_eq!(engine.config, "unified/placement/periodic:50+1/engine/r4");
+    assert_eq!(engine.cache_knowledge, "engine");
+    assert_eq!(estimated.cache_knowledge, "estimated");
+    assert!(engine.decisions_engine_knowledge > 0.5, "{engine:?}");
+    assert!(engine_result.adoptions > 0, "{engine:?}");
+    assert_eq!(estimated_result.decisions_engine_knowledge, 0);
+    assert_eq!(estimated_result.adoptions, 0);
+    let miscounted = |s: &Summary| s.hit_overcounted + s.hit_undercounted;
+    assert!(
+        miscounted(&engine) < miscounted(&estimated),
+        "{engine:?} vs {estimated:?}"
+    );
+    assert!(engine.engines_per_session_mean < estimated.engines_per_session_mean);
+
+    let (scraped, scraped_result) = run("scraped:1000", CacheKnowledge::Engine);
+    assert_eq!(
+        scraped.cache_knowledge, "estimated",
+        "scrapes carry no digest"
+    );
+    assert_eq!(scraped_result.decisions_engine_knowledge, 0);
 }

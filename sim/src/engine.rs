@@ -11,10 +11,14 @@
 
 use std::collections::VecDeque;
 
-use engine_state_shm_format::{RequestTokens, Snapshot, WaitingRequest};
+use std::rc::Rc;
+use std::sync::Arc;
+
+use engine_state_shm_format::{CacheDigest, RequestTokens, Snapshot, WaitingRequest};
 
 use crate::kv::{BlockPool, U64Map};
 use crate::profile::{EngineProfile, KV_BLOCK_TOKENS};
+use crate::residency::{Capture, Residency, KV_PER_ROUTER_BLOCK};
 use crate::trace::mix;
 
 /// A request as an engine receives it.
@@ -34,6 +38,11 @@ pub struct EngineRequest {
     /// hashes and caches output blocks too, so a recompute after a
     /// preemption can hit them); the engine hashes those from the id.
     pub block_hashes: Vec<u64>,
+    /// Chained hashes of the 512-token router blocks `block_hashes` covers
+    /// in full (router block `b` = its KV blocks `32b .. 32b + 32`): what a
+    /// digest lists when the engine holds them (only read by an engine that
+    /// publishes its cache residency, [`Engine::publish_residency`]).
+    pub router_block_hashes: Vec<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -192,6 +201,29 @@ impl Engine {
         (prompt_len + output_len).div_ceil(KV_BLOCK_TOKENS) <= self.pool.total() as u64
     }
 
+    /// Keep track of which router blocks the prefix cache holds in full,
+    /// for [`Engine::cache_digest`] (from now on: call it before adding
+    /// requests).
+    pub fn publish_residency(&mut self) {
+        debug_assert!(self.live.is_empty(), "tracking starts on an empty engine");
+        self.pool.residency = Some(Residency::default());
+    }
+
+    /// The engine's cache digest as of `now_ns` (docs/FORMAT.md, "Cache
+    /// residency"): the router blocks whose 32 KV blocks are all cached,
+    /// prefix-closed; a new version only when the set changed. `None` unless
+    /// [`Engine::publish_residency`] was called.
+    pub fn cache_digest(&mut self, now_ns: u64) -> Option<Arc<CacheDigest>> {
+        Some(self.capture_residency(now_ns)?.digest())
+    }
+
+    /// What [`Engine::cache_digest`] would return, captured now and made
+    /// into a digest only when read (the feed's captures, most of them
+    /// superseded before any router reads them).
+    pub(crate) fn capture_residency(&mut self, now_ns: u64) -> Option<Rc<Capture>> {
+        Some(self.pool.residency.as_mut()?.capture(now_ns))
+    }
+
     /// Queue a request at the back of the waiting queue.
     pub fn add_request(&mut self, request: EngineRequest) {
         let id = request.id;
@@ -199,6 +231,17 @@ impl Engine {
             self.fits(request.prompt_len, request.output_len.max(1)),
             "request {id} does not fit the KV cache: check with Engine::fits first"
         );
+        assert!(
+            request.router_block_hashes.len() * KV_PER_ROUTER_BLOCK <= request.block_hashes.len(),
+            "request {id}: router blocks past its KV block hashes"
+        );
+        if let Some(mut residency) = self.pool.residency.take() {
+            let pool = &self.pool;
+            residency.add_request(&request.router_block_hashes, &request.block_hashes, |h| {
+                pool.is_cached(h)
+            });
+            self.pool.residency = Some(residency);
+        }
         let live = Live {
             request: EngineRequest {
                 output_len: request.output_len.max(1),
@@ -404,6 +447,9 @@ impl Engine {
             }
             if live.num_output >= live.request.output_len {
                 self.pool.release(&live.blocks);
+                if let Some(residency) = &mut self.pool.residency {
+                    residency.remove_request(&live.request.router_block_hashes);
+                }
                 self.live.remove(&id);
                 self.running.retain(|&r| r != id);
                 output.finished.push(id);

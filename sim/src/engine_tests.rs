@@ -21,6 +21,7 @@ fn request(id: u64, prompt_len: u64, output_len: u64, prefix: u64) -> EngineRequ
         prompt_len,
         output_len,
         block_hashes,
+        router_block_hashes: Vec::new(),
     }
 }
 
@@ -237,4 +238,103 @@ fn a_recompute_after_preemption_hits_its_own_output_blocks() {
         250,
         "recomputes are not vLLM prefix-cache queries"
     );
+}
+
+/// The digest the engine publishes (sim/src/residency.rs) against its own
+/// prefix cache, as the throwaway experiment checked it: at every step, for
+/// each of the last 60 prompts given to the engine, the leading run of the
+/// prompt's router blocks in the digest is the engine's leading KV hit over
+/// 32 (at most the prompt's full router blocks) — session streams that
+/// extend earlier turns and their outputs, Mooncake-style block ids from a
+/// tree of shared prefixes, eviction pressure and preemptions.
+#[test]
+fn the_digest_lists_exactly_the_router_blocks_a_prompt_would_hit() {
+    use crate::residency::KV_PER_ROUTER_BLOCK;
+    use crate::trace::{mix, Content, TraceRequest};
+    let profile = EngineProfile {
+        kv_capacity_tokens: 48_000,
+        max_num_batched_tokens: 4096,
+        max_num_seqs: 8,
+        ..EngineProfile::default()
+    };
+    let mut engine = Engine::new(profile);
+    engine.publish_residency();
+    let mut draw = {
+        let mut n = 0u64;
+        move |bound: u64| {
+            n += 1;
+            mix(0x5eed_d16e, n) % bound
+        }
+    };
+    let mut probes: Vec<(Vec<u64>, Vec<u64>)> = Vec::new();
+    let mut sessions = [(0u64, 0u64); 6]; // (stream id, tokens so far)
+    let (mut now, mut added, mut last_want) = (0u64, 0u64, HashMap::new());
+    let (mut hits_seen, mut drops_seen) = (0, 0);
+    while added < 300 || engine.num_requests() > 0 {
+        if added < 300 && (engine.num_requests() == 0 || draw(3) == 0) {
+            let output_len = 1 + draw(300);
+            let (content, input_len) = if draw(2) == 0 {
+                let s = draw(sessions.len() as u64) as usize;
+                let (stream, so_far) = &mut sessions[s];
+                let input_len = *so_far + 1 + draw(3000);
+                if input_len + output_len > 24_000 {
+                    *stream += 1_000; // the agent starts over
+                    *so_far = 0;
+                }
+                let input_len = *so_far + 1 + draw(3000);
+                *so_far = input_len + output_len;
+                (Content::Stream(*stream + s as u64), input_len)
+            } else {
+                let blocks = 1 + draw(20);
+                let ids = (0..blocks)
+                    .map(|b| if b == 0 { draw(3) } else { b * 4 + draw(4) })
+                    .collect();
+                (Content::Blocks(ids), blocks * 512 - draw(512))
+            };
+            let request = TraceRequest {
+                arrival_ns: now,
+                input_len,
+                output_len,
+                session: None,
+                content,
+            };
+            let index = added as usize;
+            engine.add_request(EngineRequest {
+                id: added,
+                prompt_len: input_len,
+                output_len,
+                block_hashes: request.kv_block_hashes(index),
+                router_block_hashes: request.known_router_block_hashes(index),
+            });
+            probes.push((
+                request.router_block_hashes(index),
+                request.kv_block_hashes(index),
+            ));
+            added += 1;
+        }
+        let step = engine.schedule();
+        now += step.duration_ns;
+        engine.finish_step(&step);
+        let digest = engine.cache_digest(now).expect("residency is published");
+        for (i, (router, kv)) in probes.iter().enumerate().rev().take(60) {
+            let kv_hit = engine.pool.longest_hit(kv.iter().copied()).len();
+            let want = (kv_hit / KV_PER_ROUTER_BLOCK).min(router.len());
+            assert_eq!(
+                digest.leading_blocks(router),
+                want,
+                "prompt {i} after step {}",
+                engine.counters().steps
+            );
+            hits_seen += usize::from(want > 0);
+            if last_want
+                .insert(i, want)
+                .is_some_and(|before| want < before)
+            {
+                drops_seen += 1;
+            }
+        }
+    }
+    assert!(hits_seen > 10_000, "{hits_seen} prompts with a hit");
+    assert!(drops_seen > 50, "only {drops_seen} hits lost to eviction");
+    assert!(engine.counters().preemptions > 0, "no preemption");
 }

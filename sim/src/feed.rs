@@ -13,6 +13,11 @@
 //!   counters reconciled to scraped metrics" its merge can express (a true
 //!   reconciliation would also lower the shadow; documented in docs/ROUTING.md).
 //!
+//! An engine that publishes its cache residency ([`Engine::publish_residency`])
+//! captures its cache digest with each periodic snapshot; it travels with
+//! the snapshot (same delay) and is readable as `EngineState::cache`, as a
+//! reader asked for digests returns it. Scrapes carry none.
+//!
 //! Routers read the way a proxy polling its reader before each pick does:
 //! at every decision the driver builds a reader `Reading` of what is
 //! readable now, each engine's state made by the reader's own judge
@@ -21,6 +26,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::rc::Rc;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,6 +36,7 @@ use engine_state_shm_format::Snapshot;
 
 use crate::engine::Engine;
 use crate::error::SimError;
+use crate::residency::Capture;
 
 /// The hook's heartbeat period: the default publish period, 50 ms
 /// (`AGENTIC_ENGINE_STATE_PERIOD_MS`; docs/VLLM.md, "When it captures"). Kept
@@ -136,9 +143,9 @@ impl FromStr for FeedSpec {
 #[derive(Debug)]
 pub(crate) struct EngineFeed {
     engine_id: Arc<str>,
-    /// Captured, not yet readable: `(readable at, snapshot)`.
-    in_transit: VecDeque<(u64, Snapshot)>,
-    readable: Option<Snapshot>,
+    /// Captured, not yet readable: `(readable at, snapshot, residency)`.
+    in_transit: VecDeque<(u64, Snapshot, Option<Rc<Capture>>)>,
+    readable: Option<(Snapshot, Option<Rc<Capture>>)>,
     last_capture_ns: Option<u64>,
 }
 
@@ -157,7 +164,7 @@ impl EngineFeed {
     pub(crate) fn step_boundary(
         &mut self,
         spec: &FeedSpec,
-        engine: &Engine,
+        engine: &mut Engine,
         now_ns: u64,
         turned: bool,
     ) {
@@ -172,7 +179,8 @@ impl EngineFeed {
             .last_capture_ns
             .is_none_or(|last| now_ns >= last + period_ns);
         if due || turned {
-            self.capture(stamp(engine.snapshot(), now_ns), now_ns, delay_ns);
+            let digest = engine.capture_residency(now_ns);
+            self.capture(stamp(engine.snapshot(), now_ns), digest, now_ns, delay_ns);
         }
     }
 
@@ -187,25 +195,32 @@ impl EngineFeed {
             flags: full.flags,
             ..Snapshot::default()
         };
-        self.capture(stamp(gauges, now_ns), now_ns, 0);
+        self.capture(stamp(gauges, now_ns), None, now_ns, 0);
     }
 
-    fn capture(&mut self, snapshot: Snapshot, now_ns: u64, delay_ns: u64) {
+    fn capture(
+        &mut self,
+        snapshot: Snapshot,
+        digest: Option<Rc<Capture>>,
+        now_ns: u64,
+        delay_ns: u64,
+    ) {
         self.last_capture_ns = Some(now_ns);
-        self.in_transit.push_back((now_ns + delay_ns, snapshot));
+        self.in_transit
+            .push_back((now_ns + delay_ns, snapshot, digest));
     }
 
     /// What a reader would return for this engine at `now_ns`, if anything
     /// was ever readable.
     pub(crate) fn read(&mut self, spec: &FeedSpec, now_ns: u64) -> Option<EngineState> {
-        while let Some(&(at, snapshot)) = self.in_transit.front() {
-            if at > now_ns {
+        while let Some((at, ..)) = self.in_transit.front() {
+            if *at > now_ns {
                 break;
             }
-            self.readable = Some(snapshot);
-            self.in_transit.pop_front();
+            let (_, snapshot, digest) = self.in_transit.pop_front().expect("just seen");
+            self.readable = Some((snapshot, digest));
         }
-        let snapshot = self.readable?;
+        let (snapshot, digest) = self.readable.as_ref()?;
         let heartbeat_mono_ns = match *spec {
             // The newest heartbeat readable now was stamped `delay` ago or
             // earlier, at a multiple of the heartbeat period.
@@ -218,7 +233,7 @@ impl EngineFeed {
         };
         let observation = Observation {
             engine_id: Arc::clone(&self.engine_id),
-            snapshot: &snapshot,
+            snapshot,
             writer: Writer {
                 pid: 0,
                 publish_period_us: (HEARTBEAT_PERIOD_NS / 1000) as u32,
@@ -235,7 +250,9 @@ impl EngineFeed {
                     as u64,
             },
         };
-        Some(judge(observation, now_ns, &Freshness::default()))
+        let mut state = judge(observation, now_ns, &Freshness::default());
+        state.cache = digest.as_ref().map(|capture| capture.digest());
+        Some(state)
     }
 }
 
@@ -262,18 +279,37 @@ mod tests {
     }
 
     #[test]
+    fn a_digest_travels_with_its_snapshot_and_scrapes_carry_none() {
+        let spec: FeedSpec = "periodic:100+10".parse().unwrap();
+        let mut engine = Engine::new(EngineProfile::default());
+        let mut feed = EngineFeed::new("e0");
+        feed.step_boundary(&spec, &mut engine, 0, false);
+        let state = feed.read(&spec, 10_000_000).unwrap();
+        assert!(state.cache.is_none(), "the engine publishes no residency");
+
+        engine.publish_residency();
+        feed.step_boundary(&spec, &mut engine, 100_000_000, false);
+        assert!(feed.read(&spec, 105_000_000).unwrap().cache.is_none());
+        let state = feed.read(&spec, 110_000_000).unwrap();
+        let digest = state.cache.expect("readable with its snapshot");
+        assert_eq!((digest.version(), digest.len()), (1, 0));
+        feed.scrape(&engine, 120_000_000);
+        assert!(feed.read(&spec, 120_000_000).unwrap().cache.is_none());
+    }
+
+    #[test]
     fn captures_are_period_gated_delayed_and_aged_from_capture() {
         let spec: FeedSpec = "periodic:100+10".parse().unwrap();
-        let engine = Engine::new(EngineProfile::default());
+        let mut engine = Engine::new(EngineProfile::default());
         let mut feed = EngineFeed::new("e0");
-        feed.step_boundary(&spec, &engine, 0, false);
+        feed.step_boundary(&spec, &mut engine, 0, false);
         assert!(feed.read(&spec, 5_000_000).is_none(), "still in transit");
         let state = feed.read(&spec, 10_000_000).unwrap();
         assert_eq!(state.capture_age, Duration::from_millis(10));
         assert_eq!(state.status, Status::Fresh);
-        feed.step_boundary(&spec, &engine, 50_000_000, false);
+        feed.step_boundary(&spec, &mut engine, 50_000_000, false);
         assert_eq!(feed.in_transit.len(), 0, "not due before 100 ms");
-        feed.step_boundary(&spec, &engine, 60_000_000, true);
+        feed.step_boundary(&spec, &mut engine, 60_000_000, true);
         assert_eq!(
             feed.in_transit.len(),
             1,

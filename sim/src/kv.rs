@@ -12,6 +12,8 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
+use crate::residency::Residency;
+
 /// A map keyed by `u64` with a cheap mixing hasher: the simulator's keys
 /// (block hashes, request ids) need no DoS resistance, and SipHash was
 /// half of a run's time.
@@ -59,6 +61,9 @@ pub(crate) struct BlockPool {
     /// Hash → the later blocks cached under it, oldest first (rare: vLLM
     /// does not de-duplicate blocks, `BlockHashToBlockMap`).
     duplicates: U64Map<Vec<u32>>,
+    /// Told of every hash that becomes cached or stops being cached, when
+    /// the engine publishes its cache residency.
+    pub(crate) residency: Option<Residency>,
 }
 
 impl BlockPool {
@@ -81,6 +86,7 @@ impl BlockPool {
             free: blocks,
             cached: U64Map::default(),
             duplicates: U64Map::default(),
+            residency: None,
         }
     }
 
@@ -92,6 +98,11 @@ impl BlockPool {
     /// Free blocks, evictable cached ones included (`get_num_free_blocks()`).
     pub(crate) fn num_free(&self) -> usize {
         self.free
+    }
+
+    /// Whether some block caches `hash`.
+    pub(crate) fn is_cached(&self, hash: u64) -> bool {
+        self.cached.contains_key(&hash)
     }
 
     /// The cached blocks of the longest run of leading `hashes` present.
@@ -169,6 +180,9 @@ impl BlockPool {
         match self.cached.entry(hash) {
             std::collections::hash_map::Entry::Vacant(slot) => {
                 slot.insert(block);
+                if let Some(residency) = &mut self.residency {
+                    residency.cached(hash);
+                }
             }
             std::collections::hash_map::Entry::Occupied(_) => {
                 self.duplicates.entry(hash).or_default().push(block);
@@ -192,6 +206,9 @@ impl BlockPool {
                 }
                 None => {
                     self.cached.remove(&hash);
+                    if let Some(residency) = &mut self.residency {
+                        residency.evicted(hash);
+                    }
                 }
             }
         } else {

@@ -7,7 +7,8 @@
 //!   caching, preemption by recompute); pure — [`Engine::schedule`] returns a
 //!   [`ScheduledStep`] with its modelled duration, [`Engine::finish_step`]
 //!   applies it, [`Engine::snapshot`] is the snapshot the hook would capture
-//!   (docs/VLLM.md, "What each field means and how the hook computes it").
+//!   (docs/VLLM.md, "What each field means and how the hook computes it"),
+//!   [`Engine::cache_digest`] the cache digest it would publish.
 //! - [`EngineProfile`]: scheduler limits and the step-time formula; the
 //!   default is calibrated to Qwen3-Coder-30B-A3B on one H20.
 //! - [`FeedSpec`]: how snapshots reach routers (`none`, `periodic`, `scraped`).
@@ -17,7 +18,7 @@
 //!   placement is made by `engine_state_router::Router` on simulated time.
 //! - [`Summary`], [`markdown`], [`write_report`], [`plots`], [`Sweep`]: reports.
 //!
-//! Layout: `profile`, `kv` and `engine` (the engine model), `feed`, `trace`
+//! Layout: `profile`, `kv`, `residency` and `engine` (the engine model), `feed`, `trace`
 //! and `agentic` (inputs), `driver` (the event loop), `metrics`, `output`,
 //! `plots` and `sweep` (reports).
 //!
@@ -44,6 +45,7 @@ mod metrics;
 mod output;
 pub mod plots;
 mod profile;
+mod residency;
 mod step_trace;
 mod sweep;
 mod trace;
@@ -59,7 +61,9 @@ pub use crate::engine::{
 pub use crate::error::SimError;
 pub use crate::feed::{FeedSpec, HEARTBEAT_PERIOD_NS};
 pub use crate::metrics::{quantile, ttft_seconds, Summary};
-pub use crate::output::{csv, markdown, write_files, write_report};
+pub use crate::output::{
+    csv, markdown, read_csv, write_files, write_report, write_summary_plots, HEADLINE_FEED,
+};
 pub use crate::profile::{EngineProfile, KV_BLOCK_TOKENS};
 pub use crate::step_trace::{step_trace, ScenarioRequest, StepRecord, StepScenario};
 pub use crate::sweep::{run_one, Outcome, Sweep, SweepRun, TraceFormat, TraceSpec};

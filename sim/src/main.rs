@@ -5,10 +5,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use engine_state_router::{Policy, RealStateUse, RouterSettings};
+use engine_state_router::{CacheKnowledge, Policy, RealStateUse, RouterSettings};
 use engine_state_sim::{
-    markdown, run_one, write_report, AgenticSpec, EngineProfile, FeedSpec, Outcome, RunConfig,
-    Split, StepScenario, Summary, Sweep, TraceFormat, TraceSpec,
+    markdown, read_csv, run_one, write_report, write_summary_plots, AgenticSpec, EngineProfile,
+    FeedSpec, Outcome, RunConfig, Split, StepScenario, Summary, Sweep, TraceFormat, TraceSpec,
 };
 
 #[derive(Parser)]
@@ -24,7 +24,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Simulate configurations (every --policy × --feed) over one trace.
+    /// Simulate configurations (every --policy × --feed × --cache-knowledge) over one trace.
     Run(RunArgs),
     /// Run a sweep file (TOML; see docs/ROUTING.md).
     Sweep {
@@ -45,6 +45,18 @@ enum Command {
         /// Never ask the migration trigger (overrides the sweep file).
         #[arg(long)]
         no_migration: bool,
+    },
+    /// Redraw the plots that need only summary rows (TTFT p90 against feed
+    /// period, replicas over one router) from summary.csv files, without
+    /// re-running the sweep. Several CSVs: the seeds of one sweep (the
+    /// ratios are medians over them; no p90-per-group plots).
+    Plot {
+        /// summary.csv files (or the directories holding them).
+        #[arg(required = true)]
+        csv: Vec<PathBuf>,
+        /// Write the SVGs here (default: the first CSV's directory).
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// Describe a trace: counts, span, lengths, sessions, shared prefixes.
     TraceStats(TraceArgs),
@@ -121,6 +133,10 @@ struct RunArgs {
     /// Where real state is used.
     #[arg(long, default_value = "always")]
     real_state_use: RealStateUse,
+    /// Where cache hits come from (repeat for several): engine (the engines'
+    /// cache digests, with a periodic feed) or estimated (the router's own).
+    #[arg(long = "cache-knowledge", default_value = "engine")]
+    cache_knowledge: Vec<CacheKnowledge>,
     /// unified: overload factor.
     #[arg(long, default_value_t = 2.0)]
     overload_factor: f64,
@@ -181,6 +197,7 @@ fn main() -> anyhow::Result<()> {
             jobs,
             no_migration,
         ),
+        Command::Plot { csv, out } => plot(&csv, out.as_deref()),
         Command::StepTrace { profile } => step_trace(profile.as_deref()),
         Command::TraceStats(args) => {
             let trace = args.spec().load(args.rate_scale)?;
@@ -220,9 +237,13 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let trace = args.trace.spec().load(args.trace.rate_scale)?;
     eprintln!("{}", trace.stats());
     let mut outcomes = Vec::new();
-    let several = args.policies.len() * args.feeds.len() > 1;
+    let several = args.policies.len() * args.feeds.len() * args.cache_knowledge.len() > 1;
     for &policy in &args.policies {
-        for feed in &args.feeds {
+        for (feed, &cache_knowledge) in args
+            .feeds
+            .iter()
+            .flat_map(|feed| args.cache_knowledge.iter().map(move |k| (feed, k)))
+        {
             let decision_log = args.decision_log.as_ref().map(|path| match several {
                 true => PathBuf::from(format!("{}.{}", path.display(), outcomes.len())),
                 false => path.clone(),
@@ -234,6 +255,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
                 router: RouterSettings {
                     policy,
                     real_state_use: args.real_state_use,
+                    cache_knowledge,
                     overload_factor: args.overload_factor,
                     decode_weight: args.decode_weight,
                     ..RouterSettings::default()
@@ -306,6 +328,37 @@ fn sweep(
         requests as f64 / wall
     );
     report(&outcomes, out, true)
+}
+
+fn plot(csvs: &[PathBuf], out: Option<&Path>) -> anyhow::Result<()> {
+    let mut seeds = Vec::new();
+    for path in csvs {
+        let file = match path.is_dir() {
+            true => path.join("summary.csv"),
+            false => path.clone(),
+        };
+        let text = std::fs::read_to_string(&file).with_context(|| {
+            format!(
+                "reading {} (a summary.csv of essim sweep --out)",
+                file.display()
+            )
+        })?;
+        seeds.push(read_csv(&text).with_context(|| format!("parsing {}", file.display()))?);
+    }
+    let dir = match out {
+        Some(dir) => dir.to_path_buf(),
+        None => {
+            let first = &csvs[0];
+            match first.is_dir() {
+                true => first.clone(),
+                false => first.parent().map_or_else(PathBuf::new, Path::to_path_buf),
+            }
+        }
+    };
+    for path in write_summary_plots(&dir, &seeds)? {
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
 }
 
 fn report(outcomes: &[Outcome], out: Option<&Path>, sweep: bool) -> anyhow::Result<()> {

@@ -1,6 +1,6 @@
 //! One configuration's result reduced to the numbers a report shows.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::driver::{engines_per_session, policy_label, RunConfig, RunResult};
 
@@ -22,8 +22,10 @@ fn mean(values: &[f64]) -> f64 {
     values.iter().sum::<f64>() / values.len() as f64
 }
 
-/// One row of the report.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+/// One row of the report. It reads back from its own CSV
+/// ([`crate::read_csv`]): a column it lacks takes [`Summary::default`]'s value.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Summary {
     /// Configuration name.
     pub config: String,
@@ -33,6 +35,10 @@ pub struct Summary {
     pub real_state_use: String,
     /// Feed.
     pub feed: String,
+    /// Where the routers' cache hits came from: `engine` (the engines'
+    /// digests, where fresh) or `estimated` (their own estimate; also every
+    /// run whose routers read no digest: no periodic feed, or `never`).
+    pub cache_knowledge: String,
     /// Feed period in ms (0 for none).
     pub feed_period_ms: f64,
     /// Router replicas.
@@ -75,6 +81,15 @@ pub struct Summary {
     pub requests_per_engine_median: f64,
     /// Mean distinct engines per session.
     pub engines_per_session_mean: f64,
+    /// Share of decisions whose cache hit came from an engine's digest.
+    pub decisions_engine_knowledge: f64,
+    /// Share of decisions (picks) that adopted a session by the digests.
+    pub adoptions: f64,
+    /// Router-believed cache hit above the engine's real one at first
+    /// admissions, as a share of their prompt tokens.
+    pub hit_overcounted: f64,
+    /// The engine's real hit above the router-believed one, likewise.
+    pub hit_undercounted: f64,
     /// Share of decisions that consulted real state.
     pub decisions_consulting_real: f64,
     /// Share of decisions (picks) that real state changed: the same policy
@@ -92,6 +107,52 @@ pub struct Summary {
     pub wall_s: f64,
     /// Simulated seconds (first arrival to last token).
     pub simulated_s: f64,
+}
+
+impl Default for Summary {
+    /// Empty text, zero counts, and NaN (no value; an empty CSV cell) for
+    /// every measure, except `rate_scale` 1.
+    fn default() -> Summary {
+        Summary {
+            config: String::new(),
+            policy: String::new(),
+            real_state_use: String::new(),
+            cache_knowledge: String::new(),
+            feed: String::new(),
+            feed_period_ms: f64::NAN,
+            routers: 0,
+            requests: 0,
+            rejected: 0,
+            ttft_p50_s: f64::NAN,
+            ttft_p90_s: f64::NAN,
+            ttft_p99_s: f64::NAN,
+            ttft_mean_s: f64::NAN,
+            tpot_p50_ms: f64::NAN,
+            tpot_p90_ms: f64::NAN,
+            e2e_p50_s: f64::NAN,
+            e2e_p90_s: f64::NAN,
+            throughput_tok_s: f64::NAN,
+            throughput_req_s: f64::NAN,
+            prefix_hit_rate: f64::NAN,
+            preemptions: 0,
+            migrations: 0,
+            requests_per_engine_max: 0,
+            requests_per_engine_median: f64::NAN,
+            engines_per_session_mean: f64::NAN,
+            decisions_engine_knowledge: f64::NAN,
+            adoptions: f64::NAN,
+            hit_overcounted: f64::NAN,
+            hit_undercounted: f64::NAN,
+            decisions_consulting_real: f64::NAN,
+            decisions_real_changed: f64::NAN,
+            real_state_age_p50_ms: f64::NAN,
+            real_state_age_p99_ms: f64::NAN,
+            steps: 0,
+            rate_scale: 1.0,
+            wall_s: f64::NAN,
+            simulated_s: f64::NAN,
+        }
+    }
 }
 
 impl Summary {
@@ -143,6 +204,7 @@ impl Summary {
             policy: policy_label(&config.router),
             real_state_use: config.router.real_state_use.to_string(),
             feed: config.feed.to_string(),
+            cache_knowledge: config.effective_cache_knowledge().to_string(),
             feed_period_ms: config.feed.period_ns().map_or(0.0, |ns| ns as f64 / 1e6),
             routers: config.routers,
             requests: served.len(),
@@ -164,6 +226,13 @@ impl Summary {
             requests_per_engine_max: per_engine.last().copied().unwrap_or(0),
             requests_per_engine_median: quantile(&per_engine_f, 0.5),
             engines_per_session_mean: if eps.is_empty() { f64::NAN } else { mean(&eps) },
+            decisions_engine_knowledge: result.decisions_engine_knowledge as f64
+                / result.decisions.max(1) as f64,
+            adoptions: result.adoptions as f64 / result.decisions.max(1) as f64,
+            hit_overcounted: result.hit_overcounted_tokens as f64
+                / result.admitted_prompt_tokens.max(1) as f64,
+            hit_undercounted: result.hit_undercounted_tokens as f64
+                / result.admitted_prompt_tokens.max(1) as f64,
             decisions_consulting_real: result.decisions_consulting_real as f64
                 / result.decisions.max(1) as f64,
             decisions_real_changed: result.decisions_real_changed as f64

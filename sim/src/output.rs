@@ -97,20 +97,207 @@ pub fn write_files(dir: &Path, rows: &[Summary]) -> Result<(), SimError> {
     Ok(())
 }
 
+/// The feed a sweep's CDFs and by-rate ratio plot show beside no feed.
+pub const HEADLINE_FEED: &str = "periodic:50";
+
+/// Read [`csv`]'s text back (a column the header lacks, or an empty cell,
+/// takes [`Summary::default`]'s value; an unknown column is ignored).
+pub fn read_csv(text: &str) -> Result<Vec<Summary>, SimError> {
+    let bad = |line: usize, what: String| {
+        SimError::Config(format!(
+            "summary CSV line {line}: {what} (expected the summary.csv that essim run/sweep --out writes)"
+        ))
+    };
+    let template = match serde_json::to_value(Summary::default()) {
+        Ok(serde_json::Value::Object(map)) => map,
+        _ => unreachable!("Summary serializes to an object"),
+    };
+    let mut lines = text.lines().enumerate();
+    let Some((_, header)) = lines.next() else {
+        return Ok(Vec::new());
+    };
+    let header: Vec<&str> = header.split(',').collect();
+    let mut rows = Vec::new();
+    for (index, line) in lines.filter(|(_, l)| !l.is_empty()) {
+        let cells = split_csv_line(line);
+        if cells.len() != header.len() {
+            return Err(bad(
+                index + 1,
+                format!("{} cells for {} columns", cells.len(), header.len()),
+            ));
+        }
+        let mut map = serde_json::Map::new();
+        for (&name, cell) in header.iter().zip(cells) {
+            let value = match template.get(name) {
+                None => continue,
+                Some(_) if cell.is_empty() => continue,
+                Some(serde_json::Value::String(_)) => serde_json::Value::String(cell),
+                // Integers as integers; floats through Rust's own (exact)
+                // parser, so that a row reads back bit for bit.
+                Some(serde_json::Value::Number(n)) if n.is_u64() => cell
+                    .parse::<u64>()
+                    .map(serde_json::Value::from)
+                    .map_err(|_| {
+                        bad(index + 1, format!("column {name}: {cell:?} is not a count"))
+                    })?,
+                Some(_) => cell
+                    .parse::<f64>()
+                    .map(serde_json::Value::from)
+                    .map_err(|_| {
+                        bad(
+                            index + 1,
+                            format!("column {name}: {cell:?} is not a number"),
+                        )
+                    })?,
+            };
+            map.insert(name.to_owned(), value);
+        }
+        rows.push(
+            serde_json::from_value(serde_json::Value::Object(map))
+                .map_err(|e| bad(index + 1, e.to_string()))?,
+        );
+    }
+    Ok(rows)
+}
+
+/// One CSV line's cells; a cell in double quotes may hold commas.
+fn split_csv_line(line: &str) -> Vec<String> {
+    let mut cells = vec![String::new()];
+    let mut quoted = false;
+    for c in line.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            ',' if !quoted => cells.push(String::new()),
+            c => cells.last_mut().expect("one cell at least").push(c),
+        }
+    }
+    cells
+}
+
+/// `(rate, routers)` groups in first-appearance order.
+fn groups(rows: &[Summary]) -> Vec<(f64, usize)> {
+    let mut groups: Vec<(f64, usize)> = Vec::new();
+    for r in rows {
+        if !groups.contains(&(r.rate_scale, r.routers)) {
+            groups.push((r.rate_scale, r.routers));
+        }
+    }
+    groups
+}
+
+/// The plots that need only summary rows, into `dir`: per (rate, routers),
+/// `ttft_p90_vs_period_<rate>x_r<routers>.svg`; where the rows have 1 router
+/// and R > 1 replicas, per rate `ttft_p90_ratio_r<R>_<rate>x.svg` (against
+/// feed period), and over several rates `ttft_p90_ratio_r<R>_by_rate.svg`
+/// (no feed and [`HEADLINE_FEED`]). `seeds` holds one sweep's rows per seed:
+/// the ratios are medians over them, the p90 plots are drawn from a single
+/// seed only. Returns the files written.
+pub fn write_summary_plots(
+    dir: &Path,
+    seeds: &[Vec<Summary>],
+) -> Result<Vec<std::path::PathBuf>, SimError> {
+    std::fs::create_dir_all(dir).map_err(|e| SimError::io(dir, e))?;
+    let mut written = Vec::new();
+    let Some(rows) = seeds.first() else {
+        return Ok(written);
+    };
+    let seeded = match seeds.len() {
+        1 => String::new(),
+        n => format!(", median of {n} seeds"),
+    };
+    if seeds.len() == 1 {
+        for (rate, routers) in groups(rows) {
+            let group: Vec<Summary> = rows
+                .iter()
+                .filter(|r| r.rate_scale == rate && r.routers == routers)
+                .cloned()
+                .collect();
+            let path = dir.join(format!("ttft_p90_vs_period_{rate}x_r{routers}.svg"));
+            plots::p90_vs_period(
+                &path,
+                &format!("TTFT p90 vs feed period ({rate}× rate, {routers} router(s))"),
+                &group,
+            )?;
+            written.push(path);
+        }
+    }
+    let mut rates: Vec<f64> = Vec::new();
+    let mut replicas: Vec<usize> = Vec::new();
+    for (rate, routers) in groups(rows) {
+        if !rates.contains(&rate) {
+            rates.push(rate);
+        }
+        if routers > 1 && !replicas.contains(&routers) {
+            replicas.push(routers);
+        }
+    }
+    if !rows.iter().any(|r| r.routers == 1) {
+        return Ok(written);
+    }
+    for &r in &replicas {
+        for &rate in &rates {
+            let of_rate: Vec<Vec<Summary>> = seeds
+                .iter()
+                .map(|rows| {
+                    rows.iter()
+                        .filter(|s| s.rate_scale == rate)
+                        .cloned()
+                        .collect()
+                })
+                .collect();
+            let path = dir.join(format!("ttft_p90_ratio_r{r}_{rate}x.svg"));
+            plots::replica_ratio(
+                &path,
+                &format!("TTFT p90, {r} replicas / 1 router ({rate}× rate{seeded})"),
+                r,
+                plots::RatioAxis::FeedPeriod,
+                &of_rate,
+            )?;
+            written.push(path);
+        }
+        if rates.len() > 1 {
+            let headline: Vec<Vec<Summary>> = seeds
+                .iter()
+                .map(|rows| {
+                    rows.iter()
+                        .filter(|s| s.feed == "none" || s.feed == HEADLINE_FEED)
+                        .cloned()
+                        .collect()
+                })
+                .collect();
+            let path = dir.join(format!("ttft_p90_ratio_r{r}_by_rate.svg"));
+            plots::replica_ratio(
+                &path,
+                &format!("TTFT p90, {r} replicas / 1 router, by rate{seeded}"),
+                r,
+                plots::RatioAxis::Rate,
+                &headline,
+            )?;
+            written.push(path);
+        }
+    }
+    Ok(written)
+}
+
+fn cdf_series<'a>(outcomes: &[&'a Outcome]) -> Vec<(&'a Summary, &'a [f64])> {
+    outcomes
+        .iter()
+        .map(|o| (&o.summary, o.ttft_s.as_slice()))
+        .collect()
+}
+
 /// Write a run's or a sweep's files into `dir`: `summary.csv`,
-/// `summary.json`, and SVG plots. A sweep (`by_group`) gets, per (rate,
-/// replicas), TTFT p90 against feed period and a TTFT CDF of its no-feed and
-/// 50 ms configurations (every configuration would be unreadable); a run gets
-/// one TTFT CDF of all its configurations and each one's engine load.
+/// `summary.json`, and SVG plots. A sweep (`by_group`) gets
+/// [`write_summary_plots`]' and, per (rate, replicas), a TTFT CDF of its
+/// no-feed and [`HEADLINE_FEED`] configurations (every configuration would be
+/// unreadable); a run gets one TTFT CDF of all its configurations and each
+/// one's engine load.
 pub fn write_report(dir: &Path, outcomes: &[Outcome], by_group: bool) -> Result<(), SimError> {
     let rows: Vec<Summary> = outcomes.iter().map(|o| o.summary.clone()).collect();
     write_files(dir, &rows)?;
     if !by_group {
-        let series: Vec<(String, Vec<f64>)> = outcomes
-            .iter()
-            .map(|o| (o.summary.config.clone(), o.ttft_s.clone()))
-            .collect();
-        plots::ttft_cdf(&dir.join("ttft_cdf.svg"), &series)?;
+        let all: Vec<&Outcome> = outcomes.iter().collect();
+        plots::ttft_cdf(&dir.join("ttft_cdf.svg"), "TTFT CDF", &cdf_series(&all))?;
         for (i, outcome) in outcomes.iter().enumerate() {
             plots::engine_load(
                 &dir.join(format!("engine_load_{i}.svg")),
@@ -120,26 +307,18 @@ pub fn write_report(dir: &Path, outcomes: &[Outcome], by_group: bool) -> Result<
         }
         return Ok(());
     }
-    let mut groups: Vec<(f64, usize)> = rows.iter().map(|r| (r.rate_scale, r.routers)).collect();
-    groups.dedup();
-    for (rate, routers) in groups {
+    write_summary_plots(dir, std::slice::from_ref(&rows))?;
+    for (rate, routers) in groups(&rows) {
         let group: Vec<&Outcome> = outcomes
             .iter()
             .filter(|o| o.summary.rate_scale == rate && o.summary.routers == routers)
+            .filter(|o| o.summary.feed == "none" || o.summary.feed == HEADLINE_FEED)
             .collect();
-        let summaries: Vec<Summary> = group.iter().map(|o| o.summary.clone()).collect();
-        let tag = format!("{rate}x_r{routers}");
-        plots::p90_vs_period(
-            &dir.join(format!("ttft_p90_vs_period_{tag}.svg")),
-            &format!("TTFT p90 vs feed period ({rate}× rate, {routers} router(s))"),
-            &summaries,
+        plots::ttft_cdf(
+            &dir.join(format!("ttft_cdf_{rate}x_r{routers}.svg")),
+            &format!("TTFT CDF, no feed and {HEADLINE_FEED} ({rate}× rate, {routers} router(s))"),
+            &cdf_series(&group),
         )?;
-        let series: Vec<(String, Vec<f64>)> = group
-            .iter()
-            .filter(|o| matches!(o.summary.feed.as_str(), "none" | "periodic:50"))
-            .map(|o| (o.summary.config.clone(), o.ttft_s.clone()))
-            .collect();
-        plots::ttft_cdf(&dir.join(format!("ttft_cdf_{tag}.svg")), &series)?;
     }
     Ok(())
 }
@@ -171,10 +350,16 @@ mod tests {
         let header: Vec<&str> = text.lines().next().unwrap().split(',').collect();
         assert!(header.contains(&"ttft_p90_s") && header.contains(&"feed"));
         assert_eq!(text.lines().count(), 2);
+        // The CSV reads back to the same rows (NaN cells: NaN again).
+        let back = read_csv(&text).unwrap();
+        assert_eq!(back.len(), 1);
+        assert_eq!(back[0].config, rows[0].config);
+        assert_eq!(back[0].ttft_p90_s, rows[0].ttft_p90_s);
+        assert_eq!(csv(&back), text);
         let dir = tempfile::tempdir().unwrap();
         write_files(dir.path(), &rows).unwrap();
-        let series = vec![("a".to_owned(), ttft_seconds(&result))];
-        plots::ttft_cdf(&dir.path().join("cdf.svg"), &series).unwrap();
+        let ttft = ttft_seconds(&result);
+        plots::ttft_cdf(&dir.path().join("cdf.svg"), "t", &[(&rows[0], &ttft)]).unwrap();
         plots::p90_vs_period(&dir.path().join("p90.svg"), "t", &rows).unwrap();
         plots::engine_load(&dir.path().join("load.svg"), "t", &result.engine_load).unwrap();
         for name in ["summary.csv", "summary.json", "cdf.svg", "load.svg"] {
@@ -183,5 +368,27 @@ mod tests {
                 "{name}"
             );
         }
+    }
+
+    #[test]
+    fn a_csv_reads_back_despite_missing_and_unknown_columns() {
+        let text = "config,policy,feed,ttft_p90_s,real_state_age_p50_ms,routers,future\n\
+                    \"unified(1.3,0.01)/never/none/r4\",\"unified(1.3,0.01)\",none,4.5,,4,x\n";
+        let rows = read_csv(text).unwrap();
+        assert_eq!(rows[0].policy, "unified(1.3,0.01)");
+        assert_eq!(rows[0].routers, 4);
+        assert_eq!(rows[0].ttft_p90_s, 4.5);
+        assert!(rows[0].real_state_age_p50_ms.is_nan());
+        assert_eq!(rows[0].cache_knowledge, "", "a column from before it");
+        assert_eq!(rows[0].rate_scale, 1.0);
+        let err = read_csv("config,ttft_p90_s\na,fast\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("line 2") && err.contains("ttft_p90_s"),
+            "{err}"
+        );
+        let err = read_csv("config,ttft_p90_s\na\n").unwrap_err().to_string();
+        assert!(err.contains("1 cells for 2 columns"), "{err}");
     }
 }

@@ -67,8 +67,8 @@ pub struct StepRecord {
     pub state: Snapshot,
 }
 
-/// Snapshot fields a record's JSON leaves out: the stamps (never set by the
-/// model), the engine's own step count (the record's `step` is the
+/// Snapshot fields a record's JSON leaves out: the capture and cache stamps
+/// (never set by the model; the digest is checked by its own tests), the engine's own step count (the record's `step` is the
 /// scenario's), the fixed block count and the flags. Every other field is
 /// written under its snapshot name, in word order, as vLLM's side of the
 /// comparison names it.
@@ -83,7 +83,10 @@ impl Serialize for StepRecord {
         map.serialize_entry("admitted", &self.admitted)?;
         map.serialize_entry("finished", &self.finished)?;
         for (name, value) in self.state.fields() {
-            if !NOT_COMPARED.contains(&name) && !Snapshot::CAPTURE_STAMPS.contains(&name) {
+            if !NOT_COMPARED.contains(&name)
+                && !Snapshot::CAPTURE_STAMPS.contains(&name)
+                && !Snapshot::CACHE_STAMPS.contains(&name)
+            {
                 map.serialize_entry(name, &value)?;
             }
         }
@@ -131,6 +134,7 @@ pub fn step_trace(
                 prompt_len: r.prompt_len,
                 output_len: r.output_len,
                 block_hashes: r.block_hashes.clone(),
+                router_block_hashes: Vec::new(),
             });
         }
         if engine.num_requests() == 0 {

@@ -62,9 +62,11 @@ fn a_record_is_the_json_the_vllm_comparison_reads() {
     let object = value.as_object().unwrap();
     let mut keys: Vec<&str> = object.keys().map(String::as_str).collect();
     keys.sort_unstable();
-    let fields = Snapshot::FIELD_NAMES
-        .into_iter()
-        .filter(|name| !NOT_COMPARED.contains(name) && !Snapshot::CAPTURE_STAMPS.contains(name));
+    let fields = Snapshot::FIELD_NAMES.into_iter().filter(|name| {
+        !NOT_COMPARED.contains(name)
+            && !Snapshot::CAPTURE_STAMPS.contains(name)
+            && !Snapshot::CACHE_STAMPS.contains(name)
+    });
     // Pinned literally (what sim/tests_vllm/test_engine_vs_vllm.py reads),
     // not derived from the filter the serialiser uses.
     let mut expected = vec![

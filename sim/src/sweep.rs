@@ -1,12 +1,13 @@
 //! Which trace to load, and a sweep: the cross product of policies,
-//! real-state uses, feeds, router replicas and rates, read from TOML.
+//! real-state uses, feeds, cache knowledge, router replicas and rates, read
+//! from TOML.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::Instant;
 
-use engine_state_router::{Policy, RealStateUse, RouterSettings};
+use engine_state_router::{CacheKnowledge, Policy, RealStateUse, RouterSettings};
 use serde::Deserialize;
 
 use crate::agentic::AgenticSpec;
@@ -94,6 +95,10 @@ pub struct Sweep {
     pub real_state_uses: Vec<RealStateUse>,
     /// Feeds for the other uses (`periodic:50`, `scraped:30000`, …).
     pub feeds: Vec<String>,
+    /// Cache knowledge (`estimated`, `engine`; overrides the policies'
+    /// own). Runs whose routers read no digest (no periodic feed, or
+    /// `never`) run once, as `estimated`.
+    pub cache_knowledge: Vec<CacheKnowledge>,
     /// The engine profile.
     pub profile: EngineProfile,
     /// Share of completions the routers learn of late (see [`RunConfig`]).
@@ -145,6 +150,7 @@ impl Default for Sweep {
             ]
             .map(String::from)
             .to_vec(),
+            cache_knowledge: vec![CacheKnowledge::default()],
             profile: EngineProfile::default(),
             late_completion_fraction: 0.0,
             late_completion_s: 0.0,
@@ -174,6 +180,12 @@ impl Sweep {
             .iter()
             .map(|f| f.parse::<FeedSpec>())
             .collect::<Result<Vec<_>, _>>()?;
+        if self.cache_knowledge.is_empty() {
+            return Err(SimError::Config(
+                "sweep file: cache_knowledge is empty: list at least one of \"estimated\", \"engine\""
+                    .to_owned(),
+            ));
+        }
         let mut runs = Vec::new();
         for &rate_scale in &self.rate_scales {
             for &routers in &self.routers {
@@ -184,27 +196,36 @@ impl Sweep {
                             _ => feeds.clone(),
                         };
                         for feed in run_feeds {
-                            let router = RouterSettings {
-                                real_state_use,
-                                ..settings.clone()
+                            let digests = matches!(feed, FeedSpec::Periodic { .. })
+                                && real_state_use != RealStateUse::Never;
+                            let knowledge = match digests {
+                                true => self.cache_knowledge.clone(),
+                                false => vec![CacheKnowledge::Estimated],
                             };
-                            router.validate()?;
-                            runs.push(SweepRun {
-                                rate_scale,
-                                config: RunConfig {
-                                    label: String::new(),
-                                    engines: self.engines,
-                                    profile: self.profile.clone(),
-                                    router,
-                                    feed,
-                                    routers,
-                                    split: self.split,
-                                    migration: self.migration,
-                                    decision_log: None,
-                                    late_completion_fraction: self.late_completion_fraction,
-                                    late_completion_ns: (self.late_completion_s * 1e9) as u64,
-                                },
-                            });
+                            for cache_knowledge in knowledge {
+                                let router = RouterSettings {
+                                    real_state_use,
+                                    cache_knowledge,
+                                    ..settings.clone()
+                                };
+                                router.validate()?;
+                                runs.push(SweepRun {
+                                    rate_scale,
+                                    config: RunConfig {
+                                        label: String::new(),
+                                        engines: self.engines,
+                                        profile: self.profile.clone(),
+                                        router,
+                                        feed,
+                                        routers,
+                                        split: self.split,
+                                        migration: self.migration,
+                                        decision_log: None,
+                                        late_completion_fraction: self.late_completion_fraction,
+                                        late_completion_ns: (self.late_completion_s * 1e9) as u64,
+                                    },
+                                });
+                            }
                         }
                     }
                 }
@@ -335,6 +356,35 @@ mod tests {
             runs[5].config.name(),
             "unified(1.3,0)/always/scraped:30000/r1"
         );
+        let sweep = Sweep::from_toml(
+            r#"
+            routers = [1]
+            real_state_uses = ["never", "placement"]
+            feeds = ["periodic:50", "scraped:30000"]
+            cache_knowledge = ["estimated", "engine"]
+            [[policies]]
+            policy = "unified"
+            "#,
+        )
+        .unwrap();
+        let names: Vec<String> = sweep
+            .runs()
+            .unwrap()
+            .iter()
+            .map(|run| run.config.name())
+            .collect();
+        // Digests are read only with a periodic feed: the rest run once.
+        assert_eq!(
+            names,
+            [
+                "unified/never/none/r1",
+                "unified/placement/periodic:50/estimated/r1",
+                "unified/placement/periodic:50/engine/r1",
+                "unified/placement/scraped:30000/r1",
+            ]
+        );
+        let empty = Sweep::from_toml("cache_knowledge = []").unwrap().runs();
+        assert!(empty.unwrap_err().to_string().contains("cache_knowledge"));
         assert!(Sweep::from_toml("engine = 8")
             .unwrap_err()
             .to_string()

@@ -87,12 +87,8 @@ impl TraceRequest {
     /// prompt contains it; elsewhere the output is the request's own and the
     /// engine hashes it itself).
     pub fn kv_block_hashes(&self, index: usize) -> Vec<u64> {
-        let known = match self.content {
-            Content::Stream(_) => self.input_len + self.output_len,
-            Content::Blocks(_) | Content::Unique => self.input_len,
-        };
         let mut parent = 0;
-        (0..known / KV_BLOCK_TOKENS)
+        (0..self.known_tokens() / KV_BLOCK_TOKENS)
             .map(|block| {
                 parent = mix(parent, self.kv_content(index, block));
                 parent
@@ -104,8 +100,29 @@ impl TraceRequest {
     /// `Request::from_block_hashes`), chained over the same content as the
     /// engine's blocks so that router and engine agree on what is shared.
     pub fn router_block_hashes(&self, index: usize) -> Vec<u64> {
+        self.router_blocks_over(index, self.input_len)
+    }
+
+    /// The same over the tokens [`TraceRequest::kv_block_hashes`] covers
+    /// (for a session stream, the output's blocks too): the router blocks an
+    /// engine holding this request's KV publishes in its cache digest
+    /// ([`crate::EngineRequest::router_block_hashes`]).
+    pub fn known_router_block_hashes(&self, index: usize) -> Vec<u64> {
+        self.router_blocks_over(index, self.known_tokens())
+    }
+
+    /// Tokens whose content is known in advance: the prompt, and for a
+    /// session stream the output (the next turn's prompt contains it).
+    fn known_tokens(&self) -> u64 {
+        match self.content {
+            Content::Stream(_) => self.input_len + self.output_len,
+            Content::Blocks(_) | Content::Unique => self.input_len,
+        }
+    }
+
+    fn router_blocks_over(&self, index: usize, tokens: u64) -> Vec<u64> {
         let mut parent = 0;
-        (0..self.input_len / ROUTER_BLOCK_TOKENS)
+        (0..tokens / ROUTER_BLOCK_TOKENS)
             .map(|block| {
                 let content = match &self.content {
                     Content::Blocks(ids) => ids.get(block as usize).copied(),

@@ -226,6 +226,7 @@ pub fn test_options(stale_after: Duration) -> engine_state_reader::ReaderOptions
             ..engine_state_reader::Freshness::default()
         },
         rescan_interval: Duration::ZERO,
+        cache_digests: false,
     }
 }
 

@@ -20,11 +20,12 @@ use crate::table;
 ///
 /// The table fits 120 columns for realistic values (hundreds of engines,
 /// hundreds of requests each): ENGINE, STATUS, RUN, WAIT, KV_USED,
-/// PEND_PREFILL, DECODE_TOK, FLAGS and both ages; an engine id longer than
+/// PEND_PREFILL, DECODE_TOK, FLAGS, CACHE (the entries of the engine's cache
+/// digest) and both ages (HB_MS, CAP_MS); an engine id longer than
 /// 24 characters is shown as its first and last characters around `…`
 /// (whole when another id would be shown the same).
 /// --wide shows every snapshot field (STEP, the blocks, PREFILLING,
-/// MAX_PREFILL, PREEMPT, CAPTURED_UTC, MONO_NS) and whole ids. With two or
+/// MAX_PREFILL, PREEMPT, CACHE_VER, CAPTURED_UTC, MONO_NS) and whole ids. With two or
 /// more engines shown, a last row TOTAL (<engines>) sums RUN, WAIT,
 /// PEND_PREFILL, DECODE_TOK, PREFILLING, PREEMPT and the blocks over the
 /// engines shown (stale and dead ones included), and KV_USED is that of the

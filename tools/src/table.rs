@@ -42,6 +42,10 @@ const FIELD_LABELS: [(&str, Kind); FIELD_COUNT] = [
     ("MAX_PREFILL", Kind::WideOnly),
     ("PREEMPT", Kind::WideSum),
     ("FLAGS", Kind::Shown),
+    // Not summed: a prefix cached on several engines would count several
+    // times (and the sum would not fit the default table's 120 columns).
+    ("CACHE", Kind::Shown),
+    ("CACHE_VER", Kind::WideOnly),
 ];
 
 /// The longest engine id the default table shows whole; a longer one is
@@ -114,8 +118,8 @@ fn columns(wide: bool) -> Vec<(&'static str, Column)> {
             columns.push(("KV_USED", Column::KvUsed));
         }
     }
-    columns.push(("HB_AGE_MS", Column::HeartbeatAge));
-    columns.push(("CAP_AGE_MS", Column::CaptureAge));
+    columns.push(("HB_MS", Column::HeartbeatAge));
+    columns.push(("CAP_MS", Column::CaptureAge));
     for (word, name) in Snapshot::FIELD_NAMES.iter().enumerate().rev() {
         if is_stamp(name) && shown(word) {
             columns.push((FIELD_LABELS[word].0, Column::Field(word)));
@@ -177,7 +181,8 @@ impl Column {
 
     /// The totals row's cell: `TOTAL (<engines>)`, the sum over `engines`
     /// of a count or number of blocks, KV used of the summed blocks, blank
-    /// for the rest (status, flags, ages, stamps, step, max prefill).
+    /// for the rest (status, flags, cache blocks and version, ages, stamps,
+    /// step, max prefill).
     fn total(self, engines: &[&EngineState]) -> String {
         let sum = |word: usize| -> u64 {
             engines

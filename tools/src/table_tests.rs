@@ -3,7 +3,7 @@
 use super::*;
 
 /// The default header (fits 120 columns).
-const EXPECTED_HEADER: [&str; 10] = [
+const EXPECTED_HEADER: [&str; 11] = [
     "ENGINE",
     "STATUS",
     "RUN",
@@ -12,11 +12,12 @@ const EXPECTED_HEADER: [&str; 10] = [
     "PEND_PREFILL",
     "DECODE_TOK",
     "FLAGS",
-    "HB_AGE_MS",
-    "CAP_AGE_MS",
+    "CACHE",
+    "HB_MS",
+    "CAP_MS",
 ];
 /// The `--wide` header: every column.
-const EXPECTED_HEADER_WIDE: [&str; 18] = [
+const EXPECTED_HEADER_WIDE: [&str; 20] = [
     "ENGINE",
     "STATUS",
     "STEP",
@@ -31,8 +32,10 @@ const EXPECTED_HEADER_WIDE: [&str; 18] = [
     "MAX_PREFILL",
     "PREEMPT",
     "FLAGS",
-    "HB_AGE_MS",
-    "CAP_AGE_MS",
+    "CACHE",
+    "CACHE_VER",
+    "HB_MS",
+    "CAP_MS",
     "CAPTURED_UTC",
     "MONO_NS",
 ];
@@ -193,6 +196,9 @@ fn fleet_engine(i: u64) -> EngineState {
             max_prefill_remaining: 32_768,
             num_preempted: i % 3,
             flags: if i % 11 == 0 { 3 } else { i % 2 },
+            // At most the digest's default capacity for 13 750 blocks of 16 tokens.
+            cache_blocks: 429 - i % 50,
+            cache_version: 1_000_000 + i,
             ..Snapshot::default()
         },
         heartbeat_age: Duration::from_micros(12_345 + i),
@@ -217,7 +223,11 @@ fn a_realistic_fleet_fits_120_columns_and_wide_has_the_raw_columns() {
     let reading = fleet(500);
     let text = render(&reading, &View::default());
     for line in text.lines() {
-        assert!(line.chars().count() <= 120, "{} wide: {line}", line.len());
+        assert!(
+            line.chars().count() <= 120,
+            "{} wide: {line}\n{text}",
+            line.len()
+        );
     }
     assert_eq!(text.lines().count(), 1 + 500 + 1, "header, rows, totals");
     for raw in [
@@ -226,6 +236,7 @@ fn a_realistic_fleet_fits_120_columns_and_wide_has_the_raw_columns() {
         "STEP",
         "BLK_TOTAL",
         "MAX_PREFILL",
+        "CACHE_VER",
     ] {
         assert!(!text.lines().next().unwrap().contains(raw), "{raw}");
     }
@@ -362,6 +373,8 @@ fn filter_keeps_engines_with_the_prefix_and_totals_sum_them() {
         engine.snapshot.pending_prefill_tokens = 1_000 * (i + 1);
         engine.snapshot.ongoing_decode_tokens = 7;
         engine.snapshot.num_preempted = 1;
+        engine.snapshot.cache_blocks = 400 + i;
+        engine.snapshot.cache_version = 9;
     }
     let filtered = View {
         filter: Some("prod-".into()),
@@ -377,7 +390,8 @@ fn filter_keeps_engines_with_the_prefix_and_totals_sum_them() {
     let cells: Vec<&str> = totals.split("  ").filter(|c| !c.is_empty()).collect();
     // Engines 0 and 2: RUN 10+12, WAIT 100+300, blocks 2000 of which
     // 250+750 free (KV used 50 %), PEND_PREFILL 1000+3000, DECODE 14,
-    // PREFILLING 12+14, PREEMPT 2; status, flags, ages, stamps, step, max prefill blank.
+    // PREFILLING 12+14, PREEMPT 2; status, flags, cache blocks and
+    // version, ages, stamps, step, max prefill blank.
     // Numbers are right-aligned: a cell ends where its label ends.
     let header_line = text.lines().next().unwrap();
     let at = |label: &str| -> &str {

@@ -72,6 +72,7 @@ class Publisher:
         num_preempted: int = 0,
         flags: int = 0,
     ) -> None: ...
+    def publish_cache(self, blocks: Sequence[int], held: int, capacity: int) -> bool: ...
     def stats(self) -> _PublisherStats: ...
     def close(self) -> None: ...
     @property
@@ -109,6 +110,8 @@ class EngineState:
     max_prefill_remaining: int
     num_preempted: int
     flags: int
+    cache_blocks: int
+    cache_version: int
     heartbeat_age_ms: float
     capture_age_ms: float
     gpu_kv_used_frac: float | None
@@ -124,8 +127,11 @@ class Reader:
         uri: str | None = None,
         stale_after_ms: int | None = None,
         max_capture_age_ms: int | None = None,
+        *,
+        cache_digests: bool = False,
     ) -> Reader: ...
     def read(self) -> list[EngineState]: ...
+    def read_cache(self, engine_id: str) -> list[int] | None: ...
     @property
     def errors(self) -> list[str]: ...
     @property
@@ -141,6 +147,7 @@ class Decision:
     reason: str
     input_len: int
     cache_hit_tokens: int
+    cache_knowledge: str
     new_prefill_tokens: int
     consulted_real_state: bool
 

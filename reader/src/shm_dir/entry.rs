@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use engine_state_shm_format::{monotonic_ns, ShmFile, Snapshot};
 
+use super::cache::CacheSlot;
 use crate::error::{EngineError, Error};
 use crate::freshness::{max_ahead, ClockAhead};
 use crate::judge::{judge, Clocks, Observation};
@@ -51,6 +52,9 @@ pub(super) struct Entry {
     torn_words: Option<(u64, u64)>,
     /// Reads that spun the whole retry bound and found the file torn.
     pub(super) torn_spins: u64,
+    /// The engine's cache digest (read only with
+    /// [`ReaderOptions::cache_digests`]).
+    cache: CacheSlot,
 }
 
 impl Entry {
@@ -73,6 +77,7 @@ impl Entry {
             seen_heartbeat_ns: 0,
             torn_words: None,
             torn_spins: 0,
+            cache: CacheSlot::default(),
         }
     }
 
@@ -116,7 +121,7 @@ impl Entry {
             .writer_check
             .is_late(now.saturating_sub(self.seen_heartbeat_ns));
         self.writer_check.on_read(self.file.header(), late, now);
-        let state = judge(
+        let mut state = judge(
             Observation {
                 engine_id: self.id.clone(),
                 snapshot: &snapshot,
@@ -135,6 +140,11 @@ impl Entry {
             now,
             &options.freshness,
         );
+        if options.cache_digests {
+            state.cache =
+                self.cache
+                    .digest(dir, &self.id, state.generation, snapshot.cache_version);
+        }
         if let Some(seq) = torn_seq {
             // Nothing will change while the writer is dead or silent (a
             // heartbeat ahead of the clock is silent too: its age floors at
@@ -167,6 +177,13 @@ impl Entry {
                 ahead,
             },
         ))
+    }
+
+    /// The error about this engine's cache digest to report with the read
+    /// that returned `state` (see [`CacheSlot::error`]).
+    #[inline]
+    pub(super) fn cache_error(&mut self, state: &EngineState) -> Option<EngineError> {
+        self.cache.error(state.snapshot.cache_version)
     }
 
     /// A retired file may have been replaced by a restarted writer: switch to

@@ -41,7 +41,19 @@ pub fn busy() -> Snapshot {
         max_prefill_remaining: 31_007,
         num_preempted: 1,
         flags: 0,
-        reserved: [0; 3],
+        cache_blocks: 0,
+        cache_version: 0,
+        reserved: [0; 1],
+    }
+}
+
+/// [`busy`] with a cache digest reported (words 13 and 14 set): every
+/// field a different value.
+pub fn busy_with_cache() -> Snapshot {
+    Snapshot {
+        cache_blocks: 429,
+        cache_version: 17,
+        ..busy()
     }
 }
 
@@ -132,12 +144,12 @@ impl ShmCase {
 
 pub fn shm_cases() -> Vec<ShmCase> {
     let mut max = Snapshot::from_words([u64::MAX; 16]);
-    max.reserved = [0; 3];
+    max.reserved = [0; 1];
     vec![
         ShmCase::ok(
             "active",
             "a busy engine, every field a different value; fresh",
-            busy(),
+            busy_with_cache(),
             1_234_567,
         ),
         ShmCase::ok(
@@ -430,7 +442,7 @@ pub fn redis_cases() -> Vec<RedisCase> {
         error: None,
         found_version: None,
     };
-    let active = record(busy(), STATE_ACTIVE);
+    let active = record(busy_with_cache(), STATE_ACTIVE);
     vec![
         ok(
             "active",

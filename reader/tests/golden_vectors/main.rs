@@ -10,6 +10,7 @@
 //!   golden_vectors` rewrites `format/vectors/` from this file (after an
 //!   intended format change; review the diff).
 
+mod cache;
 mod cases;
 
 use std::collections::BTreeMap;
@@ -82,6 +83,48 @@ fn generate() -> BTreeMap<String, Vec<u8>> {
         }
         cases.push(entry);
     }
+    // Cache residency: digest files and values, and what a reader makes of
+    // them (their own list: a binding that reads no digest skips it whole).
+    let mut cache_cases = Vec::new();
+    for case in cache::cache_cases() {
+        let file = format!("cache/{}.bin", case.name);
+        let bytes = cache::cache_bytes(&case);
+        let mut entry = json!({
+            "name": case.name,
+            "kind": case.kind,
+            "what": case.what,
+            "file": file,
+            "engine_id": case.name,
+            "generation": cache::GENERATION,
+        });
+        match cache::read_case(case.kind, case.name, &bytes) {
+            Ok(output) => {
+                assert!(
+                    case.error.is_none(),
+                    "{}: read, expected {:?}",
+                    case.name,
+                    case.error
+                );
+                let expect = format!("cache/{}.json", case.name);
+                files.insert(expect.clone(), output.into_bytes());
+                entry["expect"] = json!(expect);
+            }
+            Err((class, found)) => {
+                assert_eq!(Some(class), case.error, "{}", case.name);
+                assert_eq!(found, case.found_version, "{}", case.name);
+                entry["error"] = json!(class);
+                if let Some(found) = found {
+                    entry["found_version"] = json!(found);
+                }
+            }
+        }
+        files.insert(file, bytes);
+        cache_cases.push(entry);
+    }
+    files.insert(
+        "cache/block_hashes.json".to_owned(),
+        cache::block_hash_vectors().into_bytes(),
+    );
     let manifest = json!({
         "about": "engine-state golden vectors, layout version 1: see README.md",
         "now_mono_ns": NOW_MONO_NS,
@@ -89,6 +132,8 @@ fn generate() -> BTreeMap<String, Vec<u8>> {
         "max_capture_age_ms": 30000,
         "placeholder_pid_ns": PLACEHOLDER_PID_NS,
         "cases": cases,
+        "cache_cases": cache_cases,
+        "block_hashes": "cache/block_hashes.json",
     });
     files.insert(
         "manifest.json".to_owned(),
@@ -233,6 +278,9 @@ fn class(error: &Error) -> (&'static str, Option<u32>) {
     }
 }
 
+/// The vector directories the generator owns.
+const VECTOR_DIRS: [&str; 3] = ["shm", "redis", "cache"];
+
 fn committed(file: &str) -> Vec<u8> {
     let path = vectors_dir().join(file);
     std::fs::read(&path).unwrap_or_else(|e| {
@@ -248,7 +296,7 @@ fn committed(file: &str) -> Vec<u8> {
 fn committed_vectors_are_what_the_writer_makes() {
     let generated = generate();
     if blessing() {
-        for sub in ["shm", "redis"] {
+        for sub in VECTOR_DIRS {
             let _ = std::fs::remove_dir_all(vectors_dir().join(sub));
             std::fs::create_dir_all(vectors_dir().join(sub)).unwrap();
         }
@@ -272,7 +320,7 @@ fn committed_vectors_are_what_the_writer_makes() {
         );
     }
     // No stale leftovers of removed cases.
-    for sub in ["shm", "redis"] {
+    for sub in VECTOR_DIRS {
         for entry in std::fs::read_dir(vectors_dir().join(sub)).unwrap() {
             let name = format!("{sub}/{}", entry.unwrap().file_name().to_string_lossy());
             assert!(
@@ -393,4 +441,82 @@ fn the_rust_reader_reads_the_whole_vector_directory_at_once() {
         .collect();
     expected.sort_unstable();
     assert_eq!(failed, expected);
+}
+
+#[test]
+fn the_rust_reader_passes_every_committed_cache_vector() {
+    if blessing() {
+        return;
+    }
+    let manifest: Value = serde_json::from_slice(&committed("manifest.json")).unwrap();
+    let cases = manifest["cache_cases"].as_array().unwrap();
+    let mut classes = std::collections::BTreeSet::new();
+    for case in cases {
+        let text = |k: &str| case[k].as_str().unwrap_or_else(|| panic!("{case}: {k}"));
+        let (name, kind) = (text("name"), text("kind"));
+        let bytes = committed(text("file"));
+        match (
+            cache::read_case(kind, text("engine_id"), &bytes),
+            case.get("expect"),
+        ) {
+            (Ok(output), Some(expect)) => {
+                let expected = committed(expect.as_str().unwrap());
+                assert_eq!(output.as_bytes(), expected, "{name}");
+                let digest: Value = serde_json::from_str(&output).unwrap();
+                assert_eq!(digest["generation"], case["generation"], "{name}");
+            }
+            (Err((class, found)), None) => {
+                assert_eq!(class, text("error"), "{name}");
+                assert_eq!(
+                    found.map(u64::from),
+                    case["found_version"].as_u64(),
+                    "{name}"
+                );
+                classes.insert(class);
+            }
+            (got, _) => panic!("{name}: got {got:?}, manifest {case}"),
+        }
+    }
+    assert_eq!(
+        classes.into_iter().collect::<Vec<_>>(),
+        [
+            "corrupt_cache",
+            "not_digest",
+            "torn",
+            "unknown_version",
+            "wrong_size"
+        ],
+        "every digest error class has a vector"
+    );
+    assert!(cases.len() >= 20, "{} cache cases", cases.len());
+}
+
+#[test]
+fn the_block_hash_vector_is_the_router_hash() {
+    if blessing() {
+        return;
+    }
+    let manifest: Value = serde_json::from_slice(&committed("manifest.json")).unwrap();
+    let vector: Value =
+        serde_json::from_slice(&committed(manifest["block_hashes"].as_str().unwrap())).unwrap();
+    assert_eq!(
+        vector["block_tokens"].as_u64(),
+        Some(engine_state_shm_format::blocks::BLOCK_TOKENS as u64)
+    );
+    let cases = vector["cases"].as_array().unwrap();
+    assert!(cases.len() >= 5);
+    for case in cases {
+        let tokens: Vec<u32> = serde_json::from_value(case["tokens"].clone()).unwrap();
+        let hashes: Vec<u64> = serde_json::from_value(case["hashes"].clone()).unwrap();
+        assert_eq!(
+            engine_state_shm_format::blocks::block_hashes(&tokens),
+            hashes,
+            "{}",
+            case["name"]
+        );
+        assert_eq!(hashes.len(), tokens.len() / 512, "{}", case["name"]);
+    }
+    // The shared first block hashes alike: the chain is over prefixes.
+    let by_name = |n: &str| cases.iter().find(|c| c["name"] == n).unwrap()["hashes"][0].clone();
+    assert_eq!(by_name("zeros"), by_name("shares_first_block"));
 }

@@ -123,26 +123,8 @@ impl ShmWriter {
             let generation = (old_generation + 1).max(previous + 1);
             let (lock, map, header) =
                 create_filled(dir, &path, engine_id, options, first, generation)?;
-            let tmp = tmp_path(dir, engine_id);
-            let placed = if rename {
-                // We hold the old file's lock (taken over, or held by the
-                // writer we replace) and checked that the path names it, so
-                // no other writer can replace it meanwhile: rename over it.
-                std::fs::rename(&tmp, &path)
-            } else {
-                // Nothing was there: link fails if someone created it since.
-                std::fs::hard_link(&tmp, &path).and_then(|()| std::fs::remove_file(&tmp))
-            };
-            match placed {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                    let _ = std::fs::remove_file(&tmp);
-                    continue;
-                }
-                Err(e) => {
-                    let _ = std::fs::remove_file(&tmp);
-                    return Err(Error::io("move into place", &path, e));
-                }
+            if !place(&tmp_path(dir, engine_id), &path, rename)? {
+                continue;
             }
             drop(old_lock);
             let meta = lock.metadata().map_err(|e| Error::io("stat", &path, e))?;
@@ -172,7 +154,7 @@ impl ShmWriter {
     }
 }
 
-enum TakeOver {
+pub(crate) enum TakeOver {
     Nothing,
     Raced,
     /// A dead writer's file, locked and retired (generation 0 when it has
@@ -195,6 +177,51 @@ fn take_over(
     path: &Path,
     engine_id: &EngineId,
     own: Option<(u64, u64)>,
+) -> Result<TakeOver, Error> {
+    take_over_with(
+        path,
+        own,
+        |file| match crate::ShmFile::from_file(file, path) {
+            Err(Error::WrongSize { size, expected, .. }) => Error::LiveFileWrongSize {
+                engine_id: engine_id.to_string(),
+                path: path.to_owned(),
+                size,
+                expected,
+            },
+            opened => Error::AlreadyPublished {
+                engine_id: engine_id.to_string(),
+                path: path.to_owned(),
+                pid: opened.map(|f| f.header().writer_pid).unwrap_or(0),
+            },
+        },
+        |lock| match crate::ShmFile::validate(lock, path) {
+            Ok(old) => {
+                // Tell readers still mapping it that this file is over.
+                old.map
+                    .word(STATE_WORD * 8)
+                    .store(STATE_RETIRED, Ordering::Release);
+                Ok(old.header().generation)
+            }
+            // Nobody holds its lock, so no writer will ever fix it: truncated
+            // or grown by another process (an engine's file, or too short to
+            // tell; a foreign file has another magic: `NotEngineState`, refused).
+            // Readers already refuse it: nothing to retire.
+            Err(Error::WrongSize { .. }) => Ok(header_generation(lock).unwrap_or(0)),
+            Err(e) => Err(e),
+        },
+    )
+}
+
+/// [`take_over`] for any kind of writer's file (an engine's, a cache
+/// digest's): `live` is the error for a file whose lock a live writer
+/// holds; `retire_dead` validates a dead writer's file (locked by us),
+/// marks it retired and returns its generation, or refuses it (a foreign
+/// file is never clobbered).
+pub(crate) fn take_over_with(
+    path: &Path,
+    own: Option<(u64, u64)>,
+    live: impl FnOnce(File) -> Error,
+    retire_dead: impl FnOnce(&Flock<File>) -> Result<u64, Error>,
 ) -> Result<TakeOver, Error> {
     // Like a reader (shm_file.rs): never open what is no regular file (a
     // device node's open can have effects of its own; a FIFO's O_RDWR open
@@ -228,21 +255,7 @@ fn take_over(
     }
     let lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
         Ok(lock) => lock,
-        Err((file, Errno::EWOULDBLOCK)) => {
-            return Err(match crate::ShmFile::from_file(file, path) {
-                Err(Error::WrongSize { size, expected, .. }) => Error::LiveFileWrongSize {
-                    engine_id: engine_id.to_string(),
-                    path: path.to_owned(),
-                    size,
-                    expected,
-                },
-                opened => Error::AlreadyPublished {
-                    engine_id: engine_id.to_string(),
-                    path: path.to_owned(),
-                    pid: opened.map(|f| f.header().writer_pid).unwrap_or(0),
-                },
-            });
-        }
+        Err((file, Errno::EWOULDBLOCK)) => return Err(live(file)),
         Err((_, errno)) => return Err(Error::io("lock", path, errno.into())),
     };
     // The path may have been replaced between open and lock.
@@ -252,28 +265,32 @@ fn take_over(
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(TakeOver::Raced),
         Err(e) => return Err(Error::io("stat", path, e)),
     }
-    let old = match crate::ShmFile::validate(&lock, path) {
-        Ok(old) => old,
-        // Nobody holds its lock, so no writer will ever fix it: truncated
-        // or grown by another process (an engine's file, or too short to
-        // tell; a foreign file has another magic: `NotEngineState`, refused).
-        // Readers already refuse it: nothing to retire.
-        Err(Error::WrongSize { .. }) => {
-            return Ok(TakeOver::Dead {
-                generation: header_generation(&lock).unwrap_or(0),
-                lock,
-            })
-        }
-        Err(e) => return Err(e),
+    let generation = retire_dead(&lock)?;
+    Ok(TakeOver::Dead { generation, lock })
+}
+
+/// Moves the filled temporary file `tmp` to `path`: renamed over what is
+/// there (`rename`: we hold the lock of the file the path names, so no
+/// other writer can replace it meanwhile), or linked where nothing was
+/// (fails if someone created it since). False when the path was taken
+/// meanwhile (the caller starts over); `tmp` is gone either way.
+pub(crate) fn place(tmp: &Path, path: &Path, rename: bool) -> Result<bool, Error> {
+    let placed = if rename {
+        std::fs::rename(tmp, path)
+    } else {
+        std::fs::hard_link(tmp, path).and_then(|()| std::fs::remove_file(tmp))
     };
-    // Tell readers still mapping it that this file is over.
-    old.map
-        .word(STATE_WORD * 8)
-        .store(STATE_RETIRED, Ordering::Release);
-    Ok(TakeOver::Dead {
-        generation: old.header().generation,
-        lock,
-    })
+    match placed {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            let _ = std::fs::remove_file(tmp);
+            Ok(false)
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(tmp);
+            Err(Error::io("move into place", path, e))
+        }
+    }
 }
 
 /// The generation in the header of a file of the wrong size, if it still
@@ -289,19 +306,16 @@ fn header_generation(file: &File) -> Option<u64> {
 /// dropped first: `lstat("link/")` follows the link, and a directory given
 /// as `link/` at creation must read as the same link that `create_after`
 /// later checks as the file path's parent (`link`).
-fn is_link(path: &Path) -> bool {
+pub(crate) fn is_link(path: &Path) -> bool {
     std::fs::symlink_metadata(path.components().as_path()).is_ok_and(|m| m.file_type().is_symlink())
 }
 
-fn tmp_path(dir: &Path, engine_id: &EngineId) -> PathBuf {
+pub(crate) fn tmp_path(dir: &Path, engine_id: &EngineId) -> PathBuf {
     dir.join(format!(".{}.tmp.{}", engine_id, std::process::id()))
 }
 
-/// Creates the temporary file, locks it, reserves its space and fills it;
-/// returns the header it wrote.
-///
-/// It is locked before it gets its real name, so no other writer can ever
-/// see it unlocked and take it for a dead writer's file.
+/// Creates the temporary file ([`create_reserved`]) and fills it; returns
+/// the header it wrote.
 fn create_filled(
     dir: &Path,
     path: &Path,
@@ -310,29 +324,8 @@ fn create_filled(
     first: &Snapshot,
     generation: u64,
 ) -> Result<(Flock<File>, Mapping, Header), Error> {
-    let tmp = tmp_path(dir, engine_id);
-    // A leftover of an earlier process with our pid that died mid-creation.
-    let _ = std::fs::remove_file(&tmp);
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .mode(options.mode)
-        .open(&tmp)
-        .map_err(|e| Error::io("create", path, e))?;
-    let file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-        Ok(lock) => lock,
-        Err((_, errno)) => {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(Error::io("lock", path, errno.into()));
-        }
-    };
-    let fill = || -> Result<(Mapping, Header), Error> {
-        // Reserve the pages now, so that a full tmpfs fails here and not with
-        // SIGBUS on first touch of the mapping.
-        nix::fcntl::posix_fallocate(file.as_raw_fd(), 0, FILE_SIZE as i64)
-            .map_err(|errno| Error::io("reserve space for", path, errno.into()))?;
-        let map = Mapping::read_write(&file, path)?;
+    let (file, map) = create_reserved(dir, path, engine_id, options.mode, FILE_SIZE)?;
+    let fill = || -> Header {
         let period_us = options.publish_period.as_micros().min(u32::MAX as u128) as u32;
         let header = Header::new(
             std::process::id(),
@@ -350,10 +343,53 @@ fn create_filled(
             map.words(PAYLOAD_OFFSET),
             &first.to_words(),
         );
-        Ok((map, header))
+        header
     };
-    match fill() {
-        Ok((map, header)) => Ok((file, map, header)),
+    let header = fill();
+    Ok((file, map, header))
+}
+
+/// Creates the temporary file of `engine_id` in `dir` (`mode`), locks it,
+/// reserves its `size` bytes and maps them read-write: a new file of any
+/// kind of writer (an engine's, a cache digest's), for the caller to fill
+/// and [`place`] at `path`.
+///
+/// It is locked before it gets its real name, so no other writer can ever
+/// see it unlocked and take it for a dead writer's file. On error the
+/// temporary file is removed.
+pub(crate) fn create_reserved(
+    dir: &Path,
+    path: &Path,
+    engine_id: &EngineId,
+    mode: u32,
+    size: usize,
+) -> Result<(Flock<File>, Mapping), Error> {
+    let tmp = tmp_path(dir, engine_id);
+    // A leftover of an earlier process with our pid that died mid-creation.
+    let _ = std::fs::remove_file(&tmp);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&tmp)
+        .map_err(|e| Error::io("create", path, e))?;
+    let file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => lock,
+        Err((_, errno)) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(Error::io("lock", path, errno.into()));
+        }
+    };
+    let reserve = || -> Result<Mapping, Error> {
+        // Reserve the pages now, so that a full tmpfs fails here and not with
+        // SIGBUS on first touch of the mapping.
+        nix::fcntl::posix_fallocate(file.as_raw_fd(), 0, size as i64)
+            .map_err(|errno| Error::io("reserve space for", path, errno.into()))?;
+        Mapping::read_write_len(&file, path, size)
+    };
+    match reserve() {
+        Ok(map) => Ok((file, map)),
         Err(e) => {
             let _ = std::fs::remove_file(&tmp);
             Err(e)

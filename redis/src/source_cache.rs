@@ -1,0 +1,160 @@
+//! The Redis source's cache digests (docs/REDIS.md, "Key schema"; the
+//! value: docs/FORMAT.md, "Cache residency"), read only when asked
+//! ([`RedisSource::read_cache_digests`]).
+//!
+//! A digest is fetched only for an engine whose record names a
+//! `cache_version` past the digest held (or of another generation), in one
+//! more round trip after the records' (the version is only known once the
+//! record is read), and only when some engine needs it: a fleet whose
+//! digests did not move reads no digest bytes.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use engine_state_shm_format::CacheDigest;
+use redis::Value;
+
+use super::{Class, RedisSource};
+use crate::error::Error;
+use crate::fetch::{decode_fetched_cache, CacheRefused, CACHE_FETCH_END};
+use crate::schema::cache_key;
+
+/// What a source holds of one engine's digest.
+#[derive(Debug, Default)]
+pub(super) struct CacheSlot {
+    /// The last digest read, and the record generation it belongs to.
+    held: Option<(u64, Arc<CacheDigest>)>,
+    /// A version whose digest could not be had: not fetched again until the
+    /// record names another one.
+    failed: Option<Failed>,
+}
+
+#[derive(Debug)]
+struct Failed {
+    version: u64,
+    key: String,
+    what: String,
+    /// A value that is not a digest is reported at every read; a missing or
+    /// mismatched one only with the refresh that found it.
+    every_read: bool,
+    /// The refresh that found it.
+    found_at: u64,
+}
+
+/// Why an engine's digest is not used, as [`crate::EngineView::cache_fault`]
+/// reports it.
+#[derive(Clone, Copy, Debug)]
+pub struct CacheFault<'a> {
+    /// The digest key.
+    pub key: &'a str,
+    /// What is wrong.
+    pub what: &'a str,
+}
+
+impl CacheSlot {
+    /// The digest held for a record of `generation` naming `version` (None
+    /// when it names none, or the held one is older or of another run).
+    pub(super) fn digest(&self, generation: u64, version: u64) -> Option<&Arc<CacheDigest>> {
+        match &self.held {
+            Some((held, digest))
+                if version != 0 && *held == generation && digest.version() >= version =>
+            {
+                Some(digest)
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether the record (`generation`, `version`) needs a fetch.
+    fn wants(&self, generation: u64, version: u64) -> bool {
+        version != 0
+            && self.digest(generation, version).is_none()
+            && self.failed.as_ref().is_none_or(|f| f.version != version)
+    }
+
+    /// What to report with the read after refresh number `refresh`, for a
+    /// record naming `version`.
+    pub(super) fn fault(&self, version: u64, refresh: u64) -> Option<CacheFault<'_>> {
+        let failed = self.failed.as_ref()?;
+        (failed.version == version && (failed.every_read || failed.found_at == refresh)).then(
+            || CacheFault {
+                key: &failed.key,
+                what: &failed.what,
+            },
+        )
+    }
+}
+
+impl RedisSource {
+    /// Fetches the digests the records just read name and this source does
+    /// not hold (one round trip, none when no digest moved).
+    pub(super) fn fetch_digests(&mut self, deadline: Instant) -> Result<(), Error> {
+        if !self.cache_digests {
+            return Ok(());
+        }
+        let wanted: Vec<(Arc<str>, u64, u64)> = self
+            .live
+            .keys()
+            .filter_map(|id| {
+                let engine = &self.engines[id];
+                let record = &engine.last_record.as_ref()?.record;
+                let (generation, version) = (record.generation, record.snapshot.cache_version);
+                engine
+                    .cache
+                    .wants(generation, version)
+                    .then(|| (id.clone(), generation, version))
+            })
+            .collect();
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let mut request = Vec::new();
+        for (id, _, _) in &wanted {
+            redis::cmd("GETRANGE")
+                .arg(cache_key(self.target.prefix(), id))
+                .arg(0)
+                .arg(CACHE_FETCH_END)
+                .write_packed_command(&mut request);
+        }
+        let replies = self.query(&request, wanted.len(), None, deadline)?;
+        let refresh = self.refreshes;
+        for ((id, generation, version), reply) in wanted.into_iter().zip(replies) {
+            let Some(engine) = self.engines.get_mut(&id) else {
+                continue;
+            };
+            if engine.class() != Class::Live {
+                continue;
+            }
+            let key = cache_key(self.target.prefix(), &id);
+            let damaged = |what: String| CacheRefused {
+                what,
+                damaged: true,
+            };
+            let decoded = match reply {
+                Value::BulkString(bytes) => decode_fetched_cache(&bytes, generation, version),
+                Value::Nil => decode_fetched_cache(&[], generation, version),
+                Value::ServerError(e) if e.code() == "WRONGTYPE" => Err(damaged(
+                    "the key holds a list, hash, set or other non-string type".to_owned(),
+                )),
+                other => Err(damaged(format!("unexpected reply {other:?}"))),
+            };
+            let slot = &mut engine.cache;
+            match decoded {
+                Ok(digest) => {
+                    slot.held = Some((generation, Arc::new(digest)));
+                    slot.failed = None;
+                }
+                Err(refused) => {
+                    slot.failed = Some(Failed {
+                        version,
+                        key,
+                        what: refused.what,
+                        every_read: refused.damaged,
+                        found_at: refresh,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}

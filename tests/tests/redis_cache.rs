@@ -1,0 +1,292 @@
+//! Cache digests through Redis (docs/REDIS.md, "Key schema"; the value:
+//! docs/FORMAT.md, "Cache residency"), against a real `redis-server`: the
+//! publisher writes `<prefix>cache:<id>` on change (owner-checked), its
+//! expiry refreshed with every record and the key deleted on a clean close;
+//! a reader with digests fetches a value only when the record's
+//! `cache_version` moved, and what is not a digest is that engine's error.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use engine_state_reader::{Error, ReaderOptions, Reading, Source, StateUri};
+use engine_state_redis::{
+    cache_key, engine_key, RecordWriter, RedisRecord, DELETE_CACHE_IF_OWNER_SCRIPT,
+    SET_CACHE_IF_OWNER_SCRIPT,
+};
+use engine_state_shm_format::{
+    decode_digest_value, encode_digest_value, CacheDigest, DigestRecord, Snapshot,
+};
+use engine_state_tests::*;
+
+fn digest_reader(uri: &str) -> Box<dyn Source> {
+    let options = ReaderOptions {
+        rescan_interval: Duration::ZERO,
+        ..ReaderOptions::default()
+    }
+    .with_cache_digests(true);
+    engine_state_reader::open(&StateUri::parse(uri).unwrap(), options).unwrap()
+}
+
+fn get(con: &mut redis::Connection, key: &str) -> Option<Vec<u8>> {
+    redis::cmd("GET").arg(key).query(con).unwrap()
+}
+
+fn pttl(con: &mut redis::Connection, key: &str) -> i64 {
+    redis::cmd("PTTL").arg(key).query(con).unwrap()
+}
+
+/// Calls of `command` the server has run (`INFO commandstats`).
+fn calls(con: &mut redis::Connection, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(con).unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// Reads until `engine`'s snapshot names digest `version`.
+fn read_until(source: &mut dyn Source, engine: &str, version: u64) -> Reading {
+    let mut reading = Reading::default();
+    wait_for(
+        || {
+            source.read_into(&mut reading).unwrap();
+            reading
+                .get(engine)
+                .is_some_and(|e| e.snapshot.cache_version == version)
+        },
+        "the record naming the digest",
+    );
+    reading
+}
+
+fn cache_errors(reading: &Reading) -> Vec<String> {
+    reading
+        .errors
+        .iter()
+        .filter(|e| matches!(*e.error, Error::CorruptCache { .. }))
+        .map(|e| e.to_string())
+        .collect()
+}
+
+#[test]
+fn a_publishers_digest_is_written_on_change_kept_alive_and_deleted_on_close() {
+    let server = RedisServer::start();
+    let uri = server.uri("?prefix=rc:");
+    let mut con = server.connection();
+    let mut publisher = start_publisher(&uri, "e0", 20).unwrap();
+    let key = cache_key("rc:", "e0");
+    assert!(publisher.publish_cache(&[30, 10, 20], 3, 8).unwrap());
+    publisher.publish(Snapshot::default()).unwrap();
+    let mut source = digest_reader(&uri);
+    let reading = read_until(&mut *source, "e0", 1);
+    let state = reading.get("e0").unwrap();
+    let digest = state.cache.clone().expect("the digest read");
+    assert_eq!((digest.version(), digest.blocks()), (1, &[10, 20, 30][..]));
+    assert_eq!(state.snapshot.cache_blocks, 3);
+
+    // The value: the record's writer and generation, capacity = count.
+    let value = decode_digest_value(&get(&mut con, &key).unwrap()).unwrap();
+    let record =
+        RedisRecord::decode("k", &get(&mut con, &engine_key("rc:", "e0")).unwrap()).unwrap();
+    assert_eq!(
+        (value.writer_pid, value.generation),
+        (record.writer_pid, record.generation)
+    );
+    assert_eq!(value.digest.blocks(), &[10, 20, 30]);
+    let ttl = pttl(&mut con, &key);
+    assert!((1..=2000).contains(&ttl), "PX ttl_ms: {ttl}");
+
+    // Nothing moved: reads fetch the record alone (one GETRANGE each), the
+    // same Arc handed out.
+    let before = calls(&mut con, "getrange");
+    for _ in 0..5 {
+        let again = source.read().unwrap();
+        assert!(Arc::ptr_eq(
+            again.get("e0").unwrap().cache.as_ref().unwrap(),
+            &digest
+        ));
+    }
+    assert_eq!(calls(&mut con, "getrange") - before, 5, "no digest fetched");
+
+    // Every record refreshes the digest's expiry (a later one than the
+    // record's given by hand is brought back to ttl_ms).
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(&key)
+        .arg(600_000)
+        .query(&mut con)
+        .unwrap();
+    wait_for(
+        || pttl(&mut con, &key) <= 2000,
+        "the expiry refreshed with a heartbeat",
+    );
+
+    // The same set: no write; a new one: version 2, read once.
+    assert!(!publisher.publish_cache(&[10, 20, 30], 3, 8).unwrap());
+    assert!(publisher.publish_cache(&[10, 20], 2, 8).unwrap());
+    publisher.publish(Snapshot::default()).unwrap();
+    let reading = read_until(&mut *source, "e0", 2);
+    let moved = reading.get("e0").unwrap().cache.clone().unwrap();
+    assert_eq!((moved.version(), moved.blocks()), (2, &[10, 20][..]));
+    assert!(cache_errors(&reading).is_empty());
+
+    // A clean close deletes the digest with the record.
+    publisher.close();
+    assert_eq!(get(&mut con, &key), None);
+    assert_eq!(get(&mut con, &engine_key("rc:", "e0")), None);
+}
+
+fn value(pid: u32, generation: u64, version: u64) -> Vec<u8> {
+    encode_digest_value(&DigestRecord {
+        writer_pid: pid,
+        generation,
+        digest: CacheDigest::new(version, 1, vec![1, 2, 3]),
+        held: 3,
+        ..DigestRecord::default()
+    })
+    .unwrap()
+}
+
+fn record(pid: u32, generation: u64) -> Vec<u8> {
+    let writer = RecordWriter {
+        pid,
+        publish_period_us: 50_000,
+        generation,
+    };
+    RedisRecord::active(writer, 1, 1, Snapshot::default())
+        .encode()
+        .to_vec()
+}
+
+/// The owner check of a digest is its engine's record's: a writer whose
+/// record does not hold the engine key writes no digest, and deletes only
+/// its own.
+#[test]
+fn the_digest_scripts_check_the_owner() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let (engine, cache) = (engine_key("o:", "e"), cache_key("o:", "e"));
+    let set = |con: &mut redis::Connection, value: &[u8]| -> redis::Value {
+        redis::cmd("EVAL")
+            .arg(SET_CACHE_IF_OWNER_SCRIPT)
+            .arg(2)
+            .arg(&engine)
+            .arg(&cache)
+            .arg(value)
+            .arg(2000)
+            .query(con)
+            .unwrap()
+    };
+    // No record yet, or our own: written.
+    assert_eq!(set(&mut con, &value(10, 1, 1)), redis::Value::Int(1));
+    let _: () = redis::cmd("SET")
+        .arg(&engine)
+        .arg(record(10, 1))
+        .arg("PX")
+        .arg(2000)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(set(&mut con, &value(10, 1, 2)), redis::Value::Int(1));
+    // Another writer's digest (another pid, or another run) is refused: the
+    // reply is the holder's record header.
+    for (pid, generation) in [(11, 1), (10, 2)] {
+        let reply = set(&mut con, &value(pid, generation, 9));
+        assert!(
+            matches!(&reply, redis::Value::BulkString(h) if h.len() == 64 && h[..8] == *b"ENGSTATE"),
+            "{reply:?}"
+        );
+    }
+    let held = decode_digest_value(&get(&mut con, &cache).unwrap()).unwrap();
+    assert_eq!(held.digest.version(), 2, "ours kept");
+
+    let delete = |con: &mut redis::Connection, mine: &[u8]| -> i64 {
+        redis::cmd("EVAL")
+            .arg(DELETE_CACHE_IF_OWNER_SCRIPT)
+            .arg(1)
+            .arg(&cache)
+            .arg(mine)
+            .query(con)
+            .unwrap()
+    };
+    assert_eq!(
+        delete(&mut con, &record(11, 1)),
+        0,
+        "another writer's stays"
+    );
+    assert!(get(&mut con, &cache).is_some());
+    assert_eq!(delete(&mut con, &record(10, 1)), 1);
+    assert_eq!(get(&mut con, &cache), None);
+    // A foreign value at the key is not a digest of anyone's: deleted.
+    let _: () = redis::cmd("SET")
+        .arg(&cache)
+        .arg("junk")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(delete(&mut con, &record(10, 1)), 1);
+}
+
+/// What is not a digest at the key is that engine's `corrupt_cache` error
+/// at every read, its state read; a missing digest is reported once.
+#[test]
+fn a_bad_or_missing_digest_value_is_the_engines_error() {
+    let server = RedisServer::start();
+    let uri = server.uri("?prefix=bad:");
+    let mut con = server.connection();
+    let mut publisher = start_publisher(&uri, "b", 20).unwrap();
+    let key = cache_key("bad:", "b");
+    publisher.publish_cache(&[1, 2], 2, 4).unwrap();
+    publisher.publish(Snapshot::default()).unwrap();
+    // Wait for the digest, then put junk in its place (a huge value: the
+    // read is bounded, one byte past the largest digest).
+    wait_for(|| get(&mut con, &key).is_some(), "the digest written");
+    let junk = vec![0x5a_u8; 2 * 1024 * 1024];
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg(&junk)
+        .arg("PX")
+        .arg(600_000)
+        .query(&mut con)
+        .unwrap();
+    let mut source = digest_reader(&uri);
+    let reading = read_until(&mut *source, "b", 1);
+    for reading in [reading, source.read().unwrap()] {
+        let state = reading.get("b").unwrap();
+        assert!(state.is_fresh() && state.cache.is_none(), "{state:?}");
+        let errors = cache_errors(&reading);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].contains("larger than the largest digest")
+                && errors[0].contains("bad:cache:b"),
+            "{}",
+            errors[0]
+        );
+    }
+    // Garbage of a digest's size: not a digest.
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg(vec![7u8; 200])
+        .arg("PX")
+        .arg(600_000)
+        .query(&mut con)
+        .unwrap();
+    publisher.publish_cache(&[1], 1, 4).unwrap();
+    // The publisher's version 2 overwrites it; delete it once written, so
+    // that the record names a version the key does not hold.
+    publisher.publish(Snapshot::default()).unwrap();
+    wait_for(
+        || get(&mut con, &key).is_some_and(|v| decode_digest_value(&v).is_ok()),
+        "version 2 written",
+    );
+    let _: () = redis::cmd("DEL").arg(&key).query(&mut con).unwrap();
+    let reading = read_until(&mut *source, "b", 2);
+    let errors = cache_errors(&reading);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(errors[0].contains("holds no value"), "{}", errors[0]);
+    let later = source.read().unwrap();
+    assert!(
+        cache_errors(&later).is_empty(),
+        "a missing digest: once per version"
+    );
+    assert!(later.get("b").unwrap().cache.is_none());
+    publisher.close();
+}
