@@ -284,8 +284,9 @@ def published_digest(hook) -> tuple[str, set[int] | None]:
     ascending (docs/FORMAT.md's digest layout)."""
     reader = getattr(published_digest, "reader", None)
     if reader is None:
-        reader = published_digest.reader = engine_state.Reader()
+        reader = published_digest.reader = engine_state.Reader(cache_digests=True)
     if hasattr(reader, "read_cache"):
+        reader.read()
         source, blocks = "reader", reader.read_cache(hook.engine_id)
     else:  # until the reader binding exists: the hook's digest of its last capture
         source, blocks = "hook", hook.cache_digest

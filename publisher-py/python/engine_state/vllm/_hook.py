@@ -206,6 +206,10 @@ class EngineStateHook:
         now = self._clock() if now is None else now
         self.totals = totals = self._capture_requests(scheduler, running, now)
         blocks_total, blocks_free = adapter.block_counts(scheduler)
+        # The digest first: the snapshot published next names its version
+        # (docs/FORMAT.md, "Cache residency").
+        if self.residency is not None:
+            self.residency.capture(scheduler, blocks_total)
         totals.publish(
             self.publisher,
             step=self.step,
@@ -216,8 +220,6 @@ class EngineStateHook:
         self.busy = totals.busy
         self.last_capture_ns = now
         self.captures += 1
-        if self.residency is not None:
-            self.residency.capture(scheduler, blocks_total)
 
     @property
     def cache_digest(self) -> list[int] | None:
