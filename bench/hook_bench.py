@@ -126,6 +126,122 @@ def vllm_setup(n: int):
     return scheduler, hook, RequestStatus.PREEMPTED
 
 
+# ---- cache residency (vLLM only) ---------------------------------------------
+
+
+def residency_setup(n: int):
+    """vLLM's real Scheduler with prefix caching, ``n`` requests admitted and
+    prefilled by vLLM itself (3/4 running, the rest waiting on max_num_seqs):
+    prompts are one of 8 shared 1,024-token system prompts plus 100..900
+    tokens of their own, so the pool caches shared and private router blocks
+    as in an agentic fleet. Returns (scheduler, hook, {mode: Residency})."""
+    sys.path.insert(0, os.path.join(HERE, "..", "publisher-py", "tests_vllm"))
+    from vllm_harness import build_scheduler, fake_output, make_request, set_cpu_environment
+
+    set_cpu_environment()
+    os.environ["VLLM_PLUGINS"] = "engine_state"
+    os.environ["AGENTIC_ENGINE_STATE_RESIDENCY"] = "off"  # the bench attaches each mode itself
+    import vllm.plugins
+
+    from engine_state.vllm._residency import Residency
+
+    vllm.plugins.load_general_plugins()
+    scheduler, _ = build_scheduler(
+        False, prefix_caching=True, num_blocks=131_073, max_num_seqs=max(1, n * 3 // 4),
+        max_batched=8192, max_model_len=2048,
+    )
+    systems = [[10 + s] * 1024 for s in range(8)]
+    for i in range(n):
+        own = [1000 + (i * 7 + t) % 30_000 for t in range(100 + (i * 37) % 800)]
+        scheduler.add_request(make_request(f"p{i}", systems[i % 8] + own, 800))
+    step = 0
+    while any(r.num_computed_tokens < r.num_prompt_tokens for r in scheduler.running) or (
+        len(scheduler.running) < max(1, n * 3 // 4)
+    ):
+        out = scheduler.schedule()
+        scheduler.update_from_output(out, fake_output(scheduler, out, step))
+        step += 1
+    hook = scheduler.__dict__["_engine_state_hook"]
+    modes = {
+        mode: Residency.start(scheduler, hook.publisher, mode) for mode in ("verify", "evictions")
+    }
+    return scheduler, hook, modes
+
+
+def caching_decode_step(scheduler) -> None:
+    """``decode_step`` as vLLM does it with prefix caching: each decoding
+    request's next slot is allocated by vLLM's own ``allocate_slots`` (which
+    caches its full blocks, and evicts through ``get_new_blocks``) before its
+    token is appended, so the pool stays what a real engine's would be."""
+    manager = scheduler.kv_cache_manager
+    for request in scheduler.running[8:]:
+        manager.allocate_slots(request, 1)
+        request.append_output_token_ids(5)
+        request.num_computed_tokens += 1
+
+
+def residency_run(n: int, steps: int, block: int) -> dict:
+    """The hook without residency / with verify-at-capture / with the
+    eviction wrap, in alternating blocks of ``block`` steps (``steps`` each),
+    plus the cost of hashing and of the wrapped ``get_new_blocks``."""
+    from engine_state._native import _ResidencyTracker
+    from engine_state.vllm import _adapter as adapter
+
+    scheduler, hook, modes = residency_setup(n)
+    evictions = modes["evictions"]
+    modes["evictions"] = None  # its pool wrapper stays: only get_new_blocks sees it
+    # Cold: a fresh tracker maps every cached router block of the running requests.
+    cold = _ResidencyTracker(
+        kv_block_size=scheduler.block_size, mode="verify", **adapter.residency_tracker_names()
+    )
+    running, cached = adapter.running(scheduler), adapter.cached_block_map(scheduler)
+    t0 = time.perf_counter_ns()
+    cold.capture(running, cached)
+    cold_us = (time.perf_counter_ns() - t0) / 1000
+    out = {"off": [0.0, []], "verify": [0.0, []], "evictions": [0.0, []]}
+    residencies = {"off": None, "verify": modes["verify"], "evictions": evictions}
+    for residency in residencies.values():
+        if residency is not None:
+            hook.residency = residency
+            hook.capture(scheduler)  # warm
+    done = 0
+    while done < steps:
+        k = min(block, steps - done)
+        for mode, residency in residencies.items():
+            hook.residency = residency
+            per_step, calls, _ = emulate_steps(scheduler, hook, k, True, caching_decode_step)
+            out[mode][0] += per_step * k / steps
+            out[mode][1].extend(calls)
+        done += k
+    # The wrapped get_new_blocks, per allocated block (32 blocks a call).
+    pool = adapter.block_pool(scheduler)
+    cls_get = type(pool).get_new_blocks.__get__(pool)
+
+    def alloc(get):
+        blocks = get(32)
+        pool.free_blocks(reversed(blocks))
+
+    wrapped = time_calls(lambda: alloc(pool.get_new_blocks), 5_000)
+    plain = time_calls(lambda: alloc(cls_get), 5_000)
+    hook.residency = None
+    result = dict(
+        n=n,
+        digest=len(evictions.blocks),
+        entries=evictions.tracker.entries,
+        cold_us=cold_us,
+        cold_hashed=cold.hash_calls,
+        cold_adopted=cold.adopted,
+        alloc_ns=1000 * (statistics.median(wrapped) - statistics.median(plain)) / 32,
+        modes={
+            mode: dict(per_step=per_step, in_situ_med=statistics.median(calls),
+                       captures_per_step=len(calls) / steps)
+            for mode, (per_step, calls) in out.items()
+        },
+    )
+    hook.close(scheduler)
+    return result
+
+
 # ---- common -------------------------------------------------------------------
 
 
@@ -234,7 +350,7 @@ BREAKDOWN_STEPS = 0  # --breakdown
 forward = forward_sleep
 
 
-def emulate_steps(scheduler, hook, steps: int, use_hook: bool):
+def emulate_steps(scheduler, hook, steps: int, use_hook: bool, decode=None):
     """One emulated engine step: schedule() (reads every running request),
     hook, the forward pass (20 ms sleep, GIL released), update_from_output()
     (appends a token to every decoding request), hook. Returns (µs in the hook
@@ -262,7 +378,7 @@ def emulate_steps(scheduler, hook, steps: int, use_hook: bool):
             call(hook.after_schedule)
         forward()  # the forward pass
         t0 = time.perf_counter_ns()
-        decode_step(scheduler)
+        (decode or decode_step)(scheduler)
         work[-1] = (work[-1] + time.perf_counter_ns() - t0) / 1000
         if use_hook:
             call(hook.after_update)
@@ -457,6 +573,8 @@ def main() -> int:
         help="how the thread waits during the emulated forward pass: spin (sched_yield loop, "
         "as vLLM 0.33's message-queue reader and CUDA syncs do; default) or sleep (an idle core)",
     )
+    parser.add_argument("--no-residency", action="store_true",
+                        help="with --vllm: skip the cache residency table")
     args = parser.parse_args()
     global forward, BREAKDOWN_STEPS
     forward = FORWARD[args.forward]
@@ -510,6 +628,30 @@ def main() -> int:
             f"{f['per_step']:.1f} / {i['per_step']:.1f} | {r['recounts']} ({r['mismatches']}) |",
             flush=True,
         )
+    if args.vllm and not args.no_residency:
+        print()
+        print(f"# cache residency (vLLM 0.33 Scheduler, prefix caching, 16-token KV blocks, real "
+              f"prefills): the hook without residency / verify-at-capture / eviction wrap, "
+              f"alternating blocks of {args.ab_block} steps, {args.steps} steps each; times in µs")
+        print("| live requests | digest (router blocks) | capture in the step loop, median: off / "
+              "verify / evictions | hook per step, mean: off / verify / evictions | "
+              "verify vs off | evictions vs off | first capture: router blocks hashed + adopted, "
+              "µs, ns per hashed token | wrapped get_new_blocks, ns per allocated block |")
+        print("|---|---|---|---|---|---|---|---|")
+        for n in [int(x) for x in args.sizes.split(",")]:
+            r = residency_run(n, args.steps, args.ab_block)
+            m = r["modes"]
+            off, ver, evi = (m[k]["in_situ_med"] for k in ("off", "verify", "evictions"))
+            per = [m[k]["per_step"] for k in ("off", "verify", "evictions")]
+            hashed_tokens = max(1, r["cold_hashed"] * 512)
+            print(
+                f"| {n} | {r['digest']} | {off:.1f} / {ver:.1f} / {evi:.1f} | "
+                f"{per[0]:.1f} / {per[1]:.1f} / {per[2]:.1f} | "
+                f"{100 * (ver - off) / off:+.0f} % | {100 * (evi - off) / off:+.0f} % | "
+                f"{r['cold_hashed']} + {r['cold_adopted']}, {r['cold_us']:.0f}, "
+                f"{1000 * r['cold_us'] / hashed_tokens:.1f} | {r['alloc_ns']:.0f} |",
+                flush=True,
+            )
     if args.breakdown:
         print()
         print(f"# where an in-loop capture goes (median µs over {args.breakdown} steps, parts in "

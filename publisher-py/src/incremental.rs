@@ -43,13 +43,13 @@ use crate::totals::Totals;
 /// A map keyed by object address. The default SipHash costs about as much
 /// as the rest of a cached request's lookup; an address needs no protection
 /// against chosen keys, only mixing (`AddressHasher`).
-type ByAddress<V> = HashMap<usize, V, BuildHasherDefault<AddressHasher>>;
+pub(crate) type ByAddress<V> = HashMap<usize, V, BuildHasherDefault<AddressHasher>>;
 
 /// Hashes one address: a folded 64x64->128-bit multiply, so that every bit
 /// of the address (whose low four are always zero) reaches every bit of the
 /// hash.
 #[derive(Default)]
-struct AddressHasher(u64);
+pub(crate) struct AddressHasher(u64);
 
 impl Hasher for AddressHasher {
     fn write(&mut self, bytes: &[u8]) {

@@ -10,6 +10,7 @@ mod incremental;
 mod publisher;
 mod reader;
 mod request_reader;
+mod residency;
 mod router;
 mod to_python;
 mod totals;
@@ -26,6 +27,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<capture::RequestCapture>()?;
     m.add_class::<totals::Totals>()?;
     m.add_class::<incremental::IncrementalCapture>()?;
+    m.add_class::<residency::ResidencyTracker>()?;
     m.add_function(wrap_pyfunction!(identity::engine_id_for, m)?)?;
     m.add_function(wrap_pyfunction!(identity::fallback_engine_id, m)?)?;
     m.add(

@@ -11,6 +11,7 @@ consumed one step later, emulating EngineCore.step_with_batch_queue.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -35,7 +36,7 @@ TINY_LLAMA = {
     "num_key_value_heads": 4,
     "num_hidden_layers": 2,
     "vocab_size": 1000,
-    "max_position_embeddings": 2048,
+    "max_position_embeddings": 8192,  # test_residency's sessions run to 4,096 tokens
     "rms_norm_eps": 1e-6,
     "bos_token_id": 1,
     "eos_token_id": EOS_TOKEN_ID,
@@ -52,10 +53,19 @@ def set_cpu_environment() -> None:
 
 
 def model_dir() -> str:
-    path = os.path.join(tempfile.gettempdir(), "engine-state-tiny-llama")
+    """A folder holding ``TINY_LLAMA``'s config.json, named by its content (so
+    that test runs of checkouts with another config, at the same time, do not
+    overwrite it under each other), written atomically."""
+    text = json.dumps(TINY_LLAMA, sort_keys=True)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    path = os.path.join(tempfile.gettempdir(), f"engine-state-tiny-llama-{digest}")
     os.makedirs(path, exist_ok=True)
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(TINY_LLAMA, f)
+    config = os.path.join(path, "config.json")
+    if not os.path.exists(config):
+        temporary = f"{config}.{os.getpid()}"
+        with open(temporary, "w") as f:
+            f.write(text)
+        os.replace(temporary, config)
     return path
 
 
@@ -86,7 +96,7 @@ def build_scheduler(
     scheduler_config = SchedulerConfig(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_batched,
-        max_model_len=MAX_MODEL_LEN,
+        max_model_len=max_model_len,
         enable_chunked_prefill=True,
         async_scheduling=async_scheduling,
         is_encoder_decoder=False,
@@ -138,9 +148,10 @@ def build_scheduler(
 _none_hash = False
 
 
-def make_request(request_id: str, prompt_token_ids: list, max_tokens: int):
+def make_request(request_id: str, prompt_token_ids: list, max_tokens: int, **extra):
     """A request that generates exactly ``max_tokens`` tokens (EOS ignored),
-    its blocks hashed as vLLM's engine hashes them (sha256, chained)."""
+    its blocks hashed as vLLM's engine hashes them (sha256, chained).
+    ``extra``: more ``Request`` arguments (``cache_salt``, ...)."""
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -158,6 +169,7 @@ def make_request(request_id: str, prompt_token_ids: list, max_tokens: int):
         sampling_params=params,
         pooling_params=None,
         block_hasher=get_request_block_hasher(BLOCK_SIZE, sha256),
+        **extra,
     )
 
 

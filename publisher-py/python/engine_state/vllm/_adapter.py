@@ -32,6 +32,23 @@ Read from vLLM 0.33.0 (the PyPI wheel), files inside the ``vllm`` package:
   ``len(self._all_token_ids)`` (prompt + output tokens). The hook reads the
   list's length directly -- no Python call per request -- and checks once per
   engine that it equals ``num_tokens`` (see ``tokens_from_list_matches``).
+- Cache residency (docs/VLLM.md, "Cache residency"), from
+  ``v1/core/kv_cache_manager.py``, ``block_pool.py``, ``kv_cache_utils.py``:
+  ``KVCacheManager.enable_caching`` and ``num_kv_cache_groups``;
+  ``Scheduler.block_size`` and ``hash_block_size`` (one group: equal, the
+  granularity of ``Request.block_hashes``); ``Request.block_hashes`` (one
+  ``bytes`` hash per full KV block, each chained over the whole prefix,
+  extended as tokens arrive); ``BlockPool.cached_block_hash_to_block``
+  (``BlockHashToBlockMap``) whose dict ``_cache`` is keyed by
+  ``make_block_hash_with_group_id(hash, group)`` = hash + the group id in 4
+  big-endian bytes, holding exactly the blocks a prefix lookup can find;
+  ``reset_prefix_cache`` replaces the map object. Evictions happen in
+  ``BlockPool.get_new_blocks(n)`` (the ``n`` blocks at the head of
+  ``free_block_queue``, from ``fake_free_list_head.next_free_block`` along
+  ``next_free_block``, lose their ``_block_hash``) and ``evict_blocks``
+  (connectors). Requests whose KV is not keyed by tokens alone carry
+  ``lora_request``, ``mm_features``, ``cache_salt`` or ``prompt_embeds``
+  (``generate_block_hash_extra_keys``).
 - ``config/parallel.py``: ``ParallelConfig.data_parallel_index`` (the
   engine's index, = the Prometheus ``engine`` label; not
   ``data_parallel_rank``, which dense models reset to 0) and
@@ -104,6 +121,27 @@ NUM_TOKENS = "num_tokens"
 STATUS = "status"
 REQUEST_STATUS = "RequestStatus"  # the enum, as imported by SCHEDULER_MODULE
 PREEMPTED = "PREEMPTED"
+
+# Cache residency.
+ENABLE_CACHING = "enable_caching"  # KVCacheManager's
+NUM_KV_CACHE_GROUPS = "num_kv_cache_groups"  # KVCacheManager's
+SCHEDULER_BLOCK_SIZE = "block_size"  # Scheduler's
+HASH_BLOCK_SIZE = "hash_block_size"  # Scheduler's
+CACHED_BLOCK_MAP = "cached_block_hash_to_block"  # BlockPool's
+CACHED_BLOCK_DICT = "_cache"  # BlockHashToBlockMap's
+FREE_BLOCK_QUEUE = "free_block_queue"  # BlockPool's
+FREE_LIST_HEAD = "fake_free_list_head"  # FreeKVCacheBlockQueue's
+NEXT_FREE_BLOCK = "next_free_block"  # KVCacheBlock's
+BLOCK_HASH_KEY = "_block_hash"  # KVCacheBlock's: its cached-map key, or None
+GET_NEW_BLOCKS = "get_new_blocks"  # BlockPool's
+EVICT_BLOCKS = "evict_blocks"  # BlockPool's
+BLOCK_HASHES = "block_hashes"  # Request's
+#: Request attributes that key its KV by more than tokens (None or empty: not).
+NAMESPACE_ATTRS = ("lora_request", "mm_features", "cache_salt", "prompt_embeds")
+#: The suffix ``make_block_hash_with_group_id`` appends for group 0.
+GROUP_0_SUFFIX = (0).to_bytes(4, "big", signed=False)
+#: The router block (``engine_state_shm_format::blocks::BLOCK_TOKENS``).
+ROUTER_BLOCK_TOKENS = 512
 
 _EMPTY: tuple = ()
 
@@ -263,3 +301,55 @@ def tokens_from_list_matches(request: Any) -> bool:
     shortcut the capture takes is valid for this vLLM."""
     tokens = getattr(request, ALL_TOKEN_IDS, None)
     return tokens is not None and len(tokens) == getattr(request, NUM_TOKENS)
+
+
+NO_PREFIX_CACHING = "prefix caching is off"
+
+
+def residency_block_size(scheduler: Any) -> tuple[int | None, str]:
+    """(the engine's KV block size, "") when its cache residency can be
+    tracked; otherwise (None, why not)."""
+    manager = getattr(scheduler, KV_CACHE_MANAGER)
+    if not getattr(manager, ENABLE_CACHING, False):
+        return None, NO_PREFIX_CACHING
+    groups = getattr(manager, NUM_KV_CACHE_GROUPS, None)
+    if groups != 1:
+        return None, f"its KV cache has {groups} groups (a hybrid model)"
+    block_size = int(getattr(scheduler, SCHEDULER_BLOCK_SIZE))
+    hash_block_size = int(getattr(scheduler, HASH_BLOCK_SIZE, block_size))
+    if hash_block_size != block_size:
+        return None, f"its block hashes cover {hash_block_size} tokens, its KV blocks {block_size}"
+    if block_size <= 0 or ROUTER_BLOCK_TOKENS % block_size:
+        return None, f"its KV block size ({block_size} tokens) does not divide 512"
+    if not isinstance(cached_block_map(scheduler), dict):
+        return None, "its block pool has no cached-hash dict"
+    return block_size, ""
+
+
+def residency_tracker_names() -> dict:
+    """Keyword arguments for ``engine_state._native._ResidencyTracker``
+    (minus the block size and the mode): the names, in one place."""
+    return dict(
+        group_suffix=GROUP_0_SUFFIX,
+        block_hashes_attr=BLOCK_HASHES,
+        tokens_attr=ALL_TOKEN_IDS,
+        computed_attr=NUM_COMPUTED_TOKENS,
+        namespace_attrs=list(NAMESPACE_ATTRS),
+        next_attr=NEXT_FREE_BLOCK,
+        hash_attr=BLOCK_HASH_KEY,
+    )
+
+
+def block_pool(scheduler: Any) -> Any:
+    """The scheduler's block pool."""
+    return getattr(getattr(scheduler, KV_CACHE_MANAGER), BLOCK_POOL)
+
+
+def cached_block_map(scheduler: Any) -> Any:
+    """The block pool's cached-hash dict (key: block hash + group id)."""
+    return getattr(getattr(block_pool(scheduler), CACHED_BLOCK_MAP), CACHED_BLOCK_DICT)
+
+
+def first_free_block(pool: Any) -> Any:
+    """The block ``get_new_blocks`` takes first (the free queue's head)."""
+    return getattr(getattr(getattr(pool, FREE_BLOCK_QUEUE), FREE_LIST_HEAD), NEXT_FREE_BLOCK)

@@ -18,6 +18,11 @@ capture's sums reach the snapshot by name, in Rust). Once per
 difference it logs once and this engine uses full captures
 (``_RequestCapture``) from then on, as it does when a connector is configured.
 
+With cache residency on (docs/VLLM.md, "Cache residency"), each capture
+also follows which router blocks the engine's prefix cache holds and
+publishes the digest when it changed (``_residency.Residency``); an error
+there turns residency off only.
+
 Any exception here turns the hook off for that engine (``fail``): it logs the
 reason once, retires the engine's file and detaches, and vLLM carries on.
 """
@@ -42,6 +47,7 @@ from engine_state._native import (
 )
 from engine_state._native import _engine_id_for as engine_id_for
 from engine_state.vllm import _adapter as adapter
+from engine_state.vllm._residency import Residency
 
 logger = logging.getLogger("engine_state.vllm")
 
@@ -103,6 +109,7 @@ class EngineStateHook:
         "_tokens_checked",
         "_clock",
         "_thread",
+        "residency",
     )
 
     def __init__(
@@ -140,6 +147,8 @@ class EngineStateHook:
         self._tokens_checked = False
         self._clock = clock
         self._thread: int | None = None  # the scheduler thread, from the first schedule()
+        #: Cache residency (None: off, or this engine cannot be tracked).
+        self.residency: Residency | None = None
 
     # -- called by the wrapped scheduler methods (always on its thread) --------
 
@@ -147,16 +156,20 @@ class EngineStateHook:
         if self._thread is None:
             self._thread = threading.get_ident()
         self.step += 1
-        if self._incremental is not None and output is not None:
-            preempted = adapter.preempted_in(output)
-            if preempted:
-                self._mark_volatile(scheduler, preempted)
+        residency = self.residency
+        if output is not None and (self._incremental is not None or residency is not None):
+            if self._incremental is not None:
+                preempted = adapter.preempted_in(output)
+                if preempted:
+                    self._mark_volatile(scheduler, preempted)
             admitted = adapter.admitted_in(output)
             if admitted:
                 requests = adapter.requests_by_id(scheduler)
-                self._incremental.forget_running(
-                    [requests[i] for i in admitted if i in requests]
-                )
+                objects = [requests[i] for i in admitted if i in requests]
+                if self._incremental is not None:
+                    self._incremental.forget_running(objects)
+                if residency is not None:
+                    residency.note(objects)
         self.maybe_capture(scheduler)
 
     def after_update(self, scheduler: Any, outputs: Any = None) -> None:
@@ -193,6 +206,10 @@ class EngineStateHook:
         now = self._clock() if now is None else now
         self.totals = totals = self._capture_requests(scheduler, running, now)
         blocks_total, blocks_free = adapter.block_counts(scheduler)
+        # The digest first: the snapshot published next names its version
+        # (docs/FORMAT.md, "Cache residency").
+        if self.residency is not None:
+            self.residency.capture(scheduler, blocks_total)
         totals.publish(
             self.publisher,
             step=self.step,
@@ -203,6 +220,15 @@ class EngineStateHook:
         self.busy = totals.busy
         self.last_capture_ns = now
         self.captures += 1
+
+    @property
+    def cache_digest(self) -> list[int] | None:
+        """The residency digest as of the last capture (ascending router block
+        hashes), or None when residency is off for this engine."""
+        residency = self.residency
+        if residency is None or residency.tracker is None:
+            return None
+        return residency.blocks
 
     def _capture_requests(self, scheduler: Any, running: Any, now: int) -> _RequestTotals:
         """The request-dependent fields: incrementally, cross-checked by a
@@ -253,6 +279,8 @@ class EngineStateHook:
         try:
             self.capture(scheduler, flags=FLAG_SHUTTING_DOWN)
         finally:
+            if self.residency is not None:
+                self.residency.stop()
             self.publisher.close()
 
     def fail(self, scheduler: Any, error: BaseException, where: str) -> None:
@@ -266,6 +294,8 @@ class EngineStateHook:
             error,
             exc_info=error,
         )
+        if self.residency is not None:
+            self.residency.stop()
         try:
             if getattr(scheduler, HOOK_ATTR, None) is self:
                 delattr(scheduler, HOOK_ATTR)
@@ -279,8 +309,8 @@ class EngineStateHook:
     def _check_tokens(self, running: Any, waiting: list) -> None:
         """Once per engine, with a request at hand: is ``len(_all_token_ids)``
         this vLLM's ``num_tokens``? If not, read the property instead."""
-        request = running[0] if len(running) else next(
-            (r for queue in waiting for r in queue), None
+        request = (
+            running[0] if len(running) else next((r for queue in waiting for r in queue), None)
         )
         if request is None:
             return
@@ -300,6 +330,24 @@ class EngineStateHook:
             self._incremental = None
 
 
+def start_residency(scheduler: Any, publisher: Any) -> Residency | None:
+    """Cache residency for ``scheduler``'s engine, or None (off, or the
+    engine cannot be tracked: warned once). An error here leaves the
+    snapshots alone."""
+    try:
+        return Residency.start(scheduler, publisher)
+    except Exception as error:
+        logger.warning(
+            "engine-state: engine %r publishes no cache residency after an error: %s: %s; "
+            "its snapshots are published as usual",
+            publisher.engine_id,
+            type(error).__name__,
+            error,
+            exc_info=error,
+        )
+        return None
+
+
 def attach(scheduler: Any, preempted_status: Any) -> EngineStateHook | None:
     """Starts publishing ``scheduler``'s state (called at the end of its
     ``__init__``). Returns None when the kill switch is set."""
@@ -311,6 +359,7 @@ def attach(scheduler: Any, preempted_status: Any) -> EngineStateHook | None:
         hook = EngineStateHook(
             publisher, preempted_status, incremental=adapter.waiting_cache_safe(scheduler)
         )
+        hook.residency = start_residency(scheduler, publisher)
         hook.capture(scheduler)
     except BaseException:
         publisher.close()

@@ -1,0 +1,737 @@
+//! `engine_state._native._ResidencyTracker`: which 512-token router blocks
+//! one vLLM engine holds in its prefix cache, for the cache-residency digest
+//! (docs/VLLM.md, "Cache residency").
+//!
+//! A router block is *held* when every one of its KV blocks is in the block
+//! pool's cached-hash map (in use, or free and not yet evicted: a request
+//! with that prefix would hit) and so is every block before it (vLLM's
+//! prefix lookup stops at the first miss). The tracker keeps one entry per
+//! router block whose own KV blocks are cached, keyed by vLLM's block hashes
+//! (`Request.block_hashes`, each a chained hash over the whole prefix up to
+//! its block): the hash at a 512-token boundary names one token prefix, so it
+//! maps to the one router hash (`engine_state_shm_format::blocks`) computed
+//! from that prefix's tokens. A request that reaches a boundary whose vLLM
+//! hash is already mapped (a prefix hit, a resumed preemption) adopts the
+//! router hash: each router block is hashed once while it stays cached.
+//!
+//! What it reads: at each capture the running requests (their block-hash
+//! list's length and, only when it grew past a boundary, the tokens to hash),
+//! and once more the requests that left `running` since the last capture or
+//! that `note` reported admitted (a request can be admitted and finish
+//! between two captures), through a strong reference held until then.
+//! Evictions: `verify` mode checks every KV block of every entry in the
+//! cached-hash map at each capture; `evictions` mode checks only the entries
+//! whose KV blocks `note_allocation` saw leave the free queue (the pool's
+//! `get_new_blocks` evicts only blocks it takes from the queue's head), and
+//! everything when the map itself was replaced (`reset_prefix_cache`) or
+//! `note_all_suspect` says so.
+//!
+//! It knows no vLLM attribute name of its own: the adapter
+//! (`engine_state/vllm/_adapter.py`) passes them in.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
+
+use engine_state_shm_format::blocks::{next_block_hash, BLOCK_TOKENS, CHAIN_SEED};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyString};
+
+use crate::incremental::ByAddress;
+
+/// vLLM's cached-hash map key: a block hash with its KV cache group id.
+type Key = Box<[u8]>;
+
+/// Hashes a key by its first eight bytes: vLLM's block hashes are hash
+/// outputs (sha256 by default), already uniform.
+#[derive(Default)]
+struct PrefixHasher(u64);
+
+impl Hasher for PrefixHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut word = [0u8; 8];
+        let n = bytes.len().min(8);
+        word[..n].copy_from_slice(&bytes[..n]);
+        self.0 = (self.0 ^ u64::from_le_bytes(word)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type ByKey<V> = HashMap<Key, V, BuildHasherDefault<PrefixHasher>>;
+
+/// One router block whose KV blocks were all cached at the last check.
+struct Entry {
+    /// Position in the prompt: 0 for the first 512 tokens.
+    depth: u32,
+    /// The router hash of the block before it (`CHAIN_SEED` at depth 0).
+    parent: u64,
+    /// The capture that last saw a request reach it.
+    last_used: u64,
+    /// Its KV blocks' cached-map keys, in order (the last one is the
+    /// boundary's).
+    keys: Vec<Key>,
+    /// The same keys as Python bytes (verify mode only: looked up at every
+    /// capture, their hashes computed once).
+    py_keys: Vec<Py<PyBytes>>,
+}
+
+/// What the tracker knows of one request it follows.
+struct Followed {
+    request: Py<PyAny>,
+    /// Its block-hash list (vLLM assigns it once, in `Request.__init__`, and
+    /// changes it in place only), or None when it is not a list (then read
+    /// at each capture).
+    hashes: Option<Py<PyList>>,
+    /// Not keyed by tokens alone (LoRA, multimodal, cache salt, prompt
+    /// embeddings): left out.
+    excluded: bool,
+    /// Router blocks of the request already mapped to entries.
+    done: usize,
+    /// The router hash of its last mapped block (`CHAIN_SEED` for none).
+    parent: u64,
+    /// The capture that last found it in `running`.
+    seen: u64,
+    /// The cached-map keys of its next router block already found cached
+    /// while it runs (its blocks are in use then: never evicted), so that a
+    /// chunked prefill checks each KV block once.
+    pending: Vec<Key>,
+    /// The key after `pending`, found not cached yet (kept: its hash is
+    /// computed once).
+    blocked: Option<Py<PyBytes>>,
+}
+
+/// How evictions are followed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Verify,
+    Evictions,
+}
+
+#[pyclass(module = "engine_state._native", name = "_ResidencyTracker")]
+pub(crate) struct ResidencyTracker {
+    kv_block_size: usize,
+    /// KV blocks per router block.
+    per_block: usize,
+    suffix: Vec<u8>,
+    mode: Mode,
+    block_hashes_attr: Py<PyString>,
+    tokens_attr: Py<PyString>,
+    computed_attr: Py<PyString>,
+    namespace_attrs: Vec<Py<PyString>>,
+    next_attr: Py<PyString>,
+    hash_attr: Py<PyString>,
+    /// Router hash -> entry.
+    entries: HashMap<u64, Entry>,
+    /// Every KV key of every entry -> the entry's router hash.
+    by_key: ByKey<u64>,
+    /// Requests followed, by object address (the strong reference keeps the
+    /// address from being reused).
+    followed: ByAddress<Followed>,
+    /// Entries to re-check (evictions mode).
+    suspects: HashSet<u64>,
+    all_suspect: bool,
+    /// The address of the cached-hash map seen at the last capture.
+    map_addr: usize,
+    /// This capture may take a running request's computed blocks as cached
+    /// without looking them up (evictions mode, when no eviction outside
+    /// `get_new_blocks` was reported: those take only free blocks).
+    trust_running: bool,
+    epoch: u64,
+    digest: Vec<u64>,
+    /// The router hashes in `digest`.
+    held_set: HashSet<u64>,
+    /// Entries whose parent is not held (not in the digest).
+    orphans: usize,
+    /// Entries added and whether one was removed since the last derive.
+    added: Vec<u64>,
+    removed: bool,
+    held: usize,
+    changed: bool,
+    hash_calls: u64,
+    adopted: u64,
+    lookups: u64,
+}
+
+#[pymethods]
+impl ResidencyTracker {
+    /// `kv_block_size`: the engine's KV block size in tokens (must divide
+    /// 512). `group_suffix`: the bytes vLLM appends to a block hash for the
+    /// cache's one KV cache group. `mode`: "verify" or "evictions".
+    /// `namespace_attrs`: request attributes that, when neither None nor an
+    /// empty sequence, mean the request's KV is not keyed by tokens alone.
+    /// `next_attr`/`hash_attr`: a free-queue block's link to the next one and
+    /// its cached-map key (evictions mode).
+    #[new]
+    #[pyo3(signature = (*, kv_block_size, group_suffix, mode, block_hashes_attr, tokens_attr, computed_attr, namespace_attrs, next_attr, hash_attr))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        kv_block_size: usize,
+        group_suffix: Vec<u8>,
+        mode: &str,
+        block_hashes_attr: &str,
+        tokens_attr: &str,
+        computed_attr: &str,
+        namespace_attrs: Vec<String>,
+        next_attr: &str,
+        hash_attr: &str,
+    ) -> PyResult<ResidencyTracker> {
+        if kv_block_size == 0 || BLOCK_TOKENS % kv_block_size != 0 {
+            return Err(PyValueError::new_err(format!(
+                "a KV block size of {kv_block_size} tokens does not divide the router block \
+                 ({BLOCK_TOKENS} tokens): residency cannot be tracked"
+            )));
+        }
+        let mode = match mode {
+            "verify" => Mode::Verify,
+            "evictions" => Mode::Evictions,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "unknown residency mode {other:?}: use \"verify\" or \"evictions\""
+                )))
+            }
+        };
+        let intern = |name: &str| PyString::intern(py, name).unbind();
+        Ok(ResidencyTracker {
+            kv_block_size,
+            per_block: BLOCK_TOKENS / kv_block_size,
+            suffix: group_suffix,
+            mode,
+            block_hashes_attr: intern(block_hashes_attr),
+            tokens_attr: intern(tokens_attr),
+            computed_attr: intern(computed_attr),
+            namespace_attrs: namespace_attrs.iter().map(|n| intern(n)).collect(),
+            next_attr: intern(next_attr),
+            hash_attr: intern(hash_attr),
+            entries: HashMap::new(),
+            by_key: ByKey::default(),
+            followed: ByAddress::default(),
+            suspects: HashSet::new(),
+            all_suspect: false,
+            map_addr: 0,
+            trust_running: false,
+            epoch: 0,
+            digest: Vec::new(),
+            held_set: HashSet::new(),
+            orphans: 0,
+            added: Vec::new(),
+            removed: false,
+            held: 0,
+            changed: false,
+            hash_calls: 0,
+            adopted: 0,
+            lookups: 0,
+        })
+    }
+
+    /// Requests `schedule()` just moved into `running`: followed (from their
+    /// first block again) until the next capture at least, even if they
+    /// finish before it.
+    fn note(&mut self, requests: &Bound<'_, PyAny>) -> PyResult<()> {
+        for request in requests.try_iter()? {
+            let request = request?;
+            let followed = self.follow(&request)?;
+            followed.done = 0;
+            followed.parent = CHAIN_SEED;
+            followed.pending.clear();
+            followed.blocked = None;
+        }
+        Ok(())
+    }
+
+    /// Evictions mode: `count` blocks are about to be taken from the head of
+    /// the free queue (`first`: the head's first block); the entries they
+    /// were cached under become suspects.
+    fn note_allocation(&mut self, first: &Bound<'_, PyAny>, count: usize) -> PyResult<()> {
+        let next = self.next_attr.bind(first.py());
+        let hash = self.hash_attr.bind(first.py());
+        let mut block = first.clone();
+        for _ in 0..count {
+            let key = block.getattr(hash)?;
+            if !key.is_none() {
+                if let Ok(bytes) = key.downcast::<PyBytes>() {
+                    if let Some(&router) = self.by_key.get(bytes.as_bytes()) {
+                        self.suspects.insert(router);
+                    }
+                }
+            }
+            let following = block.getattr(next)?;
+            if following.is_none() {
+                break;
+            }
+            block = following;
+        }
+        Ok(())
+    }
+
+    /// Evictions mode: the next capture checks every entry (blocks evicted
+    /// by another path, e.g. a connector's `evict_blocks`).
+    fn note_all_suspect(&mut self) {
+        self.all_suspect = true;
+    }
+
+    /// Follows the engine up to now: checks entries against `cached` (the
+    /// pool's cached-hash map, a dict), maps the new full router blocks of
+    /// the `running` requests and of the requests followed since the last
+    /// capture, then derives the prefix-closed digest. True when the digest
+    /// changed.
+    fn capture(
+        &mut self,
+        running: &Bound<'_, PyAny>,
+        cached: &Bound<'_, PyDict>,
+    ) -> PyResult<bool> {
+        self.epoch += 1;
+        let epoch = self.epoch;
+        let mut dirty = self.check(cached)?;
+        let py = running.py();
+        let list = running.downcast::<PyList>()?;
+        let hashes_attr = self.block_hashes_attr.clone_ref(py).into_bound(py);
+        let mut seen = 0;
+        for request in list.iter() {
+            let address = request.as_ptr() as usize;
+            // The common case, a request with no new full router block: one
+            // map lookup, one attribute read, one len().
+            if let Some(followed) = self.followed.get_mut(&address) {
+                if followed.seen != epoch {
+                    followed.seen = epoch;
+                    seen += 1;
+                }
+                if followed.excluded {
+                    continue;
+                }
+                let available = match &followed.hashes {
+                    Some(list) => list.bind(py).len(),
+                    None => request.getattr(&hashes_attr)?.len()?,
+                };
+                if available / self.per_block <= followed.done {
+                    continue;
+                }
+            } else {
+                self.follow(&request)?.seen = epoch;
+                seen += 1;
+            }
+            let mut followed = self.followed.remove(&address).expect("followed");
+            dirty |= self.advance(&mut followed, &request, cached, true)?;
+            self.followed.insert(address, followed);
+        }
+        if seen < self.followed.len() {
+            let gone: Vec<usize> = self
+                .followed
+                .iter()
+                .filter(|(_, f)| f.seen != epoch)
+                .map(|(&a, _)| a)
+                .collect();
+            for address in gone {
+                let mut followed = self.followed.remove(&address).expect("followed");
+                let request = followed.request.clone_ref(py).into_bound(py);
+                // Its blocks may be free now: check every one.
+                followed.pending.clear();
+                followed.blocked = None;
+                dirty |= self.advance(&mut followed, &request, cached, false)?;
+            }
+        }
+        self.changed = dirty;
+        if dirty {
+            self.derive();
+        }
+        Ok(dirty)
+    }
+
+    /// The held router blocks (prefix-closed), ascending, as of the last
+    /// capture, at most `capacity` of them: when more are held, those
+    /// nearest the prompt's start first, then the most recently used
+    /// (`held` counts them all).
+    #[pyo3(signature = (capacity=None))]
+    fn blocks(&self, capacity: Option<usize>) -> Vec<u64> {
+        match capacity {
+            Some(capacity) if capacity < self.digest.len() => self.cut(capacity),
+            _ => self.digest.clone(),
+        }
+    }
+
+    /// Router blocks held at the last capture.
+    #[getter]
+    fn held(&self) -> usize {
+        self.held
+    }
+
+    /// Router blocks whose own KV blocks are cached (held or not: a block
+    /// whose predecessor was evicted is not held).
+    #[getter]
+    fn entries(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True when the last capture changed the digest.
+    #[getter]
+    fn changed(&self) -> bool {
+        self.changed
+    }
+
+    /// Router blocks hashed so far (each hashes 512 tokens).
+    #[getter]
+    fn hash_calls(&self) -> u64 {
+        self.hash_calls
+    }
+
+    /// Router blocks a request reached that were already mapped (no hashing).
+    #[getter]
+    fn adopted(&self) -> u64 {
+        self.adopted
+    }
+
+    /// Cached-map lookups so far.
+    #[getter]
+    fn lookups(&self) -> u64 {
+        self.lookups
+    }
+
+    /// Requests currently followed.
+    #[getter]
+    fn followed(&self) -> usize {
+        self.followed.len()
+    }
+
+    #[getter]
+    fn kv_block_size(&self) -> usize {
+        self.kv_block_size
+    }
+
+    /// Forgets everything (the next capture starts from the running requests).
+    fn clear(&mut self) {
+        self.entries.clear();
+        self.by_key.clear();
+        self.followed.clear();
+        self.suspects.clear();
+        self.digest.clear();
+        self.held_set.clear();
+        self.orphans = 0;
+        self.added.clear();
+        self.removed = false;
+        self.held = 0;
+    }
+}
+
+impl ResidencyTracker {
+    /// The followed state of `request`, created if new.
+    fn follow(&mut self, request: &Bound<'_, PyAny>) -> PyResult<&mut Followed> {
+        let address = request.as_ptr() as usize;
+        if !self.followed.contains_key(&address) {
+            let excluded = self.excluded(request)?;
+            let hashes = request
+                .getattr(self.block_hashes_attr.bind(request.py()))?
+                .downcast_into::<PyList>()
+                .ok()
+                .map(Bound::unbind);
+            self.followed.insert(
+                address,
+                Followed {
+                    request: request.clone().unbind(),
+                    hashes,
+                    excluded,
+                    done: 0,
+                    parent: CHAIN_SEED,
+                    seen: 0,
+                    pending: Vec::new(),
+                    blocked: None,
+                },
+            );
+        }
+        Ok(self.followed.get_mut(&address).expect("inserted"))
+    }
+
+    /// True when the request's KV is not keyed by its tokens alone.
+    fn excluded(&self, request: &Bound<'_, PyAny>) -> PyResult<bool> {
+        for name in &self.namespace_attrs {
+            let Ok(value) = request.getattr(name.bind(request.py())) else {
+                continue;
+            };
+            if value.is_none() {
+                continue;
+            }
+            if let Ok(list) = value.downcast::<PyList>() {
+                if list.is_empty() {
+                    continue;
+                }
+            }
+            if let Ok(text) = value.downcast::<PyString>() {
+                if text.to_str()?.is_empty() {
+                    continue;
+                }
+            }
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// Drops the entries whose KV blocks left the cached map; true when one did.
+    fn check(&mut self, cached: &Bound<'_, PyDict>) -> PyResult<bool> {
+        let address = cached.as_ptr() as usize;
+        let everything = self.mode == Mode::Verify || self.all_suspect || address != self.map_addr;
+        self.map_addr = address;
+        self.all_suspect = false;
+        self.trust_running = !everything;
+        let candidates: Vec<u64> = if everything {
+            self.suspects.clear();
+            self.entries.keys().copied().collect()
+        } else {
+            self.suspects.drain().collect()
+        };
+        let py = cached.py();
+        let mut gone = Vec::new();
+        for router in candidates {
+            let Some(entry) = self.entries.get(&router) else {
+                continue;
+            };
+            let mut all = true;
+            for (i, key) in entry.keys.iter().enumerate() {
+                self.lookups += 1;
+                let found = match entry.py_keys.get(i) {
+                    Some(py_key) => cached.contains(py_key.bind(py))?,
+                    None => cached.contains(PyBytes::new(py, key))?,
+                };
+                if !found {
+                    all = false;
+                    break;
+                }
+            }
+            if !all {
+                gone.push(router);
+            }
+        }
+        let dirty = !gone.is_empty();
+        for router in gone {
+            self.remove(router);
+        }
+        Ok(dirty)
+    }
+
+    fn remove(&mut self, router: u64) {
+        if let Some(entry) = self.entries.remove(&router) {
+            for key in &entry.keys {
+                self.by_key.remove(key);
+            }
+            self.removed = true;
+        }
+    }
+
+    /// Maps the request's full router blocks past those already mapped, as
+    /// far as they are cached; true when an entry was added.
+    fn advance(
+        &mut self,
+        followed: &mut Followed,
+        request: &Bound<'_, PyAny>,
+        cached: &Bound<'_, PyDict>,
+        running: bool,
+    ) -> PyResult<bool> {
+        if followed.excluded {
+            return Ok(false);
+        }
+        let py = request.py();
+        let hashes = match &followed.hashes {
+            Some(list) => list.bind(py).clone().into_any(),
+            None => request.getattr(self.block_hashes_attr.bind(py))?,
+        };
+        let mut kv_blocks = hashes.len()?;
+        if running {
+            // vLLM caches a running request's blocks as it schedules them:
+            // none past its computed tokens.
+            let computed: usize = request.getattr(self.computed_attr.bind(py))?.extract()?;
+            kv_blocks = kv_blocks.min(computed / self.kv_block_size);
+        }
+        let available = kv_blocks / self.per_block;
+        if available <= followed.done {
+            return Ok(false);
+        }
+        let m = self.per_block;
+        let mut added = false;
+        while followed.done < available {
+            let depth = followed.done;
+            let boundary = hashes.get_item((depth + 1) * m - 1)?;
+            let boundary_key = self.key_of(&boundary)?;
+            if let Some(&router) = self.by_key.get(&boundary_key[..]) {
+                let entry = self.entries.get_mut(&router).expect("keys name entries");
+                if entry.depth as usize == depth && entry.parent == followed.parent {
+                    entry.last_used = self.epoch;
+                    self.adopted += 1;
+                    followed.pending.clear();
+                    followed.blocked = None;
+                    followed.parent = router;
+                    followed.done += 1;
+                    continue;
+                }
+                // A vLLM hash names one prefix, so this cannot happen; should
+                // it, the entry is not trusted.
+                self.remove(router);
+            }
+            // Not mapped: are all its KV blocks cached?
+            let mut keys = std::mem::take(&mut followed.pending);
+            // vLLM caches a running request's blocks when it schedules them,
+            // and they are in use (allocation evicts free blocks only): no
+            // lookup needed then, except for the router block's last KV
+            // block. vLLM caches only up to the tokens known at schedule
+            // time, so a block its last decoded token completed since (under
+            // async scheduling, before the next schedule) is full but not yet
+            // cached; the blocks before it were completed, and cached, by an
+            // earlier schedule.
+            let trusted = running && self.trust_running;
+            let last = (depth + 1) * m - 1;
+            for i in depth * m + keys.len()..(depth + 1) * m {
+                let key = match hashes.downcast::<PyList>() {
+                    // SAFETY: i < kv_blocks <= the list's length, read under
+                    // the GIL with no Python code run since (bytes compare in C).
+                    Ok(list) => self.key_of(&unsafe { list.get_item_unchecked(i) })?,
+                    Err(_) => self.key_of(&hashes.get_item(i)?)?,
+                };
+                if !trusted || i == last {
+                    let py_key = match followed.blocked.take() {
+                        Some(py_key) => py_key.into_bound(py),
+                        None => PyBytes::new(py, &key),
+                    };
+                    self.lookups += 1;
+                    if !cached.contains(&py_key)? {
+                        if running {
+                            followed.pending = keys;
+                            followed.blocked = Some(py_key.unbind());
+                        }
+                        return Ok(added);
+                    }
+                }
+                keys.push(key);
+            }
+            let tokens = request.getattr(self.tokens_attr.bind(py))?;
+            let block = read_tokens(&tokens, depth * BLOCK_TOKENS)?;
+            let router = next_block_hash(followed.parent, &block);
+            self.hash_calls += 1;
+            // The same prefix under other vLLM hashes (cannot happen with
+            // one hash seed): one entry.
+            self.remove(router);
+            for key in &keys {
+                self.by_key.insert(key.clone(), router);
+            }
+            let py_keys = if self.mode == Mode::Verify {
+                keys.iter()
+                    .map(|key| PyBytes::new(py, key).unbind())
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            self.added.push(router);
+            self.entries.insert(
+                router,
+                Entry {
+                    depth: depth as u32,
+                    parent: followed.parent,
+                    last_used: self.epoch,
+                    keys,
+                    py_keys,
+                },
+            );
+            added = true;
+            followed.parent = router;
+            followed.done += 1;
+        }
+        Ok(added)
+    }
+
+    /// The cached-map key of one vLLM block hash (bytes): hash + group suffix.
+    fn key_of(&self, hash: &Bound<'_, PyAny>) -> PyResult<Key> {
+        let bytes = hash.downcast::<PyBytes>()?.as_bytes();
+        let mut key = Vec::with_capacity(bytes.len() + self.suffix.len());
+        key.extend_from_slice(bytes);
+        key.extend_from_slice(&self.suffix);
+        Ok(key.into_boxed_slice())
+    }
+
+    /// The prefix-closed set: an entry is held when its parent is (depth 0:
+    /// always).
+    fn derive(&mut self) {
+        let added = std::mem::take(&mut self.added);
+        if !self.removed && self.orphans == 0 {
+            // Additions only, each after its parent: the digest grows.
+            let mut grown = true;
+            for router in &added {
+                let Some(entry) = self.entries.get(router) else {
+                    continue;
+                };
+                if entry.depth == 0 || self.held_set.contains(&entry.parent) {
+                    if self.held_set.insert(*router) {
+                        let at = self.digest.partition_point(|h| h < router);
+                        self.digest.insert(at, *router);
+                    }
+                } else {
+                    grown = false;
+                    break;
+                }
+            }
+            if grown {
+                self.held = self.digest.len();
+                return;
+            }
+        }
+        self.removed = false;
+        let mut by_depth: Vec<(u32, u64, u64)> = self
+            .entries
+            .iter()
+            .map(|(&router, e)| (e.depth, router, e.parent))
+            .collect();
+        by_depth.sort_unstable();
+        let mut held: HashSet<u64> = HashSet::with_capacity(by_depth.len());
+        for (depth, router, parent) in by_depth {
+            if depth == 0 || held.contains(&parent) {
+                held.insert(router);
+            }
+        }
+        let mut digest: Vec<u64> = held.iter().copied().collect();
+        digest.sort_unstable();
+        self.held = digest.len();
+        self.orphans = self.entries.len() - self.held;
+        self.digest = digest;
+        self.held_set = held;
+    }
+
+    /// The overflow rule (docs/FORMAT.md, "Cache residency"): by depth
+    /// ascending, then most recently used first; prefix-closed because every
+    /// block's parent is shallower.
+    fn cut(&self, capacity: usize) -> Vec<u64> {
+        let mut ranked: Vec<(u32, std::cmp::Reverse<u64>, u64)> = self
+            .digest
+            .iter()
+            .map(|router| {
+                let entry = &self.entries[router];
+                (entry.depth, std::cmp::Reverse(entry.last_used), *router)
+            })
+            .collect();
+        ranked.sort_unstable();
+        let mut kept: Vec<u64> = ranked.into_iter().take(capacity).map(|r| r.2).collect();
+        kept.sort_unstable();
+        kept
+    }
+}
+
+/// The 512 token ids from `start` of a request's token list.
+fn read_tokens(tokens: &Bound<'_, PyAny>, start: usize) -> PyResult<Vec<u32>> {
+    let mut block = Vec::with_capacity(BLOCK_TOKENS);
+    if let Ok(list) = tokens.downcast::<PyList>() {
+        if start + BLOCK_TOKENS > list.len() {
+            return Err(PyValueError::new_err(format!(
+                "a request's token list has {} tokens, fewer than its block hashes cover",
+                list.len()
+            )));
+        }
+        for i in start..start + BLOCK_TOKENS {
+            // SAFETY: i < the length checked above; nothing in this loop
+            // runs Python code that could shrink the list.
+            let item = unsafe { list.get_item_unchecked(i) };
+            block.push(item.extract::<u32>()?);
+        }
+    } else {
+        for i in start..start + BLOCK_TOKENS {
+            block.push(tokens.get_item(i)?.extract::<u32>()?);
+        }
+    }
+    Ok(block)
+}
