@@ -33,6 +33,7 @@ use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use engine_state_shm_format::blocks::{next_block_hash, BLOCK_TOKENS, CHAIN_SEED};
+use engine_state_shm_format::{cut_prefix_closed, DigestEntry};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
@@ -697,16 +698,22 @@ impl ResidencyTracker {
     /// ascending, then most recently used first; prefix-closed because every
     /// block's parent is shallower.
     fn cut(&self, capacity: usize) -> Vec<u64> {
-        let mut ranked: Vec<(u32, std::cmp::Reverse<u64>, u64)> = self
+        // The format's overflow rule (docs/FORMAT.md, "Capacity and
+        // overflow"); the digest is in hash order, so ties keep hash order.
+        let mut entries: Vec<DigestEntry> = self
             .digest
             .iter()
-            .map(|router| {
-                let entry = &self.entries[router];
-                (entry.depth, std::cmp::Reverse(entry.last_used), *router)
+            .map(|&hash| {
+                let entry = &self.entries[&hash];
+                DigestEntry {
+                    hash,
+                    depth: entry.depth,
+                    last_used: entry.last_used,
+                }
             })
             .collect();
-        ranked.sort_unstable();
-        let mut kept: Vec<u64> = ranked.into_iter().take(capacity).map(|r| r.2).collect();
+        cut_prefix_closed(&mut entries, capacity);
+        let mut kept: Vec<u64> = entries.into_iter().map(|e| e.hash).collect();
         kept.sort_unstable();
         kept
     }
