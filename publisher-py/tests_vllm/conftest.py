@@ -8,6 +8,8 @@ import os
 import sys
 import tempfile
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(__file__))
 
 from vllm_harness import set_cpu_environment  # noqa: E402
@@ -19,3 +21,23 @@ os.environ["AGENTIC_ENGINE_STATE_URI"] = f"file://{STATE_DIR}"
 os.environ["AGENTIC_ENGINE_STATE_PERIOD_MS"] = "2"
 for name in ("AGENTIC_WORKER_ID", "AGENTIC_ENGINE_STATE_DISABLE"):
     os.environ.pop(name, None)
+
+
+@pytest.fixture(scope="module")
+def loaded_plugin():
+    """The engine_state plugin, loaded through vLLM's ``load_general_plugins()``
+    as EngineCore loads it; uninstalled afterwards unless it was installed
+    before (test_contract's baseline runs without it)."""
+    import vllm.plugins
+    import vllm.v1.core.sched.scheduler as sched_module
+
+    import engine_state.vllm as hook_pkg
+    from engine_state.vllm import _patch
+
+    installed_before = hook_pkg.is_installed(sched_module)
+    vllm.plugins.plugins_loaded = False
+    vllm.plugins.load_general_plugins()
+    assert hook_pkg.is_installed(sched_module)
+    yield sched_module
+    if not installed_before:
+        _patch.uninstall(sched_module)

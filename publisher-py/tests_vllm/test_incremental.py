@@ -121,24 +121,8 @@ class Workload:
         )
 
 
-@pytest.fixture(scope="module")
-def plugin():
-    import vllm.plugins
-    import vllm.v1.core.sched.scheduler as sched_module
-
-    from engine_state.vllm import _patch
-
-    installed_before = hook_pkg.is_installed(sched_module)
-    vllm.plugins.plugins_loaded = False
-    vllm.plugins.load_general_plugins()
-    assert hook_pkg.is_installed(sched_module)
-    yield sched_module
-    if not installed_before:  # leave vLLM as found (test_contract's baseline runs without)
-        _patch.uninstall(sched_module)
-
-
 @pytest.mark.parametrize("name", list(SCENARIOS))
-def test_incremental_capture_equals_full_capture_at_every_boundary(name, plugin, monkeypatch):
+def test_incremental_capture_equals_full_capture_at_every_boundary(name, loaded_plugin, monkeypatch):
     from vllm.v1.request import RequestStatus
 
     async_scheduling, policy, depth, seed = SCENARIOS[name]

@@ -328,22 +328,6 @@ def compare(digest: set[int], held: set[int], oracle: ResidencyOracle, kind: str
     return True
 
 
-@pytest.fixture(scope="module")
-def plugin():
-    import vllm.plugins
-    import vllm.v1.core.sched.scheduler as sched_module
-
-    from engine_state.vllm import _patch
-
-    installed_before = hook_pkg.is_installed(sched_module)
-    vllm.plugins.plugins_loaded = False
-    vllm.plugins.load_general_plugins()
-    assert hook_pkg.is_installed(sched_module)
-    yield sched_module
-    if not installed_before:
-        _patch.uninstall(sched_module)
-
-
 def run(async_scheduling: bool, seed: int, steps: int = STEPS) -> dict:
     """Drives one scheduler for ``steps`` loop iterations (EngineCore.step,
     or step_with_batch_queue with async scheduling: one step in flight)."""
@@ -509,7 +493,7 @@ def run(async_scheduling: bool, seed: int, steps: int = STEPS) -> dict:
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
-def test_published_digest_equals_vllms_block_pool_at_every_capture(name, plugin, monkeypatch):
+def test_published_digest_equals_vllms_block_pool_at_every_capture(name, loaded_plugin, monkeypatch):
     async_scheduling, mode, seed = SCENARIOS[name]
     monkeypatch.setenv(_residency.MODE_ENV, mode)  # read when the scheduler is built
     started = time.monotonic()

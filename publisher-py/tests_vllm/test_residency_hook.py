@@ -21,7 +21,6 @@ import random
 import pytest
 from vllm_harness import build_scheduler, fake_output, make_request
 
-import engine_state.vllm as hook_pkg
 from engine_state import block_hashes
 from engine_state.vllm import _hook
 
@@ -63,24 +62,8 @@ def expected_digest(scheduler, prompts: list[list[int]]) -> set[int]:
     return held
 
 
-@pytest.fixture(scope="module")
-def plugin():
-    import vllm.plugins
-    import vllm.v1.core.sched.scheduler as sched_module
-
-    from engine_state.vllm import _patch
-
-    installed_before = hook_pkg.is_installed(sched_module)
-    vllm.plugins.plugins_loaded = False
-    vllm.plugins.load_general_plugins()
-    assert hook_pkg.is_installed(sched_module)
-    yield sched_module
-    if not installed_before:  # leave vLLM as found (test_contract's baseline runs without)
-        _patch.uninstall(sched_module)
-
-
 @pytest.mark.parametrize("mode", ["evictions", "verify"])
-def test_the_digest_is_what_vllms_prefix_lookup_would_hit(mode, plugin, monkeypatch):
+def test_the_digest_is_what_vllms_prefix_lookup_would_hit(mode, loaded_plugin, monkeypatch):
     monkeypatch.setenv("AGENTIC_ENGINE_STATE_RESIDENCY", mode)
     scheduler, _ = build_scheduler(
         False,
