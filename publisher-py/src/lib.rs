@@ -24,6 +24,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<router::Decision>()?;
     m.add_class::<router::Reservation>()?;
     m.add_function(wrap_pyfunction!(router::block_hashes, m)?)?;
+    m.add_function(wrap_pyfunction!(router::default_cache_capacity, m)?)?;
+    m.add(
+        "BLOCK_TOKENS",
+        engine_state_shm_format::blocks::BLOCK_TOKENS,
+    )?;
     m.add_class::<capture::RequestCapture>()?;
     m.add_class::<totals::Totals>()?;
     m.add_class::<incremental::IncrementalCapture>()?;

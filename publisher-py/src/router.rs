@@ -384,3 +384,11 @@ impl Reservation {
 pub(crate) fn block_hashes(tokens: Vec<u32>) -> Vec<u64> {
     engine_state_router::block_hashes(&tokens)
 }
+
+/// The default capacity of an engine's cache digest for `publish_cache`:
+/// `gpu_blocks_total x kv_block_size / BLOCK_TOKENS`, at most the entries a
+/// digest may hold (docs/FORMAT.md, "Capacity and overflow").
+#[pyfunction]
+pub(crate) fn default_cache_capacity(gpu_blocks_total: u64, kv_block_size: u64) -> usize {
+    engine_state_shm_format::default_cache_capacity(gpu_blocks_total, kv_block_size)
+}

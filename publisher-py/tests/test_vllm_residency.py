@@ -301,3 +301,24 @@ def test_the_eviction_wrap_reports_only_blocks_it_takes(shm_uri, module):
     assert len(blocks) == 3 and pool.get_num_free_blocks() == free - 3
     hook_of(scheduler).close(scheduler)
     assert "get_new_blocks" not in pool.__dict__
+
+
+def test_a_kv_cache_larger_than_a_digest_holds_is_capped_not_fatal(shm_uri, module):
+    """The capacity is the format's default (engine_state.default_cache_capacity):
+    at most the entries a digest may hold. Computed without that bound, a huge
+    KV cache asked the publisher for more and turned residency off."""
+    scheduler = make(module)
+    hook = hook_of(scheduler)
+    hook.period_ns = 0
+    scheduler.add_request(Request("a", 0, max_tokens=2, tokens=tokens(3, BLOCK + 10)))
+    while scheduler.has_requests():
+        step(scheduler)
+    residency = hook.residency
+    published = residency.published
+    huge = 10**12  # KV blocks: 16 x 10^12 tokens
+    residency.capture(scheduler, huge)
+    assert residency.tracker is not None, "residency turned itself off"
+    capacity = engine_state.default_cache_capacity(huge, KV)
+    assert residency.capacity == capacity < huge * KV // BLOCK
+    assert residency.published == published + 1  # rewritten at the new capacity
+    assert engine_state.default_cache_capacity(256, KV) == 256 * KV // BLOCK

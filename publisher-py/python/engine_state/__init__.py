@@ -9,6 +9,7 @@ The vLLM hook is the subpackage :mod:`engine_state.vllm` (a vLLM plugin).
 """
 
 from engine_state._native import (
+    BLOCK_TOKENS,
     FIELD_NAMES,
     FLAG_IDLE,
     FLAG_SHUTTING_DOWN,
@@ -24,9 +25,11 @@ from engine_state._native import (
     Router,
     __version__,
     block_hashes,
+    default_cache_capacity,
 )
 
 __all__ = [
+    "BLOCK_TOKENS",
     "FIELD_NAMES",
     "FLAG_IDLE",
     "FLAG_SHUTTING_DOWN",
@@ -42,4 +45,5 @@ __all__ = [
     "Router",
     "__version__",
     "block_hashes",
+    "default_cache_capacity",
 ]

@@ -6,6 +6,7 @@ from types import TracebackType
 from typing import Any, TypedDict, final
 
 __all__ = [
+    "BLOCK_TOKENS",
     "Decision",
     "EngineIdInUse",
     "EngineState",
@@ -21,8 +22,10 @@ __all__ = [
     "Router",
     "__version__",
     "block_hashes",
+    "default_cache_capacity",
 ]
 
+BLOCK_TOKENS: int
 FIELD_NAMES: list[str]
 FLAG_IDLE: int
 FLAG_SHUTTING_DOWN: int
@@ -138,6 +141,7 @@ class Reader:
     def uri(self) -> str: ...
 
 def block_hashes(tokens: Sequence[int]) -> list[int]: ...
+def default_cache_capacity(gpu_blocks_total: int, kv_block_size: int) -> int: ...
 
 @final
 class Decision:

@@ -68,6 +68,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from engine_state._native import BLOCK_TOKENS
+
 logger = logging.getLogger("engine_state.vllm")
 
 #: vLLM versions this module was read from and the contract test runs against.
@@ -140,8 +142,6 @@ BLOCK_HASHES = "block_hashes"  # Request's
 NAMESPACE_ATTRS = ("lora_request", "mm_features", "cache_salt", "prompt_embeds")
 #: The suffix ``make_block_hash_with_group_id`` appends for group 0.
 GROUP_0_SUFFIX = (0).to_bytes(4, "big", signed=False)
-#: The router block (``engine_state_shm_format::blocks::BLOCK_TOKENS``).
-ROUTER_BLOCK_TOKENS = 512
 
 _EMPTY: tuple = ()
 
@@ -319,8 +319,8 @@ def residency_block_size(scheduler: Any) -> tuple[int | None, str]:
     hash_block_size = int(getattr(scheduler, HASH_BLOCK_SIZE, block_size))
     if hash_block_size != block_size:
         return None, f"its block hashes cover {hash_block_size} tokens, its KV blocks {block_size}"
-    if block_size <= 0 or ROUTER_BLOCK_TOKENS % block_size:
-        return None, f"its KV block size ({block_size} tokens) does not divide 512"
+    if block_size <= 0 or BLOCK_TOKENS % block_size:
+        return None, f"its KV block size ({block_size} tokens) does not divide {BLOCK_TOKENS}"
     if not isinstance(cached_block_map(scheduler), dict):
         return None, "its block pool has no cached-hash dict"
     return block_size, ""

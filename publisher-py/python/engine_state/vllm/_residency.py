@@ -18,7 +18,7 @@ import logging
 import os
 from typing import Any
 
-from engine_state._native import _ResidencyTracker
+from engine_state._native import _ResidencyTracker, default_cache_capacity
 from engine_state.vllm import _adapter as adapter
 
 logger = logging.getLogger("engine_state.vllm")
@@ -151,14 +151,13 @@ class Residency:
             changed = tracker.capture(
                 adapter.running(scheduler), adapter.cached_block_map(scheduler)
             )
-            capacity = gpu_blocks_total * tracker.kv_block_size // adapter.ROUTER_BLOCK_TOKENS
+            capacity = default_cache_capacity(gpu_blocks_total, tracker.kv_block_size)
             if not changed and capacity == self.capacity and self.started:
                 return
             self.started = True
             self.capacity = capacity
             self.held = tracker.held
-            if getattr(self._publisher, "publish_cache", None) is not None:
-                self._publish(tracker.blocks(capacity), self.held, capacity)
+            self._publish(tracker.blocks(capacity), self.held, capacity)
         except Exception as error:
             self.fail(error, "capture")
 
@@ -190,10 +189,8 @@ class Residency:
         return [] if tracker is None else tracker.blocks(self.capacity)
 
     def _publish(self, blocks: list, held: int, capacity: int) -> None:
-        # Publisher.publish_cache (docs/FORMAT.md, "Cache residency"); a
-        # build without it (before the digest file existed) only tracks.
-        publish_cache = getattr(self._publisher, "publish_cache", None)
-        if publish_cache is not None and publish_cache(blocks, held, capacity):
+        # Publisher.publish_cache (docs/FORMAT.md, "Cache residency").
+        if self._publisher.publish_cache(blocks, held, capacity):
             self.published += 1
 
     def stop(self) -> None:
