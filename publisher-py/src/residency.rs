@@ -548,6 +548,7 @@ impl ResidencyTracker {
             return Ok(false);
         }
         let m = self.per_block;
+        let list = hashes.downcast::<PyList>().ok();
         let mut added = false;
         while followed.done < available {
             let depth = followed.done;
@@ -581,11 +582,9 @@ impl ResidencyTracker {
             let trusted = running && self.trust_running;
             let last = (depth + 1) * m - 1;
             for i in depth * m + keys.len()..(depth + 1) * m {
-                let key = match hashes.downcast::<PyList>() {
-                    // SAFETY: i < kv_blocks <= the list's length, read under
-                    // the GIL with no Python code run since (bytes compare in C).
-                    Ok(list) => self.key_of(&unsafe { list.get_item_unchecked(i) })?,
-                    Err(_) => self.key_of(&hashes.get_item(i)?)?,
+                let key = match &list {
+                    Some(list) => self.key_of(&list.get_item(i)?)?,
+                    None => self.key_of(&hashes.get_item(i)?)?,
                 };
                 if !trusted || i == last {
                     let py_key = match followed.blocked.take() {
@@ -729,11 +728,10 @@ fn read_tokens(tokens: &Bound<'_, PyAny>, start: usize) -> PyResult<Vec<u32>> {
                 list.len()
             )));
         }
+        // Checked reads: an item that is not an int runs Python code
+        // (`__index__`) that could shrink the list.
         for i in start..start + BLOCK_TOKENS {
-            // SAFETY: i < the length checked above; nothing in this loop
-            // runs Python code that could shrink the list.
-            let item = unsafe { list.get_item_unchecked(i) };
-            block.push(item.extract::<u32>()?);
+            block.push(list.get_item(i)?.extract::<u32>()?);
         }
     } else {
         for i in start..start + BLOCK_TOKENS {
