@@ -440,7 +440,8 @@ impl RedisSource {
                 self.apply_values(&probing, &mut replies, now)?;
             }
         }
-        self.fetch_digests(deadline)
+        self.fetch_digests(deadline);
+        Ok(())
     }
 
     /// Applies the `SREM` of `ids`: removed from the registry, they leave

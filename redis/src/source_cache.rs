@@ -7,6 +7,12 @@
 //! more round trip after the records' (the version is only known once the
 //! record is read), and only when some engine needs it: a fleet whose
 //! digests did not move reads no digest bytes.
+//!
+//! A digest that cannot be had is that engine's fault only: the records this
+//! refresh read stay read. A refused `GETRANGE` (`NOPERM`, ...) is reported
+//! like a damaged value; a connection that fails during the digests' round
+//! trip is dropped (a reply may be half read), and those engines' digests
+//! are fetched again with the next refresh, which reconnects.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -18,6 +24,7 @@ use super::{Class, RedisSource};
 use crate::error::Error;
 use crate::fetch::{decode_fetched_cache, CacheRefused, CACHE_FETCH_END};
 use crate::schema::cache_key;
+use crate::target::query_by;
 
 /// What a source holds of one engine's digest.
 #[derive(Debug, Default)]
@@ -39,6 +46,9 @@ struct Failed {
     every_read: bool,
     /// The refresh that found it.
     found_at: u64,
+    /// The fetch itself failed (the connection, not the value): fetched
+    /// again with the next refresh.
+    retry: bool,
 }
 
 /// Why an engine's digest is not used, as [`crate::EngineView::cache_fault`]
@@ -69,7 +79,10 @@ impl CacheSlot {
     fn wants(&self, generation: u64, version: u64) -> bool {
         version != 0
             && self.digest(generation, version).is_none()
-            && self.failed.as_ref().is_none_or(|f| f.version != version)
+            && self
+                .failed
+                .as_ref()
+                .is_none_or(|f| f.retry || f.version != version)
     }
 
     /// What to report with the read after refresh number `refresh`, for a
@@ -87,10 +100,11 @@ impl CacheSlot {
 
 impl RedisSource {
     /// Fetches the digests the records just read name and this source does
-    /// not hold (one round trip, none when no digest moved).
-    pub(super) fn fetch_digests(&mut self, deadline: Instant) -> Result<(), Error> {
+    /// not hold (one round trip, none when no digest moved). Never fails the
+    /// refresh: what goes wrong is the engines' fault (module docs).
+    pub(super) fn fetch_digests(&mut self, deadline: Instant) {
         if !self.cache_digests {
-            return Ok(());
+            return;
         }
         let wanted: Vec<(Arc<str>, u64, u64)> = self
             .live
@@ -106,7 +120,7 @@ impl RedisSource {
             })
             .collect();
         if wanted.is_empty() {
-            return Ok(());
+            return;
         }
         let mut request = Vec::new();
         for (id, _, _) in &wanted {
@@ -116,8 +130,31 @@ impl RedisSource {
                 .arg(CACHE_FETCH_END)
                 .write_packed_command(&mut request);
         }
-        let replies = self.query(&request, wanted.len(), None, deadline)?;
         let refresh = self.refreshes;
+        let con = self.con.as_mut().expect("connected before fetch");
+        let replies = match query_by(con, &request, wanted.len(), deadline) {
+            Ok(replies) => replies,
+            Err(error) => {
+                let error: Error = self.target.error("cannot fetch cache digests", &error);
+                // A reply may be half read: the next refresh reconnects
+                // (without a backoff: the records' round trip worked).
+                self.con = None;
+                for (id, _, version) in wanted {
+                    let key = cache_key(self.target.prefix(), &id);
+                    if let Some(engine) = self.engines.get_mut(&id) {
+                        engine.cache.failed = Some(Failed {
+                            version,
+                            key,
+                            what: format!("{error}; fetched again with the next read"),
+                            every_read: false,
+                            found_at: refresh,
+                            retry: true,
+                        });
+                    }
+                }
+                return;
+            }
+        };
         for ((id, generation, version), reply) in wanted.into_iter().zip(replies) {
             let Some(engine) = self.engines.get_mut(&id) else {
                 continue;
@@ -136,6 +173,10 @@ impl RedisSource {
                 Value::ServerError(e) if e.code() == "WRONGTYPE" => Err(damaged(
                     "the key holds a list, hash, set or other non-string type".to_owned(),
                 )),
+                Value::ServerError(e) => Err(damaged(format!(
+                    "the server refused GETRANGE ({e}); a Redis user that reads digests needs \
+                     read access to the <prefix>cache:* keys (docs/REDIS.md, \"Key schema\")"
+                ))),
                 other => Err(damaged(format!("unexpected reply {other:?}"))),
             };
             let slot = &mut engine.cache;
@@ -151,10 +192,10 @@ impl RedisSource {
                         what: refused.what,
                         every_read: refused.damaged,
                         found_at: refresh,
+                        retry: false,
                     });
                 }
             }
         }
-        Ok(())
     }
 }

@@ -5,6 +5,9 @@
 //! a reader with digests fetches a value only when the record's
 //! `cache_version` moved, and what is not a digest is that engine's error.
 
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -288,5 +291,133 @@ fn a_bad_or_missing_digest_value_is_the_engines_error() {
         "a missing digest: once per version"
     );
     assert!(later.get("b").unwrap().cache.is_none());
+    publisher.close();
+}
+
+/// A Redis user that may read the records but not the digest keys: each
+/// engine's digest is its error; every record is still read (the whole
+/// read failed on the refused `GETRANGE`).
+#[test]
+fn a_reader_refused_the_digest_keys_still_reads_every_record() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "no-digests",
+            "on",
+            ">nd-pw-314",
+            "~ac:engine*",
+            "+@all",
+        ])
+        .query(&mut con)
+        .unwrap();
+    let mut publisher = start_publisher(&server.uri("?prefix=ac:"), "a", 20).unwrap();
+    publisher.publish_cache(&[5, 6], 2, 4).unwrap();
+    publisher.publish(Snapshot::default()).unwrap();
+    let uri = format!(
+        "redis://no-digests:nd-pw-314@127.0.0.1:{}/0?prefix=ac:",
+        server.port()
+    );
+    let mut source = digest_reader(&uri);
+    let reading = read_until(&mut *source, "a", 1);
+    let state = reading.get("a").unwrap();
+    assert!(state.is_fresh() && state.cache.is_none(), "{state:?}");
+    let errors = cache_errors(&reading);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].contains("refused GETRANGE")
+            && errors[0].contains("no permissions")
+            && errors[0].contains("ac:cache:a")
+            && !errors[0].contains("nd-pw-314"),
+        "{}",
+        errors[0]
+    );
+    publisher.close();
+}
+
+/// A TCP proxy to `127.0.0.1:upstream` that, while `stall` is set, stops
+/// forwarding a connection (both ways, for good) at the first client
+/// command naming `marker`: a server that stalls at exactly that round trip.
+fn stalling_proxy(upstream: u16, marker: &'static [u8], stall: Arc<AtomicBool>) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(mut client) = client else { return };
+            let mut server = TcpStream::connect(("127.0.0.1", upstream)).unwrap();
+            let stalled = Arc::new(AtomicBool::new(false));
+            let (mut client_out, mut server_in) =
+                (client.try_clone().unwrap(), server.try_clone().unwrap());
+            let replies_stalled = stalled.clone();
+            std::thread::spawn(move || {
+                let mut buffer = [0u8; 64 * 1024];
+                while let Ok(n @ 1..) = server_in.read(&mut buffer) {
+                    if replies_stalled.load(Ordering::SeqCst)
+                        || client_out.write_all(&buffer[..n]).is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+            let stall = stall.clone();
+            std::thread::spawn(move || {
+                let mut buffer = [0u8; 64 * 1024];
+                while let Ok(n @ 1..) = client.read(&mut buffer) {
+                    let named = buffer[..n].windows(marker.len()).any(|w| w == marker);
+                    if named && stall.load(Ordering::SeqCst) {
+                        // Hold both sockets open, silent: the reader waits
+                        // out its timeout.
+                        stalled.store(true, Ordering::SeqCst);
+                        let _keep = (client, server);
+                        std::thread::sleep(Duration::from_secs(3600));
+                        return;
+                    }
+                    if server.write_all(&buffer[..n]).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// The connection stalls during the digests' round trip (after the records
+/// were read): the records stay read, the digest is that engine's error,
+/// and the next read reconnects and fetches it (the whole read failed).
+#[test]
+fn a_connection_that_stalls_while_fetching_digests_costs_only_the_digests() {
+    let server = RedisServer::start();
+    let mut publisher = start_publisher(&server.uri("?prefix=st:"), "s", 20).unwrap();
+    publisher.publish_cache(&[7, 8, 9], 3, 4).unwrap();
+    publisher.publish(Snapshot::default()).unwrap();
+    let stall = Arc::new(AtomicBool::new(true));
+    let port = stalling_proxy(server.port(), b"st:cache:s", stall.clone());
+    let mut source = digest_reader(&format!(
+        "redis://127.0.0.1:{port}/0?prefix=st:&timeout_ms=200"
+    ));
+    let reading = read_until(&mut *source, "s", 1);
+    let state = reading.get("s").unwrap();
+    assert!(state.is_fresh() && state.cache.is_none(), "{state:?}");
+    let errors = cache_errors(&reading);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].contains("timed out") && errors[0].contains("fetched again"),
+        "{}",
+        errors[0]
+    );
+    stall.store(false, Ordering::SeqCst);
+    let mut reading = Reading::default();
+    wait_for(
+        || {
+            source.read_into(&mut reading).unwrap();
+            reading.get("s").is_some_and(|s| s.cache.is_some())
+        },
+        "the digest fetched after the stall",
+    );
+    let digest = reading.get("s").unwrap().cache.clone().unwrap();
+    assert_eq!(digest.blocks(), &[7, 8, 9]);
+    assert!(cache_errors(&reading).is_empty(), "{reading:?}");
     publisher.close();
 }
