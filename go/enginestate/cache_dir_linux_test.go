@@ -1,6 +1,7 @@
 package enginestate
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"os"
@@ -238,5 +239,23 @@ func TestCacheDirIsASibling(t *testing.T) {
 		if got := CacheDir(dir); got != want {
 			t.Errorf("CacheDir(%q) = %q, want %q", dir, got, want)
 		}
+	}
+}
+
+// A torn digest (its writer mid-write) is no error: no digest, not read
+// again while its sequence word stays put, read once the writer stores it.
+func TestDirRetriesATornDigestOnceItsSequenceMoves(t *testing.T) {
+	_, enginePath, digestPath := cacheFixture(t, "e0", 7, 3, "cache/file_mid_write.bin")
+	d := openCacheDir(t, filepath.Dir(enginePath), true)
+	now := loadManifest(t).NowMonoNs
+	for i := 0; i < 2; i++ {
+		if e, errs := readOne(t, d, now); e.Status != Fresh || e.Cache != nil || len(errs) != 0 {
+			t.Fatalf("torn: %+v, errors %v", e, errs)
+		}
+	}
+	seq := vectorFile(t, "cache/file_mid_write.bin")[digestSeqOffset:][:8]
+	writeAt(t, digestPath, digestSeqOffset, le64(binary.LittleEndian.Uint64(seq)+1)) // the write completes
+	if e, errs := readOne(t, d, now); e.Cache == nil || e.Cache.Len() != 5 || len(errs) != 0 {
+		t.Fatalf("after the write: %+v, errors %v", e.Cache, errs)
 	}
 }
