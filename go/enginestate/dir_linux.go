@@ -18,6 +18,10 @@ type Options struct {
 	// RescanInterval: how often the directory is listed again to find new,
 	// removed and replaced engines (default 250 ms).
 	RescanInterval time.Duration
+	// CacheDigests: read each engine's cache digest (docs/FORMAT.md, "Cache
+	// residency") into EngineState.Cache (default off: a reader that does
+	// not route by cache pays nothing for it). See Dir.
+	CacheDigests bool
 }
 
 // DefaultOptions are the Rust reader's defaults.
@@ -48,6 +52,17 @@ const (
 // new file is picked up without waiting for the listing. A file truncated
 // under its mapping reads torn until the next listing, which opens it again
 // and reports it in Reading.Errors. Not safe for concurrent use.
+//
+// With Options.CacheDigests each read also hands out the engine's cache
+// digest (EngineState.Cache) while the engine is Fresh: the file
+// <dir>.cache/<id> (CacheDir) is mapped at the first snapshot that names a
+// digest, read again only when the snapshot's cache_version moves past the
+// version held (a compare per engine otherwise), and opened again when its
+// writer replaced it (retired it), or it is of another generation. A digest
+// that cannot be used is that engine's error (class CorruptCache; the
+// engine's state is still read, with Cache nil): a damaged digest at every
+// read while the snapshot names it, a missing one once. A torn digest read
+// is no error: it is read again once its sequence word changes.
 type Dir struct {
 	path     string
 	opts     Options
@@ -59,6 +74,7 @@ type Dir struct {
 type entry struct {
 	id     string
 	file   *File
+	cache  cacheSlot
 	writer Liveness
 	// lateAfter: a heartbeat older than this makes the reader check the pid.
 	lateAfter time.Duration
@@ -99,7 +115,7 @@ func (d *Dir) Path() string { return d.path }
 // Close unmaps every file. The Dir must not be used afterwards.
 func (d *Dir) Close() error {
 	for _, e := range d.engines {
-		e.file.Close()
+		e.close()
 	}
 	d.engines = nil
 	return nil
@@ -126,9 +142,15 @@ func (d *Dir) ReadAt(out *Reading, nowMonoNs uint64) error {
 	}
 	for _, e := range d.engines {
 		out.Engines = append(out.Engines, EngineState{})
-		e.read(d.path, nowMonoNs, &d.opts, &out.Engines[len(out.Engines)-1])
+		state := &out.Engines[len(out.Engines)-1]
+		e.read(d.path, nowMonoNs, &d.opts, state)
 		if e.aheadStamp != "" {
 			out.Errors = append(out.Errors, e.clockAheadError(d.path))
+		}
+		if d.opts.CacheDigests {
+			if err := e.cache.error(state.Snapshot.CacheVersion); err != nil {
+				out.Errors = append(out.Errors, EngineError{e.id, err})
+			}
 		}
 	}
 	for _, b := range d.bad {
@@ -214,7 +236,7 @@ func (d *Dir) Rescan() error {
 				engines = append(engines, kept)
 				continue
 			}
-			kept.file.Close()
+			kept.close()
 		}
 		if kept, ok := oldBad[de.name]; ok && kept.inode == de.inode {
 			bad = append(bad, kept)
@@ -239,7 +261,7 @@ func (d *Dir) Rescan() error {
 		}
 	}
 	for _, gone := range oldEngines {
-		gone.file.Close()
+		gone.close()
 	}
 	sort.Slice(engines, func(i, j int) bool { return engines[i].id < engines[j].id })
 	sort.Slice(bad, func(i, j int) bool { return bad[i].err.Name < bad[j].err.Name })
@@ -306,6 +328,12 @@ func (e *entry) clockAheadError(dir string) EngineError {
 		Ahead: age(e.aheadBy, 0), Limit: time.Duration(e.maxAhead)}}
 }
 
+// close unmaps the entry's file and digest file.
+func (e *entry) close() {
+	e.file.Close()
+	e.cache.closeFile()
+}
+
 func (e *entry) read(dir string, now uint64, opts *Options, out *EngineState) {
 	var o observed
 	e.file.m.observe(&o, &out.Snapshot)
@@ -342,6 +370,15 @@ func (e *entry) read(dir string, now uint64, opts *Options, out *EngineState) {
 	out.CaptureAge = captureAge
 	out.Generation = e.file.header.Generation
 	out.ReadMonoNs = now
+	out.Cache = nil
+	if opts.CacheDigests {
+		// Read (when its version moved) whatever the status, so a damaged
+		// digest is reported as the Rust reader reports it; used only while
+		// the engine is fresh (docs/FORMAT.md, "Cache residency").
+		if digest := e.cache.digest(dir, e.id, out.Generation, out.Snapshot.CacheVersion); out.Status == Fresh {
+			out.Cache = digest
+		}
+	}
 }
 
 // reopenIfReplaced switches to the file now at the entry's path when it is
@@ -366,7 +403,9 @@ func (e *entry) reopenIfReplaced(dir string, now uint64) bool {
 		return false
 	}
 	e.file.Close()
+	cache := e.cache // it checks the new file's generation against its digest's
 	*e = *newEntry(file)
+	e.cache = cache
 	return true
 }
 

@@ -21,6 +21,12 @@
 //   - StateAtFetch, DecodeRecord: one Redis record, judged the way the
 //     Rust reader does (ages from the key's PTTL, no cross-host clocks).
 //   - FormatJSON: the output of `esdump --json`, byte for byte.
+//   - CacheDigest: which 512-token prompt blocks an engine's KV cache
+//     holds (docs/FORMAT.md, "Cache residency"). Options.CacheDigests
+//     makes a Dir hand out each fresh engine's digest (EngineState.Cache);
+//     BlockHashes turns a prompt's token ids into block keys and
+//     CacheDigest.LeadingBlocks finds its hit. DigestFile reads one digest
+//     file; DecodeDigestValue and DecodeFetchedCache judge a Redis value.
 //
 // Example:
 //

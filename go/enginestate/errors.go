@@ -32,6 +32,19 @@ const (
 	ClockAhead Class = "clock_ahead"
 	// IO: a system call failed (permission denied, ...).
 	IO Class = "io"
+
+	// The classes of a cache digest (docs/FORMAT.md, "Cache residency"),
+	// besides UnknownVersion, WrongSize and RefusedEntry.
+
+	// NotDigest: a digest file or value whose first 8 bytes are not "ESDIGEST".
+	NotDigest Class = "not_digest"
+	// CorruptCache: a digest whose header or contents break the format's
+	// rules; as the class of an *Error, an engine's digest that cannot be
+	// used for any reason but a torn read (its state is still read).
+	CorruptCache Class = "corrupt_cache"
+	// TornDigest: no consistent copy of a digest file within the seqlock's
+	// retry bound, or sequence 0; read it again later.
+	TornDigest Class = "torn"
 )
 
 // Error is every error of this package about a file, a directory or a Redis
@@ -51,8 +64,14 @@ type Error struct {
 	// What details the problem (CorruptHeader, RefusedEntry, ForeignValue,
 	// NoExpiry) or names the action that failed (IO).
 	What string
-	// Err is the OS error of an IO error.
+	// Err is the OS error of an IO error, or the *DigestError of a
+	// CorruptCache error whose digest was refused.
 	Err error
+	// Damaged: a CorruptCache error about a digest that is no usable digest
+	// (reported at every read while the snapshot names its version); false:
+	// none is there yet for that version (missing, of another generation,
+	// older than named: reported once).
+	Damaged bool
 }
 
 func (e *Error) Error() string {
@@ -87,6 +106,11 @@ func (e *Error) Error() string {
 		return fmt.Sprintf("Redis key %q holds an engine-state record whose age cannot be told: %s; it is not "+
 			"used. Delete the key (engine-state writers always SET it with PX ttl_ms, and a live writer writes "+
 			"it again within a period)", e.Name, e.What)
+	case e.Class == CorruptCache:
+		return fmt.Sprintf("%s: this engine's cache digest cannot be used (%s); its state is read without it "+
+			"(Cache nil). It is read again when the engine publishes its next digest; if this persists, restart "+
+			"that engine's publisher (it rewrites its digest), remove the digest so it is recreated, or turn "+
+			"digests off in this reader (Options.CacheDigests)", e.Name, e.What)
 	}
 	return fmt.Sprintf("could not %s %s: %v%s", e.What, e.Name, e.Err, ioHint(e))
 }
@@ -113,4 +137,47 @@ func ioHint(e *Error) string {
 		return "; run as a user that may read it, or choose another directory (AGENTIC_ENGINE_STATE_URI / --uri)"
 	}
 	return ""
+}
+
+// DigestError is what is wrong with one cache digest file or Redis value
+// (docs/FORMAT.md, "Cache residency", validation steps 2 to 9); its Class is
+// the golden vectors' class: NotDigest, UnknownVersion, WrongSize,
+// CorruptCache or TornDigest.
+type DigestError struct {
+	Class Class
+	// Name is the digest's path or Redis key.
+	Name string
+	// Found is the version of an UnknownVersion error (this package reads
+	// DigestLayoutVersion).
+	Found uint32
+	// Size and Expected are the size and the size the header implies
+	// (WrongSize).
+	Size, Expected int64
+	// LastSeq is the last sequence a TornDigest read saw.
+	LastSeq uint64
+	// What details a CorruptCache error.
+	What string
+}
+
+func (e *DigestError) Error() string { return e.Name + ": " + e.reason() }
+
+// reason is the message without the name.
+func (e *DigestError) reason() string {
+	switch e.Class {
+	case NotDigest:
+		return "not a cache digest (bad magic); remove it from the cache directory"
+	case UnknownVersion:
+		return fmt.Sprintf("digest layout version %d, but this build reads version %d; upgrade engine-state on "+
+			"this side (or downgrade the writer) so both use the same layout", e.Found, DigestLayoutVersion)
+	case WrongSize:
+		return fmt.Sprintf("%d bytes, but its header says %d (truncated, or not a cache digest); remove it "+
+			"(a restarted publisher creates a new one)", e.Size, e.Expected)
+	case TornDigest:
+		return fmt.Sprintf("cache digest torn (a write was in progress, sequence %d); read it again later", e.LastSeq)
+	}
+	return fmt.Sprintf("corrupt cache digest (%s); remove it (a restarted publisher creates a new one)", e.What)
+}
+
+func corruptDigest(name, what string) error {
+	return &DigestError{Class: CorruptCache, Name: name, What: what}
 }

@@ -33,7 +33,7 @@ func OpenFile(path string) (*File, error) {
 	if err := checkSize(fd, st.Size, path); err != nil {
 		return nil, err
 	}
-	m, err := mapFile(fd)
+	m, err := mapFile(fd, FileSize)
 	if err != nil {
 		return nil, &Error{Class: IO, Name: path, What: "map", Err: err}
 	}

@@ -7,13 +7,13 @@ import (
 	"unsafe"
 )
 
-// mapping is a FileSize-byte read-only shared mapping of an engine file,
-// seen as 8-byte words. Every load from it goes through guard, so that a
+// mapping is a read-only shared mapping of an engine file (FileSize bytes)
+// or of a cache digest file (its own size), seen as 8-byte words. Every load from it goes through guard, so that a
 // file truncated under the mapping cannot crash the process.
 //
 // The only unsafe code of the package is here: word turns an offset into a
 // *uint64 into the mapping. Invariants it relies on:
-//   - the mapping is FileSize bytes (the length passed to mmap) and offsets
+//   - the mapping is len(data) bytes (the length passed to mmap) and offsets
 //     are checked against it, so the word lies inside it;
 //   - mmap returns a page-aligned address and every offset is a multiple of
 //     8, so the word is 8-aligned as sync/atomic's 64-bit operations require
@@ -38,8 +38,9 @@ var hostLittleEndian = func() bool {
 	return *(*byte)(unsafe.Pointer(&x)) == 1
 }()
 
-func mapFile(fd int) (*mapping, error) {
-	data, err := syscall.Mmap(fd, 0, FileSize, syscall.PROT_READ, syscall.MAP_SHARED)
+// mapFile maps the first length bytes of fd (FileSize for an engine file).
+func mapFile(fd, length int) (*mapping, error) {
+	data, err := syscall.Mmap(fd, 0, length, syscall.PROT_READ, syscall.MAP_SHARED)
 	if err != nil {
 		return nil, err
 	}
@@ -59,6 +60,18 @@ func (m *mapping) word(off int) *uint64 {
 		panic("enginestate: word offset out of the layout")
 	}
 	return (*uint64)(unsafe.Pointer(&m.data[off]))
+}
+
+// words is the n words from byte offset off (see the invariants above: the
+// range is checked against the mapping, off is a multiple of 8).
+func (m *mapping) words(off, n int) []uint64 {
+	if off%8 != 0 || n < 0 || off+8*n > len(m.data) {
+		panic("enginestate: words out of the layout")
+	}
+	if n == 0 {
+		return nil
+	}
+	return unsafe.Slice((*uint64)(unsafe.Pointer(&m.data[off])), n)
 }
 
 // load is one relaxed-or-stronger load of the word at off (sync/atomic

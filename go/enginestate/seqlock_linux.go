@@ -96,3 +96,49 @@ func (m *mapping) readSeqlock(out *[SnapshotWords]uint64) (seq uint64, torn bool
 	*out = [SnapshotWords]uint64{}
 	return last, true
 }
+
+// readDigestSeqlock copies a digest's control words and its first count
+// entries (count bounded by capacity before it is used as a length: a torn
+// copy can hold anything) under the digest's seqlock (docs/FORMAT.md,
+// "Writing and reading a digest"): the engine file's protocol over more
+// words, with the same pairings and the same retry bound (readSpins
+// attempts back to back, then readYields each after runtime.Gosched). blocks
+// is reused across attempts and returned with the accepted copy's entries.
+// torn when no consistent copy was had within the bound, or the sequence
+// was 0 (never a digest: a zeroed file).
+func (m *mapping) readDigestSeqlock(control *[digestControlWords]uint64, capacity int, blocks []uint64) (
+	out []uint64, seq uint64, torn bool) {
+	seqWord := m.word(digestSeqOffset)
+	controlWords := m.words(digestControlOffset, digestControlWords)
+	entries := m.words(digestEntriesOffset, capacity)
+	var last uint64
+	for attempt := 0; attempt < readSpins+readYields; attempt++ {
+		s0 := atomic.LoadUint64(seqWord) // acquire, pairs with the writer's store of s+2
+		last = s0
+		if s0&1 == 0 {
+			for i := range control {
+				control[i] = atomic.LoadUint64(&controlWords[i]) // acquire: stands in for the fence before the reload
+			}
+			count := control[controlCount]
+			if count > uint64(capacity) {
+				count = uint64(capacity)
+			}
+			blocks = blocks[:0]
+			for i := 0; i < int(count); i++ {
+				blocks = append(blocks, atomic.LoadUint64(&entries[i]))
+			}
+			s1 := atomic.LoadUint64(seqWord)
+			if s0 == s1 {
+				if s0 == 0 {
+					break
+				}
+				return blocks, s0, false
+			}
+			last = s1
+		}
+		if attempt >= readSpins {
+			runtime.Gosched()
+		}
+	}
+	return blocks[:0], last, true
+}

@@ -19,6 +19,13 @@ type EngineState struct {
 	// ReadMonoNs is CLOCK_MONOTONIC when the ages were measured: a consumer
 	// that uses the state later ages it from here.
 	ReadMonoNs uint64
+	// Cache is the engine's cache digest, which 512-token prefix blocks it
+	// holds (docs/FORMAT.md, "Cache residency"): set by a Dir with
+	// Options.CacheDigests while the engine is Fresh, publishes a digest, and
+	// its digest is usable (ACTIVE, of the engine's generation); else nil.
+	// Shared between reads until its version moves: do not modify it. Its
+	// hit for a prompt: Cache.LeadingBlocks(BlockHashes(tokens)).
+	Cache *CacheDigest
 }
 
 // GPUKVUsedFrac is 1 - free/total; ok is false when no blocks were reported.

@@ -2,15 +2,21 @@
 // directory as JSON, exactly as `esdump --json` does: a small example of the
 // Go package enginestate (no cgo). Engines whose files cannot be read are
 // reported on standard error, one line each; the others are still printed.
+// With -cache ENGINE it prints that engine's cache digest instead
+// (docs/FORMAT.md, "Cache residency"): one header line, then one entry per
+// line as 16 hex digits, ascending.
 //
 //	esdump-go [--uri file:///dev/shm/agentic_engine_state] [--stale-after 2000]
+//	esdump-go [--uri ...] -cache ENGINE
 package main
 
 import (
+	"bufio"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -37,8 +43,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 	uri := flags.String("uri", "", "where the engines publish: file:///dir (default $"+uriEnv+", else "+defaultURI+")")
 	staleAfter := flags.Uint64("stale-after", 2000, "a heartbeat older than this (ms) makes an engine stale")
 	flags.Bool("json", true, "print JSON (the only output of esdump-go; accepted for esdump's flags)")
+	cache := flags.String("cache", "", "print this engine's cache digest (<dir>.cache/ENGINE): a header line, then one 16-hex entry per line")
 	if err := flags.Parse(args); err != nil {
 		return err
+	}
+	if flags.NArg() != 0 {
+		return fmt.Errorf("unexpected argument %q; esdump-go takes flags only (-h lists them)", flags.Arg(0))
 	}
 	if *staleAfter == 0 {
 		return fmt.Errorf("--stale-after must be at least 1 ms")
@@ -46,6 +56,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	dir, err := directory(*uri)
 	if err != nil {
 		return err
+	}
+	if *cache != "" {
+		return printDigest(dir, *cache, stdout)
 	}
 	opts := enginestate.DefaultOptions()
 	opts.Freshness.StaleAfter = time.Duration(*staleAfter) * time.Millisecond
@@ -65,6 +78,36 @@ func run(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stderr, "esdump-go: %s\n", printable(bad.Error()))
 	}
 	return nil
+}
+
+// printDigest prints engine id's digest file: a header line of its fields
+// (name=value), then its entries, one per line, as 16 hex digits.
+func printDigest(dir, id string, stdout io.Writer) error {
+	if ok, reason := enginestate.ValidEngineID(id); !ok {
+		return fmt.Errorf("-cache %q is not an engine id (%s): give the id of an engine publishing into %s", id, reason, dir)
+	}
+	file, err := enginestate.OpenDigestFile(filepath.Join(enginestate.CacheDir(dir), id))
+	if err != nil {
+		return err
+	}
+	defer file.Close()
+	r, err := file.Read()
+	if err != nil {
+		return err
+	}
+	state := "active"
+	if r.State == enginestate.StateRetired {
+		state = "retired"
+	}
+	out := bufio.NewWriter(stdout)
+	fmt.Fprintf(out, "engine_id=%s state=%s version=%d count=%d held=%d capacity=%d generation=%d writer_pid=%d "+
+		"kv_block_size=%d captured_mono_ns=%d captured_unix_ns=%d created_unix_ns=%d\n",
+		id, state, r.Digest.Version, r.Digest.Len(), r.Held, r.Capacity, r.Generation, r.WriterPID,
+		r.KVBlockSize, r.Digest.CapturedMonoNs, r.CapturedUnixNs, r.CreatedUnixNs)
+	for _, block := range r.Digest.Blocks {
+		fmt.Fprintf(out, "%016x\n", block)
+	}
+	return out.Flush()
 }
 
 // directory is the directory a URI names: --uri wins over the environment.

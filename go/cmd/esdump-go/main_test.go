@@ -131,3 +131,50 @@ func TestEscapesAsFormatMdSays(t *testing.T) {
 		}
 	}
 }
+
+// -cache ENGINE prints the engine's digest file: the golden file_active
+// (docs/FORMAT.md, "Cache residency"; its fields in cache/file_active.json).
+func TestCachePrintsTheDigestHeaderAndOneEntryPerLine(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	for _, d := range []string{dir, dir + ".cache"} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	vectors := filepath.Join("..", "..", "..", "format", "vectors", "cache")
+	for name, vector := range map[string]string{"e0": "file_active.bin", "bad": "file_unsorted.bin"} {
+		b, err := os.ReadFile(filepath.Join(vectors, vector))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir+".cache", name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	if err := run([]string{"--uri", "file://" + dir, "-cache", "e0"}, &stdout, &stderr); err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	want := "engine_id=e0 state=active version=3 count=5 held=5 capacity=8 generation=7 writer_pid=4242 " +
+		"kv_block_size=16 captured_mono_ns=1999750000000 captured_unix_ns=1767225612345678901 " +
+		"created_unix_ns=1767225600000000000\n"
+	for _, block := range []uint64{529658768147133005, 1021543921847717352, 9578594885378884609,
+		11424523811686388455, 15138529336586489370} {
+		want += leftPad(strconv.FormatUint(block, 16)) + "\n"
+	}
+	if stdout.String() != want {
+		t.Errorf("got\n%s\nwant\n%s", stdout.String(), want)
+	}
+	for args, message := range map[string]string{
+		"bad":    "entries 1 and 2 are not strictly ascending",
+		"absent": "no such file or directory",
+		"../e0":  "is not an engine id",
+	} {
+		err := run([]string{"--uri", "file://" + dir, "-cache", args}, &stdout, &stderr)
+		if err == nil || !strings.Contains(err.Error(), message) {
+			t.Errorf("-cache %s: %v, want %q", args, err, message)
+		}
+	}
+}
+
+func leftPad(hex string) string { return strings.Repeat("0", 16-len(hex)) + hex }
