@@ -229,3 +229,24 @@ fn a_stale_engines_digest_is_shown_and_said_stale() {
         "{stderr}"
     );
 }
+
+#[test]
+fn redis_damaged_digest_gives_its_class() {
+    let server = RedisServer::start();
+    let uri = server.uri("?prefix=cli-bad:");
+    let _publisher = espublish(&uri, "bad-e0", &["--cache-blocks", "2"]);
+    esdump_cache_ok(&uri, "bad-e0", &[]);
+    // The digest does not change, so its publisher does not write it again.
+    redis::cmd("SET")
+        .arg("cli-bad:cache:bad-e0")
+        .arg("not a digest")
+        .query::<()>(&mut server.connection())
+        .unwrap();
+    let out = esdump(&["--uri", &uri, "--cache", "bad-e0"]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("at cli-bad:cache:bad-e0 cannot be used (not_digest)"),
+        "{stderr}"
+    );
+}
