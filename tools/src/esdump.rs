@@ -8,7 +8,7 @@ use clap::Parser;
 use engine_state_reader::{open, Freshness, ReaderOptions, Reading, StateUri};
 use engine_state_settings::cli::{StaleAfterArg, UriArg};
 
-use crate::table;
+use crate::{cache_dump, table};
 
 /// Print the live state of every engine that publishes engine-state.
 ///
@@ -31,6 +31,17 @@ use crate::table;
 /// engines shown (stale and dead ones included), and KV_USED is that of the
 /// summed blocks. --wide, --sort and --filter shape the table (with --watch
 /// too) and cannot be combined with --json, whose output they never change.
+///
+/// --cache ENGINE prints that engine's cache digest (the 512-token prefix
+/// blocks it holds, docs/FORMAT.md, "Cache residency") instead: a header
+/// line (engine, status, digest version, count, held, capacity and
+/// kv_block_size where known, "-" otherwise, captured_age_ms), then one
+/// block hash per line as 16 lowercase hex digits, ascending; with --json
+/// one object with those fields and "blocks". An unknown engine, one that
+/// publishes no digest (cache_version 0) and a digest that cannot be used
+/// (its error class: not_digest, unknown_version, wrong_size,
+/// corrupt_cache, torn, refused_entry) are errors (exit status 1); a digest
+/// of an engine that is not fresh is shown, with a warning on stderr.
 #[derive(Debug, Parser)]
 #[command(name = "esdump", version)]
 pub struct Args {
@@ -62,6 +73,10 @@ pub struct Args {
     pub interval: u64,
     #[command(flatten)]
     pub stale_after: StaleAfterArg,
+    /// Print the cache digest of this engine (its id): a header line, then
+    /// one block hash per line (16 hex digits); with --json, one object.
+    #[arg(long, value_name = "ENGINE", conflicts_with_all = ["watch", "wide", "sort", "filter"])]
+    pub cache: Option<String>,
     /// With --watch: stop after this many refreshes (default: until interrupted).
     #[arg(long, hide = true)]
     pub count: Option<u64>,
@@ -89,6 +104,22 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Res
     };
     let mut source = open(&uri, options)?;
     let mut reading = Reading::default();
+    if let Some(engine) = &args.cache {
+        let id = cache_dump::engine_id_arg(engine)?;
+        source.read_into(&mut reading)?;
+        let dump = cache_dump::read(&reading, &uri, id.as_str())?;
+        if let Some(warning) = dump.warning() {
+            writeln!(err, "esdump: {warning}")?;
+        }
+        if args.json {
+            let text = serde_json::to_string_pretty(&dump).context("encoding JSON")?;
+            writeln!(out, "{text}")?;
+        } else {
+            write!(out, "{}", dump.text())?;
+        }
+        out.flush()?;
+        return Ok(());
+    }
     let mut refreshes = 0u64;
     loop {
         if let Err(e) = source.read_into(&mut reading) {

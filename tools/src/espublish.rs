@@ -9,8 +9,9 @@ use clap::Parser;
 use engine_state_publisher::{Publisher, PublisherConfig};
 use engine_state_reader::StateUri;
 use engine_state_settings::cli::UriArg;
+use engine_state_shm_format::blocks::{next_block_hash, BLOCK_TOKENS, CHAIN_SEED};
 use engine_state_shm_format::{
-    monotonic_ns, EngineId, ShmWriter, Snapshot, WriterOptions, SNAPSHOT_WORDS,
+    monotonic_ns, EngineId, ShmWriter, Snapshot, WriterOptions, MAX_DIGEST_ENTRIES, SNAPSHOT_WORDS,
 };
 
 /// Publish synthetic engine state through the real publisher.
@@ -18,6 +19,12 @@ use engine_state_shm_format::{
 /// Publishes the given fields every period until --duration runs out (or
 /// forever). --stress instead writes a self-checking payload as fast as it
 /// can: every word i of snapshot v is v*(i+1), so a reader can tell a torn copy.
+///
+/// --cache-blocks N also publishes a cache digest (docs/FORMAT.md, "Cache
+/// residency") of N blocks: the router block hashes (shm-format's
+/// block_hashes) of the token ids 0, 1, ..., N*512-1, i.e. one prompt of N
+/// full 512-token blocks, with held = N and a digest capacity of N. A
+/// router sees every prefix of that prompt as cached on this engine.
 ///
 /// SIGTERM and SIGINT (Ctrl-C) stop it cleanly: the file is retired and
 /// removed (or the Redis key deleted), so readers see the engine leave
@@ -46,6 +53,11 @@ pub struct Args {
     /// Write the self-checking stress payload as fast as possible.
     #[arg(long)]
     pub stress: bool,
+    /// Also publish a cache digest of N synthetic blocks: the router block
+    /// hashes of token ids 0..N*512 (token i is i), held N; N at most
+    /// 131072 (MAX_DIGEST_ENTRIES).
+    #[arg(long, value_name = "N", conflicts_with = "stress")]
+    pub cache_blocks: Option<usize>,
 }
 
 /// Longest `--duration`: about 31 years (longer is "until killed").
@@ -54,6 +66,7 @@ const MAX_DURATION_S: f64 = 1e9;
 /// Runs espublish.
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let snapshot = parse_fields(&args.fields)?;
+    let cache = args.cache_blocks.map(synthetic_cache_blocks).transpose()?;
     let deadline = match args.duration {
         // Bounded so the conversion and the addition cannot panic (1e20 did).
         Some(s) if (0.0..=MAX_DURATION_S).contains(&s) => {
@@ -77,10 +90,17 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     }
     let mut publisher = Publisher::start(config)?;
     let period = publisher.config().period;
+    let mut digest_note = String::new();
+    if let Some(blocks) = &cache {
+        // Before the first snapshot, so that every snapshot names it.
+        publisher.publish_cache(blocks, blocks.len() as u64, blocks.len())?;
+        digest_note = format!(" with a cache digest of {} blocks", blocks.len());
+    }
     publisher.publish(snapshot)?;
-    // Printed after the first publish: a reader that saw this line sees the fields.
+    // Printed after the first publish: a reader that saw this line sees the
+    // fields (on shared memory; Redis writes are the sink thread's).
     println!(
-        "espublish: publishing {} to {}",
+        "espublish: publishing {}{digest_note} to {}",
         publisher.engine_id(),
         publisher.config().uri
     );
@@ -163,6 +183,32 @@ pub fn is_whole_stress_payload(snapshot: &Snapshot) -> bool {
         .all(|(i, w)| *w == words[0].wrapping_mul(i as u64 + 1))
 }
 
+/// The blocks of `--cache-blocks n`: the router block hashes of the token
+/// ids `0..n * BLOCK_TOKENS` (token `i` is `i as u32`), computed one block
+/// at a time (`next_block_hash`, which is `block_hashes` block by block),
+/// so the largest digest needs no 256 MiB token list. More than
+/// [`MAX_DIGEST_ENTRIES`] is refused.
+pub fn synthetic_cache_blocks(n: usize) -> anyhow::Result<Vec<u64>> {
+    if n > MAX_DIGEST_ENTRIES {
+        bail!(
+            "--cache-blocks {n}: a cache digest holds at most {MAX_DIGEST_ENTRIES} entries \
+             (MAX_DIGEST_ENTRIES); pass at most that"
+        );
+    }
+    let mut block = vec![0u32; BLOCK_TOKENS];
+    let mut parent = CHAIN_SEED;
+    let mut hashes = Vec::with_capacity(n);
+    for b in 0..n {
+        for (offset, token) in block.iter_mut().enumerate() {
+            // At most 131072 x 512 = 2^26 tokens: every id fits a u32.
+            *token = (b * BLOCK_TOKENS + offset) as u32;
+        }
+        parent = next_block_hash(parent, &block);
+        hashes.push(parent);
+    }
+    Ok(hashes)
+}
+
 fn parse_fields(fields: &[String]) -> anyhow::Result<Snapshot> {
     let mut words = Snapshot::default().to_words();
     for field in fields {
@@ -202,6 +248,30 @@ mod tests {
             let err = parse_fields(&[bad.into()]).unwrap_err().to_string();
             assert!(err.contains(hint), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn cache_blocks_are_the_block_hashes_of_tokens_0_to_n_blocks() {
+        use engine_state_shm_format::blocks::block_hashes;
+        for n in [0usize, 1, 3] {
+            let tokens: Vec<u32> = (0..(n * BLOCK_TOKENS) as u32).collect();
+            assert_eq!(
+                synthetic_cache_blocks(n).unwrap(),
+                block_hashes(&tokens),
+                "n = {n}"
+            );
+        }
+        assert_eq!(
+            synthetic_cache_blocks(MAX_DIGEST_ENTRIES).unwrap().len(),
+            MAX_DIGEST_ENTRIES
+        );
+        let err = synthetic_cache_blocks(MAX_DIGEST_ENTRIES + 1)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--cache-blocks 131073") && err.contains("at most 131072"),
+            "{err}"
+        );
     }
 
     #[test]

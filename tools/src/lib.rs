@@ -2,11 +2,13 @@
 //!
 //! - [`esdump`]: prints every engine's live state as a table, as JSON, or as a
 //!   `top`-like view that refreshes in place.
+//! - [`cache_dump`]: `esdump --cache ENGINE`, one engine's cache digest.
 //! - [`espublish`]: publishes synthetic engine state (fixed fields, or a
 //!   self-checking stress payload) for testing readers and routers without vLLM.
 //!
 //! The binaries only parse flags and turn [`anyhow::Result`] into an exit code.
 
+pub mod cache_dump;
 pub mod esdump;
 pub mod espublish;
 mod table;
