@@ -9,6 +9,14 @@
 //! heartbeat is late; [`Relay::tick`] (every [`FULL_PASS_INTERVAL`]) reads
 //! everything: it deletes the keys of engines that left, counts errors and
 //! relays anything the polls missed.
+//!
+//! Cache digests (docs/FORMAT.md, "Cache residency"; docs/REDIS.md, "The
+//! node agent"): the reads map each engine's `<dir>.cache/<id>`, and a
+//! record whose snapshot names a digest version not relayed yet goes after
+//! that digest's value, in the same pipeline. A digest that cannot be read
+//! is that engine's error (counted, logged once), and its records are
+//! relayed with `cache_blocks` and `cache_version` 0, so that no record in
+//! Redis names a digest Redis does not hold.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -17,8 +25,12 @@ use std::time::Duration;
 use engine_state_reader::{
     EngineState, Freshness, ReaderOptions, Reading, ShmDir, Snapshot, Status, Writer,
 };
-use engine_state_redis::{InlineSink, RecordWriter, RedisRecord, RedisTarget, SinkOp, SinkStats};
-use engine_state_shm_format::{heartbeat, monotonic_ns};
+use engine_state_redis::{
+    InlineSink, RecordWriter, RedisRecord, RedisTarget, RelayWrite, SinkOp, SinkStats,
+};
+use engine_state_shm_format::{
+    encode_digest_value, heartbeat, monotonic_ns, CacheDigest, DigestRecord,
+};
 
 use crate::config::AgentConfig;
 use crate::error::Error;
@@ -57,6 +69,9 @@ pub struct Relay {
     changed: Reading,
     sender: RecordSender,
     known_errors: HashSet<String>,
+    /// Engines whose cache digest error was logged (again only once it was
+    /// read, or the engine left).
+    cache_errors_logged: HashSet<Arc<str>>,
     /// Why the last full pass could not list the directory (None: it could).
     directory_error: Option<String>,
 }
@@ -70,8 +85,9 @@ struct RecordSender {
     last_sent: HashMap<Arc<str>, SentRecord, foldhash::fast::RandomState>,
     next_seq: u64,
     snapshot_age: metrics::Histogram,
-    /// Records of the current pass, handed to the sink at once at its end.
-    batch: Vec<(Arc<str>, SinkOp)>,
+    /// Records (and the digests they name) of the current pass, handed to
+    /// the sink at once at its end.
+    batch: Vec<(Arc<str>, RelayWrite)>,
     /// A heartbeat newer than the relayed record by less than this (nine
     /// tenths of a period) is not worth a write of its own (see
     /// [`RecordSender::queue`]).
@@ -79,6 +95,10 @@ struct RecordSender {
     /// Engines of the current pass that were relayed before (when a tick
     /// counts all of `last_sent`, none left the directory).
     sent_before: usize,
+    /// A record queued this long after the engine's previous one may find
+    /// the digest key expired (records refresh it; half the key's TTL): its
+    /// digest is queued again.
+    digest_resend_ns: u64,
 }
 
 /// What was queued to the sink last for one engine.
@@ -91,6 +111,10 @@ struct SentRecord {
     /// From the file's header (fixed for a file).
     writer_pid: u32,
     publish_period_us: u32,
+    /// The version of the last cache digest queued for this run (0: none).
+    digest_version: u64,
+    /// The relay's `CLOCK_MONOTONIC` when the last record was queued.
+    queued_ns: u64,
 }
 
 /// The Redis `generation` of the records relayed from a file: its header's
@@ -142,7 +166,9 @@ impl Relay {
             // of CPU per second saved at 1024 engines. New engines are found
             // within a second; replaced files are reopened at once anyway.
             rescan_interval: RESCAN_INTERVAL,
-            cache_digests: false,
+            // Relayed with the records; nobody reads them in metrics-only
+            // mode.
+            cache_digests: config.redis.is_some(),
         };
         let shm = ShmDir::open(&config.shm_dir, options)?;
         let sink = match &config.redis {
@@ -168,8 +194,13 @@ impl Relay {
                 // jitter), not one between two publishes of a busy engine.
                 heartbeat_step_ns: heartbeat::relay_step(config.period).as_nanos() as u64,
                 sent_before: 0,
+                digest_resend_ns: config
+                    .redis
+                    .as_ref()
+                    .map_or(u64::MAX, |redis| redis.ttl().as_nanos() as u64 / 2),
             },
             known_errors: HashSet::new(),
+            cache_errors_logged: HashSet::new(),
             directory_error: None,
         })
     }
@@ -231,6 +262,7 @@ impl Relay {
             metrics::counter!(telemetry::READ_ERRORS).increment(new_errors as u64);
         }
         self.known_errors = self.reading.errors.iter().map(|e| e.name.clone()).collect();
+        self.log_cache_errors();
         self.sender.sent_before = 0;
         // Metrics-only mode: nothing to queue (and `last_sent` stays empty).
         let relayed = if self.relays() {
@@ -248,8 +280,9 @@ impl Relay {
             self.sender.last_sent.retain(|id, _| {
                 let present = reading.get(id).is_some();
                 if !present {
-                    // The writer closed (its file is gone): so does its key.
-                    batch.push((id.clone(), SinkOp::Delete));
+                    // The writer closed (its file is gone): so does its key
+                    // (and its digest key).
+                    batch.push((id.clone(), SinkOp::Delete.into()));
                     report.removed += 1;
                 }
                 present
@@ -257,6 +290,28 @@ impl Relay {
         }
         self.sender.send();
         report
+    }
+
+    /// Logs each engine's cache digest error once (until its digest is read
+    /// again, or the engine leaves): the counter counts it, and its records
+    /// are relayed without a digest meanwhile.
+    fn log_cache_errors(&mut self) {
+        let reading = &self.reading;
+        self.cache_errors_logged
+            .retain(|id| reading.get(id).is_some_and(|e| e.cache.is_none()));
+        for error in &reading.errors {
+            if let engine_state_reader::Error::CorruptCache { engine_id, .. } = &*error.error {
+                if !self.cache_errors_logged.contains(engine_id.as_str()) {
+                    tracing::warn!(
+                        "esagent: {}; meanwhile its records are relayed without a digest \
+                         (cache_blocks and cache_version 0)",
+                        error.error
+                    );
+                    self.cache_errors_logged
+                        .insert(Arc::from(engine_id.as_str()));
+                }
+            }
+        }
     }
 
     fn note_error(&mut self, text: &str) {
@@ -361,7 +416,8 @@ impl RecordSender {
                     // Deleted first (owner-checked, as a clean close: only
                     // our record), so the new run takes the key over
                     // quietly.
-                    self.batch.push((engine.engine_id.clone(), SinkOp::Delete));
+                    self.batch
+                        .push((engine.engine_id.clone(), SinkOp::Delete.into()));
                 }
                 // A new engine or a new run of it (a new file): its
                 // header, once.
@@ -371,6 +427,8 @@ impl RecordSender {
                     snapshot: engine.snapshot,
                     writer_pid: engine.writer.pid,
                     publish_period_us: engine.writer.publish_period_us,
+                    digest_version: 0,
+                    queued_ns: now,
                 };
                 match last {
                     Some(last) => *last = current,
@@ -381,18 +439,95 @@ impl RecordSender {
                 current
             }
         };
+        let snapshot = self.with_digest(engine, &current, now);
         self.next_seq += 1;
         let writer = RecordWriter {
             pid: current.writer_pid,
             publish_period_us: current.publish_period_us,
             generation: current.generation,
         };
-        let record = RedisRecord::active(writer, self.next_seq, heartbeat_mono_ns, engine.snapshot);
+        let record = RedisRecord::active(writer, self.next_seq, heartbeat_mono_ns, snapshot);
         self.batch
-            .push((engine.engine_id.clone(), SinkOp::Set(record)));
+            .push((engine.engine_id.clone(), SinkOp::Set(record).into()));
         self.snapshot_age.record(engine.capture_age.as_secs_f64());
         true
     }
+}
+
+impl RecordSender {
+    /// The snapshot to relay for `engine` (queued at `now`, `sent` being
+    /// what was queued for it before): the one read, after queueing the
+    /// digest it names when this run's digest of that version was not
+    /// queued yet (or may have expired since the previous record), so that
+    /// the digest precedes the record in the pipeline. When that digest
+    /// cannot be had (unreadable, torn, damaged: the full pass reports it),
+    /// with `cache_blocks` and `cache_version` 0: no digest, rather than a
+    /// version Redis does not hold (or an older one, which the engine no
+    /// longer vouches for).
+    fn with_digest(&mut self, engine: &EngineState, sent: &SentRecord, now: u64) -> Snapshot {
+        let mut snapshot = engine.snapshot;
+        let version = snapshot.cache_version;
+        let last = self
+            .last_sent
+            .get_mut(&engine.engine_id)
+            .expect("queued above");
+        let gap = now.saturating_sub(last.queued_ns);
+        last.queued_ns = now;
+        if gap >= self.digest_resend_ns {
+            last.digest_version = 0;
+        }
+        if version == 0 || last.digest_version >= version {
+            return snapshot;
+        }
+        // The reader hands out a digest of the file's generation, at least
+        // the version the snapshot names (a writer writes it first).
+        let value = engine
+            .cache
+            .as_deref()
+            .filter(|digest| digest.version() >= version)
+            .and_then(|digest| digest_value(engine, digest, sent).map(|v| (digest.version(), v)));
+        match value {
+            Some((digest_version, value)) => {
+                last.digest_version = digest_version;
+                self.batch
+                    .push((engine.engine_id.clone(), RelayWrite::Digest(value)));
+            }
+            None => {
+                snapshot.cache_blocks = 0;
+                snapshot.cache_version = 0;
+            }
+        }
+        snapshot
+    }
+}
+
+/// The Redis value of `digest`, read from `engine`'s digest file, for the
+/// records of `sent` (their `writer_pid` and `generation`, as docs/FORMAT.md,
+/// "On Redis" says). What the reader does not hand out is reported as a
+/// writer that does not know it would: `held` = the count (the file's is
+/// not read), `kv_block_size` 0; `captured_unix_ns` is the snapshot's
+/// `captured_unix_ns` moved back by the monotonic time between the two
+/// captures (display). None only for a digest beyond `MAX_DIGEST_ENTRIES`,
+/// which the reader refuses anyway.
+fn digest_value(
+    engine: &EngineState,
+    digest: &CacheDigest,
+    sent: &SentRecord,
+) -> Option<Arc<[u8]>> {
+    let snapshot = &engine.snapshot;
+    let since_digest = snapshot
+        .captured_mono_ns
+        .saturating_sub(digest.captured_mono_ns());
+    let record = DigestRecord {
+        writer_pid: sent.writer_pid,
+        generation: sent.generation,
+        created_unix_ns: engine.writer.created_unix_ns,
+        kv_block_size: 0,
+        captured_unix_ns: snapshot.captured_unix_ns.saturating_sub(since_digest),
+        held: digest.len() as u64,
+        digest: digest.clone(),
+    };
+    encode_digest_value(&record).ok().map(Arc::from)
 }
 
 /// The owner-checked sink to `redis`: an engine id another live process

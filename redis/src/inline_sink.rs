@@ -22,6 +22,13 @@
 //! engine id (a direct publisher of the same id): it claims each key with
 //! the owner check and leaves another live writer's key alone
 //! (`crate::encoder`).
+//!
+//! Besides ops it writes engines' cache digest values
+//! ([`RelayWrite::Digest`]), in the order given per engine: a relay queues
+//! a digest before the record that names its version, so both go in one
+//! pipeline, the digest first (docs/FORMAT.md, "On Redis"). What is kept
+//! per engine during an outage keeps that order: a delete, the newest
+//! digest, the newest record.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -32,7 +39,7 @@ use std::time::{Duration, Instant};
 use crate::backoff::Backoff;
 use crate::encoder::{hold_for, Ownership, PipelineEncoder};
 use crate::error::Error;
-use crate::ops::{AckLagObserver, SinkOp};
+use crate::ops::{AckLagObserver, RelayWrite, SinkOp};
 use crate::replies::check_replies;
 use crate::schema::RedisRecord;
 use crate::stats::{acknowledged, SinkStats};
@@ -56,7 +63,7 @@ pub struct InlineSink {
     /// The pipeline sent and not yet acknowledged: its ops and its command
     /// count (the encoder keeps the rest until the next pipeline begins,
     /// which is after these replies are collected).
-    in_flight: Vec<(Arc<str>, SinkOp)>,
+    in_flight: Vec<(Arc<str>, RelayWrite)>,
     in_flight_commands: usize,
     /// The replies of the pipeline in flight (kept for their allocation).
     replies: Vec<redis::Value>,
@@ -132,13 +139,14 @@ impl InlineSink {
     }
 
     /// Collects the replies of the previous pipeline, then writes `ops`
-    /// (emptied) and anything still pending as one pipeline, without waiting
-    /// for its replies. Call it regularly, with or without ops: it also
-    /// drives reconnection.
-    pub fn submit(&mut self, ops: &mut Vec<(Arc<str>, SinkOp)>) {
+    /// (emptied; [`SinkOp`]s or [`RelayWrite`]s, written in their order) and
+    /// anything still pending as one pipeline, without waiting for its
+    /// replies. Call it regularly, with or without ops: it also drives
+    /// reconnection.
+    pub fn submit<W: Into<RelayWrite>>(&mut self, ops: &mut Vec<(Arc<str>, W)>) {
         self.collect();
         if self.con.is_none() {
-            self.keep(ops.drain(..));
+            self.keep(ops.drain(..).map(|(id, op)| (id, op.into())));
             self.drive_connection();
             if self.con.is_none() {
                 return;
@@ -148,18 +156,16 @@ impl InlineSink {
             return;
         }
         self.encoder.begin();
-        // Kept records first, so that a newer op of the same engine in `ops`
-        // is written after them.
+        // Kept writes first, so that a newer write of the same engine in
+        // `ops` is written after them.
         for (id, pending) in std::mem::take(&mut self.pending) {
-            for op in pending.ops() {
-                self.encoder.push(&id, &op);
-                self.in_flight.push((id.clone(), op));
+            for write in pending.writes() {
+                self.push_write(id.clone(), write);
             }
         }
-        for (id, op) in ops.iter() {
-            self.encoder.push(id, op);
+        for (id, op) in ops.drain(..) {
+            self.push_write(id, op.into());
         }
-        self.in_flight.append(ops);
         let con = self.con.as_mut().expect("connected above");
         match con.send_packed_command(&self.encoder.request) {
             Ok(()) => self.in_flight_commands = self.encoder.commands,
@@ -170,6 +176,15 @@ impl InlineSink {
         }
     }
 
+    /// Appends one write to the pipeline being built.
+    fn push_write(&mut self, id: Arc<str>, write: RelayWrite) {
+        match &write {
+            RelayWrite::Op(op) => self.encoder.push(&id, op),
+            RelayWrite::Digest(value) => self.encoder.push_cache(&id, value),
+        }
+        self.in_flight.push((id, write));
+    }
+
     /// Waits until everything submitted so far is acknowledged, connecting
     /// if needed, at most `timeout` (plus one network timeout); true when
     /// nothing is left.
@@ -177,7 +192,7 @@ impl InlineSink {
         let deadline = Instant::now() + timeout;
         self.next_attempt = Instant::now();
         loop {
-            self.submit(&mut Vec::new());
+            self.submit(&mut Vec::<(Arc<str>, RelayWrite)>::new());
             self.collect();
             if self.pending.is_empty() && self.in_flight.is_empty() {
                 return true;
@@ -253,7 +268,7 @@ impl InlineSink {
 
     /// Keeps `ops` for later, each after what is pending for its engine
     /// (see [`Pending::then`]).
-    fn keep(&mut self, ops: impl IntoIterator<Item = (Arc<str>, SinkOp)>) {
+    fn keep(&mut self, ops: impl IntoIterator<Item = (Arc<str>, RelayWrite)>) {
         for (id, op) in ops {
             if self.pending.entry(id).or_default().then(op) {
                 self.stats.replaced.fetch_add(1, Ordering::Relaxed);
@@ -264,7 +279,7 @@ impl InlineSink {
     /// Keeps `ops` (oldest first; an engine may appear more than once) for
     /// later, before what is pending for their engine (see
     /// [`Pending::before`]).
-    fn keep_older(&mut self, ops: Vec<(Arc<str>, SinkOp)>) {
+    fn keep_older(&mut self, ops: Vec<(Arc<str>, RelayWrite)>) {
         for (id, op) in ops.into_iter().rev() {
             self.pending.entry(id).or_default().before(op);
         }
@@ -310,50 +325,66 @@ impl InlineSink {
     }
 }
 
-/// What is kept for one engine: a delete, then a record (either, both, in
-/// that order). A record after a delete does not replace it: the relay
-/// deletes its own record of an engine's previous run before writing the
-/// new run's, and the owner check would take that old record for another
-/// live writer's.
+/// What is kept for one engine: a delete, then a cache digest, then a
+/// record (any of them, in that order). A record after a delete does not
+/// replace it: the relay deletes its own record of an engine's previous run
+/// before writing the new run's, and the owner check would take that old
+/// record for another live writer's. A digest stays before the record: the
+/// record may name its version.
 #[derive(Debug, Default, PartialEq)]
 struct Pending {
     delete: bool,
+    digest: Option<Arc<[u8]>>,
     set: Option<RedisRecord>,
 }
 
 impl Pending {
-    /// `op` after what is pending; true when it replaced something. A
-    /// delete replaces a pending record; a record replaces a pending record
-    /// and stays after a pending delete.
-    fn then(&mut self, op: SinkOp) -> bool {
-        let had = self.delete || self.set.is_some();
-        match op {
-            SinkOp::Delete => {
-                self.delete = true;
-                self.set = None;
+    /// `write` after what is pending; true when it replaced something. A
+    /// delete replaces a pending digest and record; a record replaces a
+    /// pending record and stays after a pending delete (and digest); a
+    /// digest replaces a pending digest.
+    fn then(&mut self, write: RelayWrite) -> bool {
+        match write {
+            RelayWrite::Op(op) => {
+                let had = self.delete || self.set.is_some();
+                match op {
+                    SinkOp::Delete => {
+                        self.delete = true;
+                        self.digest = None;
+                        self.set = None;
+                    }
+                    SinkOp::Set(record) => self.set = Some(record),
+                }
+                had
             }
-            SinkOp::Set(record) => self.set = Some(record),
-        }
-        had
-    }
-
-    /// `op` before what is pending (an op of a failed pipeline, older than
-    /// those kept since): a delete goes first; a record only when nothing
-    /// newer is pending.
-    fn before(&mut self, op: SinkOp) {
-        match op {
-            SinkOp::Delete => self.delete = true,
-            SinkOp::Set(record) if !self.delete && self.set.is_none() => self.set = Some(record),
-            SinkOp::Set(_) => {}
+            RelayWrite::Digest(value) => self.digest.replace(value).is_some(),
         }
     }
 
-    /// The ops to write, in order.
-    fn ops(self) -> impl Iterator<Item = SinkOp> {
-        self.delete
-            .then_some(SinkOp::Delete)
+    /// `write` before what is pending (a write of a failed pipeline, older
+    /// than those kept since): a delete goes first; a digest or a record
+    /// only when nothing newer of its kind (nor a delete) is pending. An
+    /// older digest stays before a newer record, which may name it.
+    fn before(&mut self, write: RelayWrite) {
+        match write {
+            RelayWrite::Op(SinkOp::Delete) => self.delete = true,
+            RelayWrite::Op(SinkOp::Set(record)) if !self.delete && self.set.is_none() => {
+                self.set = Some(record)
+            }
+            RelayWrite::Digest(value) if !self.delete && self.digest.is_none() => {
+                self.digest = Some(value)
+            }
+            RelayWrite::Op(SinkOp::Set(_)) | RelayWrite::Digest(_) => {}
+        }
+    }
+
+    /// The writes to make, in order.
+    fn writes(self) -> impl Iterator<Item = RelayWrite> {
+        let delete = self.delete.then_some(RelayWrite::Op(SinkOp::Delete));
+        delete
             .into_iter()
-            .chain(self.set.map(SinkOp::Set))
+            .chain(self.digest.map(RelayWrite::Digest))
+            .chain(self.set.map(|record| RelayWrite::Op(SinkOp::Set(record))))
     }
 }
 
@@ -376,8 +407,18 @@ mod tests {
         }
     }
 
-    fn ops(pending: Pending) -> Vec<SinkOp> {
-        pending.ops().collect()
+    fn ops(pending: Pending) -> Vec<RelayWrite> {
+        pending.writes().collect()
+    }
+
+    fn set(heartbeat_seq: u64) -> RelayWrite {
+        RelayWrite::Op(SinkOp::Set(record(heartbeat_seq)))
+    }
+
+    const DELETE: RelayWrite = RelayWrite::Op(SinkOp::Delete);
+
+    fn digest(byte: u8) -> RelayWrite {
+        RelayWrite::Digest(Arc::from(&[byte][..]))
     }
 
     /// The relay's delete of its own old record, then the new run's record,
@@ -387,18 +428,18 @@ mod tests {
     #[test]
     fn a_delete_then_a_record_kept_during_an_outage_are_both_written() {
         let mut pending = Pending::default();
-        assert!(!pending.then(SinkOp::Set(record(1))));
-        assert!(pending.then(SinkOp::Delete));
-        assert!(pending.then(SinkOp::Set(record(2))));
-        assert!(pending.then(SinkOp::Set(record(3))));
-        assert_eq!(ops(pending), [SinkOp::Delete, SinkOp::Set(record(3))]);
+        assert!(!pending.then(set(1)));
+        assert!(pending.then(DELETE));
+        assert!(pending.then(set(2)));
+        assert!(pending.then(set(3)));
+        assert_eq!(ops(pending), [DELETE, set(3)]);
 
         // A later delete drops the record, not the delete.
         let mut pending = Pending::default();
-        pending.then(SinkOp::Delete);
-        pending.then(SinkOp::Set(record(1)));
-        pending.then(SinkOp::Delete);
-        assert_eq!(ops(pending), [SinkOp::Delete]);
+        pending.then(DELETE);
+        pending.then(set(1));
+        pending.then(DELETE);
+        assert_eq!(ops(pending), [DELETE]);
     }
 
     /// A failed pipeline's delete and record go back before what was kept
@@ -407,14 +448,70 @@ mod tests {
     fn a_failed_pipelines_delete_and_record_are_kept_in_order() {
         let mut pending = Pending::default();
         // `keep_older` walks the failed pipeline newest first.
-        pending.before(SinkOp::Set(record(2)));
-        pending.before(SinkOp::Delete);
-        assert_eq!(ops(pending), [SinkOp::Delete, SinkOp::Set(record(2))]);
+        pending.before(set(2));
+        pending.before(DELETE);
+        assert_eq!(ops(pending), [DELETE, set(2)]);
 
         let mut pending = Pending::default();
-        pending.then(SinkOp::Set(record(3)));
-        pending.before(SinkOp::Set(record(2)));
-        pending.before(SinkOp::Delete);
-        assert_eq!(ops(pending), [SinkOp::Delete, SinkOp::Set(record(3))]);
+        pending.then(set(3));
+        pending.before(set(2));
+        pending.before(DELETE);
+        assert_eq!(ops(pending), [DELETE, set(3)]);
+    }
+
+    /// A digest kept during an outage is written before the record kept
+    /// after it (which names its version), and after the delete of the
+    /// engine's previous run; the newest digest wins; a delete (the engine
+    /// left) drops it.
+    #[test]
+    fn a_kept_digest_stays_between_the_delete_and_the_record() {
+        let mut pending = Pending::default();
+        pending.then(DELETE);
+        assert!(!pending.then(digest(1)));
+        pending.then(set(1));
+        assert!(pending.then(digest(2)));
+        pending.then(set(2));
+        assert_eq!(ops(pending), [DELETE, digest(2), set(2)]);
+
+        let mut pending = Pending::default();
+        pending.then(digest(1));
+        pending.then(set(1));
+        pending.then(DELETE);
+        assert_eq!(ops(pending), [DELETE]);
+    }
+
+    /// A failed pipeline's digest goes back before a newer record kept
+    /// since (it may name that digest), unless a newer digest or a delete
+    /// is kept.
+    #[test]
+    fn a_failed_pipelines_digest_is_kept_unless_something_newer_replaces_it() {
+        // Kept since: a heartbeat record naming the failed digest's version.
+        let mut pending = Pending::default();
+        pending.then(set(3));
+        pending.before(set(2));
+        pending.before(digest(1));
+        assert_eq!(ops(pending), [digest(1), set(3)]);
+
+        // Kept since: a newer digest.
+        let mut pending = Pending::default();
+        pending.then(digest(2));
+        pending.then(set(3));
+        pending.before(set(2));
+        pending.before(digest(1));
+        assert_eq!(ops(pending), [digest(2), set(3)]);
+
+        // A failed delete, digest and record of a new run, nothing since.
+        let mut pending = Pending::default();
+        pending.before(set(2));
+        pending.before(digest(1));
+        pending.before(DELETE);
+        assert_eq!(ops(pending), [DELETE, digest(1), set(2)]);
+
+        // Kept since: the engine left.
+        let mut pending = Pending::default();
+        pending.then(DELETE);
+        pending.before(set(2));
+        pending.before(digest(1));
+        assert_eq!(ops(pending), [DELETE]);
     }
 }

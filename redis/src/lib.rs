@@ -14,7 +14,8 @@
 //! - [`RedisSink`]: a thread that owns a connection and writes the latest
 //!   [`SinkOp`] of each engine, pipelined (callers hand ops over through a
 //!   [`SinkHandle`]); [`InlineSink`]: the same writes driven by the caller's
-//!   thread. Both count in [`SinkStats`].
+//!   thread, in the caller's order per engine ([`RelayWrite`]: an op or a
+//!   cache digest value). Both count in [`SinkStats`].
 //! - [`RedisSource`]: reads every engine of a prefix in one round trip per
 //!   read; the reader crate turns what it saw into engine states.
 
@@ -43,7 +44,7 @@ pub use crate::fetch::{
 };
 pub use crate::inline_sink::InlineSink;
 pub use crate::mailbox::SinkHandle;
-pub use crate::ops::{AckLagObserver, SinkOp};
+pub use crate::ops::{AckLagObserver, RelayWrite, SinkOp};
 pub use crate::redact::{is_secret_parameter, redact};
 pub use crate::replies::holder_pid;
 pub use crate::schema::{
