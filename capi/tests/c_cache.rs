@@ -15,6 +15,11 @@ fn vectors() -> PathBuf {
 /// Builds the C program; the static library is the one cargo built for
 /// this test (next to the test binary, in `deps`).
 fn build() -> (tempfile::TempDir, PathBuf) {
+    build_c("tests/c/cache_read.c", "cache_read")
+}
+
+/// Builds one C file of this repository into a fresh directory.
+fn build_c(source: &str, name: &str) -> (tempfile::TempDir, PathBuf) {
     let deps = std::env::current_exe()
         .unwrap()
         .parent()
@@ -24,13 +29,13 @@ fn build() -> (tempfile::TempDir, PathBuf) {
     assert!(lib.exists(), "{} missing", lib.display());
     let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out = tempfile::tempdir().unwrap();
-    let exe = out.path().join("cache_read");
+    let exe = out.path().join(name);
     let status = Command::new("cc")
         .args(["-std=c11", "-O1", "-g", "-Wall", "-Wextra", "-Werror"])
         .args(["-fsanitize=address,undefined", "-fno-sanitize-recover=all"])
         .arg("-I")
         .arg(crate_dir.join("include"))
-        .arg(crate_dir.join("tests/c/cache_read.c"))
+        .arg(crate_dir.join(source))
         .arg(&lib)
         .args([
             "-lgcc_s",
@@ -131,4 +136,64 @@ fn a_c_program_reads_every_cache_vector_and_reproduces_block_hashes() {
         expected.extend(hex(&case["hashes"]));
         assert_eq!(run(&exe, "hashes", &path), expected, "{}", case["name"]);
     }
+}
+
+/// A digest a Rust writer publishes in a live directory, read by the C
+/// example (`examples/c/esdump.c --cache ENGINE`, es_read_cache).
+#[test]
+fn the_c_example_reads_a_live_digest_with_es_read_cache() {
+    use engine_state_shm_format::{
+        monotonic_ns, CacheDigest, DigestOptions, DigestWriter, EngineId, ShmWriter, Snapshot,
+        WriterOptions,
+    };
+    let (_out, exe) = build_c("../examples/c/esdump.c", "esdump-c");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("engines");
+    std::fs::create_dir(&dir).unwrap();
+    let id = EngineId::new("live").unwrap();
+    let mut engine =
+        ShmWriter::create(&dir, &id, &WriterOptions::default(), &Snapshot::default()).unwrap();
+    let options = DigestOptions {
+        capacity: 4,
+        generation: engine.generation(),
+        ..DigestOptions::default()
+    };
+    let digest = CacheDigest::new(2, monotonic_ns(), vec![0xbeef, 0x1]);
+    let _digest = DigestWriter::create(&dir, &id, &options, &digest, 2, 0).unwrap();
+    engine
+        .publish(&Snapshot {
+            captured_mono_ns: monotonic_ns(),
+            cache_blocks: 2,
+            cache_version: 2,
+            ..Snapshot::default()
+        })
+        .unwrap();
+    let uri = format!("file://{}", dir.display());
+    let out = Command::new(&exe)
+        .args(["--cache", "live", &uri])
+        .env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    let header = format!(
+        "live version 2 count 2 generation {} fresh",
+        engine.generation()
+    );
+    assert_eq!(
+        lines,
+        [header.as_str(), "0000000000000001", "000000000000beef"]
+    );
+    // An engine that is not there: status 1 and the code.
+    let out = Command::new(&exe)
+        .args(["--cache", "gone", &uri])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ES_CODE_NOT_FOUND"));
 }
