@@ -14,8 +14,9 @@
  * made while another thread is inside a call on the same handle returns
  * ES_CODE_BUSY (never a data race): use one handle per thread. es_close must
  * not race with any other call on that handle. Everything else
- * (es_options_init, es_decode_record, es_code_name, es_last_error) is safe
- * from any thread.
+ * (es_options_init, es_decode_record, es_read_cache_file,
+ * es_decode_cache_value, es_block_hashes, es_code_name, es_last_error) is
+ * safe from any thread.
  *
  * Errors: every call returns an EsCode; ES_CODE_OK (0) is success. The
  * message of the calling thread's last failed call is es_last_error (kept
