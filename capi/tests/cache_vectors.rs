@@ -268,6 +268,28 @@ fn a_live_digest_is_read_with_es_read_cache_and_every_refusal_has_its_code() {
         assert_eq!(code, EsCode::NullArgument);
         es_close(source);
 
+        // A stale engine: the digest is written, the code says not to use it.
+        let uri = CString::new(format!("file://{}", dir.display())).unwrap();
+        let mut options = EsOptions::default();
+        options.read_cache_digests = 1;
+        options.stale_after_ns = 1; // every heartbeat is older than 1 ns
+        let mut stale = null_mut();
+        assert_eq!(es_open(uri.as_ptr(), &options, &mut stale), EsCode::Ok);
+        let mut all = [0u64; 3];
+        digest = EsCacheDigest::default();
+        let code = es_read_cache(
+            stale,
+            e0.as_ptr(),
+            &mut state,
+            &mut digest,
+            all.as_mut_ptr(),
+            3,
+        );
+        assert_eq!(code, EsCode::NotFresh);
+        assert_eq!((digest.count, all), (3, [10, 20, 30]));
+        assert_eq!(state.status, EsStatus::Stale);
+        es_close(stale);
+
         // A version-1 caller (32 bytes, digests on past its end) reads none.
         let old = open(&dir, true, ES_OPTIONS_V1_SIZE);
         let code = es_read_cache(old, e0.as_ptr(), null_mut(), &mut digest, null_mut(), 0);
