@@ -270,9 +270,11 @@ fn a_live_digest_is_read_with_es_read_cache_and_every_refusal_has_its_code() {
 
         // A stale engine: the digest is written, the code says not to use it.
         let uri = CString::new(format!("file://{}", dir.display())).unwrap();
-        let mut options = EsOptions::default();
-        options.read_cache_digests = 1;
-        options.stale_after_ns = 1; // every heartbeat is older than 1 ns
+        let options = EsOptions {
+            read_cache_digests: 1,
+            stale_after_ns: 1, // every heartbeat is older than 1 ns
+            ..EsOptions::default()
+        };
         let mut stale = null_mut();
         assert_eq!(es_open(uri.as_ptr(), &options, &mut stale), EsCode::Ok);
         let mut all = [0u64; 3];
