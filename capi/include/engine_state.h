@@ -14,8 +14,9 @@
  * made while another thread is inside a call on the same handle returns
  * ES_CODE_BUSY (never a data race): use one handle per thread. es_close must
  * not race with any other call on that handle. Everything else
- * (es_options_init, es_decode_record, es_code_name, es_last_error) is safe
- * from any thread.
+ * (es_options_init, es_decode_record, es_read_cache_file,
+ * es_decode_cache_value, es_block_hashes, es_code_name, es_last_error) is
+ * safe from any thread.
  *
  * Errors: every call returns an EsCode; ES_CODE_OK (0) is success. The
  * message of the calling thread's last failed call is es_last_error (kept
@@ -53,15 +54,26 @@
 // incompatibly (a new field gets a new struct or a `struct_size`, not a bump).
 #define ES_ABI_VERSION 1
 
+// Tokens per router block (docs/FORMAT.md `BLOCK_TOKENS`): a prompt of
+// `n` tokens has `n / ES_BLOCK_TOKENS` block hashes.
+#define ES_BLOCK_TOKENS 512
+
+// The most entries a digest holds (docs/FORMAT.md `MAX_DIGEST_ENTRIES`):
+// an array this long takes any digest.
+#define ES_MAX_DIGEST_ENTRIES 131072
+
 // Longest engine id, in bytes (docs/FORMAT.md `MAX_ENGINE_ID_LEN`).
 #define ES_MAX_ENGINE_ID_LEN 63
 
 // Size of `EsEngine.engine_id`: the longest id and its NUL.
 #define ES_ENGINE_ID_SIZE (ES_MAX_ENGINE_ID_LEN + 1)
 
-// `struct_size` of the first version of `EsOptions` (all fields above):
-// the smallest a library accepts.
+// `struct_size` of the first version of `EsOptions` (up to
+// `rescan_interval_ns`): the smallest a library accepts.
 #define ES_OPTIONS_V1_SIZE 32
+
+// `struct_size` of version 2 (`read_cache_digests` appended).
+#define ES_OPTIONS_V2_SIZE 40
 
 // What a call did. `ES_CODE_OK` is 0; every other value is a failure whose
 // message `es_last_error` returns. Codes from 100 up are also the class of a
@@ -76,8 +88,8 @@ enum EsCode
   // A required pointer argument was null.
   ES_CODE_NULL_ARGUMENT = 1,
   // A caller's buffer is too small: the out-count says how many engines
-  // there are, or the message says how many bytes are needed. What fits
-  // was written.
+  // (or digest entries, block hashes) there are, or the message says how
+  // many bytes are needed. What fits was written.
   ES_CODE_BUFFER_TOO_SMALL = 2,
   // The URI cannot be parsed (or names a backend this build lacks).
   ES_CODE_BAD_URI = 3,
@@ -95,10 +107,19 @@ enum EsCode
   // may still be used.
   ES_CODE_PANIC = 8,
   // This source or build cannot do that (`es_read_at` on Redis,
-  // `es_decode_record` without Redis support).
+  // `es_decode_record` without Redis support, `es_read_cache` on a
+  // source opened without `EsOptions.read_cache_digests`).
   ES_CODE_UNSUPPORTED = 9,
   // No such engine, or no per-engine error at that index.
   ES_CODE_NOT_FOUND = 10,
+  // `es_read_cache`: the engine publishes no cache digest (its snapshot's
+  // `cache_version` is 0).
+  ES_CODE_NO_CACHE = 11,
+  // `es_read_cache`: the engine's state is not fresh (stale, dead or
+  // torn). Its digest, when there is one, was written all the same, but
+  // must not be used to route (docs/FORMAT.md, "Writing and reading a
+  // digest").
+  ES_CODE_NOT_FRESH = 12,
   // Per-engine: not an engine-state file (bad magic).
   ES_CODE_NOT_ENGINE_STATE = 100,
   // Per-engine: a layout version this build does not read.
@@ -119,6 +140,17 @@ enum EsCode
   // clock to tell its age. The engine is read all the same, status
   // `ES_STATUS_STALE`: this error says why.
   ES_CODE_CLOCK_AHEAD = 108,
+  // Per-engine: the engine's cache digest cannot be used (damaged, of
+  // another digest layout version, missing while the snapshot names one,
+  // or of another generation); its state is read without it. Also the
+  // class of a digest file or value that breaks the format's rules.
+  ES_CODE_CORRUPT_CACHE = 109,
+  // A digest file or value that is not a cache digest (bad magic).
+  ES_CODE_NOT_DIGEST = 110,
+  // A cache digest with no consistent copy (a write was in progress at
+  // every attempt, a writer died mid-write, or the file is zeroed), or
+  // one being replaced: read it again later.
+  ES_CODE_TORN = 111,
   // Anything else.
   ES_CODE_OTHER = 199,
 };
@@ -127,6 +159,27 @@ enum EsCode
 typedef enum EsCode EsCode;
 #else
 typedef int32_t EsCode;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+// The `state` of a digest file or value.
+enum EsCacheState
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  // Not filled in (a default `EsCacheDigest`).
+  ES_CACHE_STATE_UNKNOWN = 0,
+  // Written by a live writer: usable (while its engine is fresh).
+  ES_CACHE_STATE_ACTIVE = 1,
+  // Its writer closed or replaced it: do not use it.
+  ES_CACHE_STATE_RETIRED = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum EsCacheState EsCacheState;
+#else
+typedef uint32_t EsCacheState;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
@@ -160,6 +213,40 @@ typedef uint32_t EsStatus;
 // returns `ES_CODE_BUSY`: use one handle per thread.
 typedef struct EsSource EsSource;
 
+// One cache digest's header and control words (docs/FORMAT.md, "The
+// digest file"); its entries, the router block hashes ascending, go into
+// the caller's array. Plain data: nothing to free.
+typedef struct EsCacheDigest {
+  // The digest version (1 or more; it moves with each published change).
+  uint64_t version;
+  // The writer's `CLOCK_MONOTONIC` at the capture, ns.
+  uint64_t captured_mono_ns;
+  // `CLOCK_REALTIME` at the capture, ns since the epoch (display); 0
+  // from `es_read_cache`.
+  uint64_t captured_unix_ns;
+  // Valid entries: the array length the entries need.
+  uint64_t count;
+  // Router blocks the engine held at the capture: `count`, or more when
+  // the digest was cut to its capacity. 0 from `es_read_cache` (the
+  // reader does not carry it).
+  uint64_t held;
+  // The generation of the engine file (Redis record) this digest
+  // belongs to: use it only with an engine of that generation.
+  uint64_t generation;
+  // When the file was created (a Redis value: when its writer's digest
+  // started), ns since the epoch; 0 from `es_read_cache`.
+  uint64_t created_unix_ns;
+  // Entries the file holds (a Redis value: `count`); 0 from `es_read_cache`.
+  uint32_t capacity;
+  // The engine's KV block size in tokens (display); 0 from `es_read_cache`.
+  uint32_t kv_block_size;
+  // The writer's pid, in its pid namespace; 0 from `es_read_cache`.
+  uint32_t writer_pid;
+  // Active or retired (`es_read_cache`: active; the reader hands out no
+  // retired digest).
+  EsCacheState state;
+} EsCacheDigest;
+
 // How a source reads and judges engines. Fill it with `es_options_init`
 // (which sets `struct_size` and the defaults), then change what you need.
 // Fields a newer library adds go at the end; it reads only the first
@@ -175,6 +262,13 @@ typedef struct EsOptions {
   // How often a source looks for new, removed and replaced engines
   // (a directory listing, or the Redis registry; default 250 ms, in ns).
   uint64_t rescan_interval_ns;
+  // Version 2. 1: each read also reads the cache digest of every engine
+  // whose snapshot names one (`es_read_cache` needs it); 0 (the
+  // default, and what a version-1 caller gets): no digests. Other
+  // values are `ES_CODE_BAD_ARGUMENT`.
+  uint32_t read_cache_digests;
+  // Version 2: zero (room for later flags).
+  uint32_t reserved;
 } EsOptions;
 
 // An engine's scheduler snapshot: the 16 words of docs/FORMAT.md
@@ -248,6 +342,64 @@ uint32_t es_abi_version(void);
 // The name of `code` as spelled in this header ("ES_CODE_BAD_URI"), or
 // "ES_CODE_UNKNOWN" for a value that is no code. A static string: never free it.
 const char *es_code_name(int32_t code);
+
+// Reads the cache digest file at `path` (`<dir>.cache/<engine_id>`) as a
+// reader does: never blocking, never following a link, validated in the
+// order of docs/FORMAT.md, "Writing and reading a digest". On success
+// `*digest` has its header and control words and `entries` the first
+// `capacity` of its `digest->count` entries (`entries = NULL, capacity =
+// 0` learns the count: `ES_CODE_BUFFER_TOO_SMALL` when it is not 0). A
+// retired file is read (`ES_CACHE_STATE_RETIRED`): a router must not use it.
+// Failures are the format's classes: `ES_CODE_REFUSED_ENTRY` (not a
+// regular file), `ES_CODE_NOT_DIGEST`, `ES_CODE_UNKNOWN_VERSION`,
+// `ES_CODE_WRONG_SIZE`, `ES_CODE_CORRUPT_CACHE`, `ES_CODE_TORN` (read it
+// again later), or `ES_CODE_IO` (it cannot be opened, e.g. missing).
+//
+// # Safety
+// `path` is NUL-terminated; `digest` is null (an error) or writable;
+// `entries` is null or has `capacity` writable `uint64_t`s.
+EsCode es_read_cache_file(const char *path,
+                          struct EsCacheDigest *digest,
+                          uint64_t *entries,
+                          size_t capacity);
+
+// Decodes the Redis value of a cache digest (`<prefix>cache:<engine_id>`,
+// `value_len` bytes as fetched with `GETRANGE key 0 1048704`) as the Redis
+// source does (docs/FORMAT.md, "On Redis"). Outputs as in
+// `es_read_cache_file` (`capacity` of the value is its `count`; its state
+// is active: any other is `ES_CODE_CORRUPT_CACHE`). Failures:
+// `ES_CODE_NOT_DIGEST`, `ES_CODE_UNKNOWN_VERSION`, `ES_CODE_WRONG_SIZE`,
+// `ES_CODE_CORRUPT_CACHE`. Use the digest only while the engine's record is
+// fresh and of the digest's `generation`.
+//
+// # Safety
+// `value` has `value_len` readable bytes (or is null with `value_len` 0);
+// `digest` is null (an error) or writable; `entries` is null or has
+// `capacity` writable `uint64_t`s.
+EsCode es_decode_cache_value(const uint8_t *value,
+                             size_t value_len,
+                             struct EsCacheDigest *digest,
+                             uint64_t *entries,
+                             size_t capacity);
+
+// The router block hashes of a prompt (docs/FORMAT.md, "Keys: router block
+// hashes"): one chained hash per full `ES_BLOCK_TOKENS`-token block of
+// `tokens` (`n_tokens` token ids; a trailing partial block has none), the
+// keys of a digest's entries. `*count` is `n_tokens / ES_BLOCK_TOKENS`;
+// `out` gets the first `out_len` hashes in prompt order (`out = NULL,
+// out_len = 0` learns the count without hashing: `ES_CODE_BUFFER_TOO_SMALL`
+// when it is not 0). A prompt's cache hit on an engine is the leading run
+// of these found in its digest.
+//
+// # Safety
+// `tokens` has `n_tokens` readable `uint32_t`s (or is null with `n_tokens`
+// 0); `out` is null or has `out_len` writable `uint64_t`s; `count` is null
+// (an error) or writable.
+EsCode es_block_hashes(const uint32_t *tokens,
+                       size_t n_tokens,
+                       uint64_t *out,
+                       size_t out_len,
+                       size_t *count);
 
 // Copies the message of the calling thread's last failed call into `buf`
 // (`size` bytes, always NUL-terminated when `size > 0`, truncated to fit)
@@ -380,6 +532,38 @@ EsCode es_engine_error(struct EsSource *source,
                        size_t name_size,
                        char *message,
                        size_t message_size);
+
+// The cache digest of engine `engine_id` from `source`, which must have
+// been opened with `EsOptions.read_cache_digests = 1` (else
+// `ES_CODE_UNSUPPORTED`). Reads the engine (into `*engine`, unless it is
+// null) and its digest: `*digest` gets the digest's version, capture
+// stamp, count and generation (the engine's), and `entries` the first
+// `capacity` of its `digest->count` entries, the router block hashes
+// ascending (`entries = NULL, capacity = 0` learns the count:
+// `ES_CODE_BUFFER_TOO_SMALL` when it is not 0; `ES_MAX_DIGEST_ENTRIES`
+// always suffices). The reader reads a digest again only when the
+// engine's `cache_version` moves, so repeated calls cost one engine read.
+//
+// Results, in this order: `ES_CODE_NOT_FOUND` (no readable engine of that
+// id); `ES_CODE_NO_CACHE` (the engine publishes no digest: `cache_version`
+// 0); `ES_CODE_CORRUPT_CACHE` (its digest cannot be used; the message
+// says why and what to do); `ES_CODE_NOT_FRESH` with no digest, or
+// `ES_CODE_TORN` (a digest being written or replaced: read again later);
+// then the digest is written, and `ES_CODE_BUFFER_TOO_SMALL` or
+// `ES_CODE_NOT_FRESH` (the engine is stale, dead or torn: the digest is
+// written but must not be used to route) or `ES_CODE_OK`. `*engine` is
+// written whenever the engine was found.
+//
+// # Safety
+// `source` is a live handle; `engine_id` is NUL-terminated; `engine` is
+// null or writable; `digest` is null (an error) or writable; `entries` is
+// null or has `capacity` writable `uint64_t`s.
+EsCode es_read_cache(struct EsSource *source,
+                     const char *engine_id,
+                     struct EsEngine *engine,
+                     struct EsCacheDigest *digest,
+                     uint64_t *entries,
+                     size_t capacity);
 
 #ifdef __cplusplus
 }  // extern "C"

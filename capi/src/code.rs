@@ -4,6 +4,7 @@
 use std::ffi::c_char;
 
 use engine_state_reader::{Error, FormatError};
+use engine_state_shm_format::DigestError;
 
 /// What a call did. `ES_CODE_OK` is 0; every other value is a failure whose
 /// message `es_last_error` returns. Codes from 100 up are also the class of a
@@ -16,8 +17,8 @@ pub enum EsCode {
     /// A required pointer argument was null.
     NullArgument = 1,
     /// A caller's buffer is too small: the out-count says how many engines
-    /// there are, or the message says how many bytes are needed. What fits
-    /// was written.
+    /// (or digest entries, block hashes) there are, or the message says how
+    /// many bytes are needed. What fits was written.
     BufferTooSmall = 2,
     /// The URI cannot be parsed (or names a backend this build lacks).
     BadUri = 3,
@@ -35,10 +36,19 @@ pub enum EsCode {
     /// may still be used.
     Panic = 8,
     /// This source or build cannot do that (`es_read_at` on Redis,
-    /// `es_decode_record` without Redis support).
+    /// `es_decode_record` without Redis support, `es_read_cache` on a
+    /// source opened without `EsOptions.read_cache_digests`).
     Unsupported = 9,
     /// No such engine, or no per-engine error at that index.
     NotFound = 10,
+    /// `es_read_cache`: the engine publishes no cache digest (its snapshot's
+    /// `cache_version` is 0).
+    NoCache = 11,
+    /// `es_read_cache`: the engine's state is not fresh (stale, dead or
+    /// torn). Its digest, when there is one, was written all the same, but
+    /// must not be used to route (docs/FORMAT.md, "Writing and reading a
+    /// digest").
+    NotFresh = 12,
     /// Per-engine: not an engine-state file (bad magic).
     NotEngineState = 100,
     /// Per-engine: a layout version this build does not read.
@@ -59,6 +69,17 @@ pub enum EsCode {
     /// clock to tell its age. The engine is read all the same, status
     /// `ES_STATUS_STALE`: this error says why.
     ClockAhead = 108,
+    /// Per-engine: the engine's cache digest cannot be used (damaged, of
+    /// another digest layout version, missing while the snapshot names one,
+    /// or of another generation); its state is read without it. Also the
+    /// class of a digest file or value that breaks the format's rules.
+    CorruptCache = 109,
+    /// A digest file or value that is not a cache digest (bad magic).
+    NotDigest = 110,
+    /// A cache digest with no consistent copy (a write was in progress at
+    /// every attempt, a writer died mid-write, or the file is zeroed), or
+    /// one being replaced: read it again later.
+    Torn = 111,
     /// Anything else.
     Other = 199,
 }
@@ -70,6 +91,7 @@ impl EsCode {
         use engine_state_reader::redis::Error as RedisError;
         match error {
             Error::BadUri { .. } => EsCode::BadUri,
+            Error::CorruptCache { .. } => EsCode::CorruptCache,
             Error::Directory { .. } => EsCode::Directory,
             Error::ClockAhead { .. } => EsCode::ClockAhead,
             Error::Format(format) => match format {
@@ -79,6 +101,7 @@ impl EsCode {
                 FormatError::CorruptHeader { .. } => EsCode::CorruptHeader,
                 FormatError::RefusedEntry { .. } => EsCode::RefusedEntry,
                 FormatError::Io { .. } => EsCode::Io,
+                FormatError::Digest { error, .. } => EsCode::of_digest(error),
                 _ => EsCode::Other,
             },
             #[cfg(feature = "redis")]
@@ -89,6 +112,19 @@ impl EsCode {
                 RedisError::BadUri { .. } => EsCode::BadUri,
                 _ => EsCode::Redis,
             },
+            _ => EsCode::Other,
+        }
+    }
+
+    /// The code of a digest error: its class (docs/FORMAT.md, "Writing and
+    /// reading a digest"; `DigestError::kind`).
+    pub(crate) fn of_digest(error: &DigestError) -> EsCode {
+        match error {
+            DigestError::NotDigest => EsCode::NotDigest,
+            DigestError::UnknownVersion { .. } => EsCode::UnknownVersion,
+            DigestError::WrongSize { .. } => EsCode::WrongSize,
+            DigestError::Corrupt { .. } => EsCode::CorruptCache,
+            DigestError::Torn(_) => EsCode::Torn,
             _ => EsCode::Other,
         }
     }
@@ -107,6 +143,8 @@ impl EsCode {
             EsCode::Panic => "ES_CODE_PANIC\0",
             EsCode::Unsupported => "ES_CODE_UNSUPPORTED\0",
             EsCode::NotFound => "ES_CODE_NOT_FOUND\0",
+            EsCode::NoCache => "ES_CODE_NO_CACHE\0",
+            EsCode::NotFresh => "ES_CODE_NOT_FRESH\0",
             EsCode::NotEngineState => "ES_CODE_NOT_ENGINE_STATE\0",
             EsCode::UnknownVersion => "ES_CODE_UNKNOWN_VERSION\0",
             EsCode::WrongSize => "ES_CODE_WRONG_SIZE\0",
@@ -116,6 +154,9 @@ impl EsCode {
             EsCode::NoExpiry => "ES_CODE_NO_EXPIRY\0",
             EsCode::Io => "ES_CODE_IO\0",
             EsCode::ClockAhead => "ES_CODE_CLOCK_AHEAD\0",
+            EsCode::CorruptCache => "ES_CODE_CORRUPT_CACHE\0",
+            EsCode::NotDigest => "ES_CODE_NOT_DIGEST\0",
+            EsCode::Torn => "ES_CODE_TORN\0",
             EsCode::Other => "ES_CODE_OTHER\0",
         }
     }
@@ -134,7 +175,7 @@ pub extern "C" fn es_code_name(code: i32) -> *const c_char {
 
 impl EsCode {
     /// Every code.
-    pub(crate) const ALL: [EsCode; 21] = [
+    pub(crate) const ALL: [EsCode; 26] = [
         EsCode::Ok,
         EsCode::NullArgument,
         EsCode::BufferTooSmall,
@@ -146,6 +187,8 @@ impl EsCode {
         EsCode::Panic,
         EsCode::Unsupported,
         EsCode::NotFound,
+        EsCode::NoCache,
+        EsCode::NotFresh,
         EsCode::NotEngineState,
         EsCode::UnknownVersion,
         EsCode::WrongSize,
@@ -155,6 +198,9 @@ impl EsCode {
         EsCode::NoExpiry,
         EsCode::Io,
         EsCode::ClockAhead,
+        EsCode::CorruptCache,
+        EsCode::NotDigest,
+        EsCode::Torn,
         EsCode::Other,
     ];
 }

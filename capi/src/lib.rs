@@ -14,6 +14,12 @@
 //!   the last read (a bad file never stops the others from being read).
 //! - [`es_decode_record`]: one Redis value fetched with the caller's own
 //!   client, judged like the Redis source judges it.
+//! - Cache digests (docs/FORMAT.md, "Cache residency"): with
+//!   `EsOptions.read_cache_digests` a source reads them, and
+//!   [`es_read_cache`] gives one engine's as an [`EsCacheDigest`] and its
+//!   entries in the caller's array; [`es_read_cache_file`] reads a digest
+//!   file, [`es_decode_cache_value`] a Redis value fetched with the
+//!   caller's client; [`es_block_hashes`] makes a prompt's keys.
 //! - [`EsCode`]: every function returns one; [`es_last_error`] copies the
 //!   message of the calling thread's last failed call, [`es_code_name`]
 //!   names a code.
@@ -54,21 +60,28 @@
 
 mod c_string;
 mod code;
+mod digest;
 mod engine;
 mod ffi_call;
 mod options;
 mod record;
 mod source;
+mod source_cache;
 
 pub use crate::code::{es_code_name, EsCode};
+pub use crate::digest::{
+    es_block_hashes, es_decode_cache_value, es_read_cache_file, EsCacheDigest, EsCacheState,
+    ES_BLOCK_TOKENS, ES_MAX_DIGEST_ENTRIES,
+};
 pub use crate::engine::{EsEngine, EsSnapshot, EsStatus, ES_ENGINE_ID_SIZE, ES_MAX_ENGINE_ID_LEN};
 pub use crate::ffi_call::es_last_error;
-pub use crate::options::{es_options_init, EsOptions, ES_OPTIONS_V1_SIZE};
+pub use crate::options::{es_options_init, EsOptions, ES_OPTIONS_V1_SIZE, ES_OPTIONS_V2_SIZE};
 pub use crate::record::es_decode_record;
 pub use crate::source::{
     es_close, es_engine_error, es_error_count, es_open, es_read, es_read_at, es_read_engine,
     EsSource,
 };
+pub use crate::source_cache::es_read_cache;
 
 /// The version of this ABI: bumped when a struct or function changes
 /// incompatibly (a new field gets a new struct or a `struct_size`, not a bump).

@@ -28,14 +28,25 @@ pub struct EsOptions {
     /// How often a source looks for new, removed and replaced engines
     /// (a directory listing, or the Redis registry; default 250 ms, in ns).
     pub rescan_interval_ns: u64,
+    /// Version 2. 1: each read also reads the cache digest of every engine
+    /// whose snapshot names one (`es_read_cache` needs it); 0 (the
+    /// default, and what a version-1 caller gets): no digests. Other
+    /// values are `ES_CODE_BAD_ARGUMENT`.
+    pub read_cache_digests: u32,
+    /// Version 2: zero (room for later flags).
+    pub reserved: u32,
 }
 
-/// `struct_size` of the first version of `EsOptions` (all fields above):
-/// the smallest a library accepts.
+/// `struct_size` of the first version of `EsOptions` (up to
+/// `rescan_interval_ns`): the smallest a library accepts.
 pub const ES_OPTIONS_V1_SIZE: usize = 32;
 
-const _: () = assert!(size_of::<EsOptions>() == ES_OPTIONS_V1_SIZE);
-const _: () = assert!(offset_of!(EsOptions, rescan_interval_ns) == 24);
+/// `struct_size` of version 2 (`read_cache_digests` appended).
+pub const ES_OPTIONS_V2_SIZE: usize = 40;
+
+const _: () = assert!(offset_of!(EsOptions, rescan_interval_ns) + 8 == ES_OPTIONS_V1_SIZE);
+const _: () = assert!(offset_of!(EsOptions, read_cache_digests) == ES_OPTIONS_V1_SIZE);
+const _: () = assert!(size_of::<EsOptions>() == ES_OPTIONS_V2_SIZE);
 
 impl Default for EsOptions {
     fn default() -> Self {
@@ -45,11 +56,17 @@ impl Default for EsOptions {
             stale_after_ns: nanos(defaults.freshness.stale_after),
             max_capture_age_ns: nanos(defaults.freshness.max_capture_age),
             rescan_interval_ns: nanos(defaults.rescan_interval),
+            read_cache_digests: u32::from(defaults.cache_digests),
+            reserved: 0,
         }
     }
 }
 
 /// The reader options of a caller's `EsOptions` (null: the defaults).
+///
+/// A caller's `struct_size` below this version's is an older caller: the
+/// fields it lacks keep their defaults; a larger one is a newer caller,
+/// whose fields past this version's are ignored.
 ///
 /// # Safety
 /// `options` is null or points to at least `struct_size` readable bytes
@@ -69,16 +86,38 @@ pub(crate) unsafe fn reader_options(options: *const EsOptions) -> Result<ReaderO
             ),
         ));
     }
-    // SAFETY: the caller has at least ES_OPTIONS_V1_SIZE = sizeof(EsOptions)
-    // readable bytes (checked above); later fields, if any, are ignored.
-    let options = unsafe { options.read_unaligned() };
+    // The caller's fields over the defaults: a version-1 caller's 32 bytes
+    // leave `read_cache_digests` at its default.
+    let mut known = EsOptions::default();
+    let have = size.min(size_of::<EsOptions>());
+    // SAFETY: the caller has `size` >= `have` readable bytes (the contract);
+    // `known` is a local EsOptions of at least `have` bytes, all of whose
+    // fields are integers (any bytes are a valid value); the two cannot
+    // overlap.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            options.cast::<u8>(),
+            std::ptr::addr_of_mut!(known).cast::<u8>(),
+            have,
+        );
+    }
+    let cache_digests = match known.read_cache_digests {
+        0 => false,
+        1 => true,
+        other => {
+            return Err(Failure::new(
+                EsCode::BadArgument,
+                format!("EsOptions.read_cache_digests is {other}: pass 0 (off) or 1 (on)"),
+            ))
+        }
+    };
     Ok(ReaderOptions {
         freshness: Freshness {
-            stale_after: Duration::from_nanos(options.stale_after_ns),
-            max_capture_age: Duration::from_nanos(options.max_capture_age_ns),
+            stale_after: Duration::from_nanos(known.stale_after_ns),
+            max_capture_age: Duration::from_nanos(known.max_capture_age_ns),
         },
-        rescan_interval: Duration::from_nanos(options.rescan_interval_ns),
-        cache_digests: false,
+        rescan_interval: Duration::from_nanos(known.rescan_interval_ns),
+        cache_digests,
     })
 }
 
@@ -109,10 +148,13 @@ mod tests {
             stale_after_ns: 0,
             max_capture_age_ns: 0,
             rescan_interval_ns: 0,
+            read_cache_digests: 7,
+            reserved: 7,
         };
         // SAFETY: a writable EsOptions.
         assert_eq!(unsafe { es_options_init(&mut options) }, EsCode::Ok);
-        assert_eq!(options.struct_size, ES_OPTIONS_V1_SIZE);
+        assert_eq!(options.struct_size, ES_OPTIONS_V2_SIZE);
+        assert_eq!((options.read_cache_digests, options.reserved), (0, 0));
         // SAFETY: a whole EsOptions.
         let read = unsafe { reader_options(&options) }.unwrap();
         assert_eq!(read.freshness, Freshness::default());
@@ -128,5 +170,38 @@ mod tests {
         // SAFETY: null is refused before any write.
         let null = unsafe { es_options_init(std::ptr::null_mut()) };
         assert_eq!(null, EsCode::NullArgument);
+    }
+
+    /// A version-1 caller's 32 bytes are all that is read: what follows
+    /// them in its memory (here: digests on) is not its and is ignored.
+    #[test]
+    fn a_version_1_caller_gets_no_digests_and_version_2_turns_them_on() {
+        let on = EsOptions {
+            read_cache_digests: 1,
+            ..EsOptions::default()
+        };
+        // SAFETY: a whole EsOptions.
+        assert!(unsafe { reader_options(&on) }.unwrap().cache_digests);
+        let v1 = EsOptions {
+            struct_size: ES_OPTIONS_V1_SIZE,
+            stale_after_ns: 5,
+            ..on
+        };
+        // SAFETY: a whole EsOptions (struct_size says fewer bytes).
+        let read = unsafe { reader_options(&v1) }.unwrap();
+        assert!(!read.cache_digests);
+        assert_eq!(read.freshness.stale_after, Duration::from_nanos(5));
+        let bad = EsOptions {
+            read_cache_digests: 2,
+            ..EsOptions::default()
+        };
+        // SAFETY: a whole EsOptions.
+        let refused = unsafe { reader_options(&bad) }.unwrap_err();
+        assert_eq!(refused.code, EsCode::BadArgument);
+        assert!(
+            refused.message.contains("read_cache_digests is 2"),
+            "{}",
+            refused.message
+        );
     }
 }

@@ -25,14 +25,16 @@ pub struct EsSource {
     inner: Mutex<Inner>,
 }
 
-struct Inner {
-    backend: Backend,
+pub(crate) struct Inner {
+    pub(crate) backend: Backend,
     /// The per-engine errors of the last `es_read` (for `es_engine_error`),
     /// and the engines of a source that is not shared memory.
-    reading: Reading,
+    pub(crate) reading: Reading,
     /// `es_read_engine` on a source without a one-engine read: a whole read
-    /// that leaves `reading` (and its errors) alone.
-    scratch: Reading,
+    /// that leaves `reading` (and its errors) alone; `es_read_cache` too.
+    pub(crate) scratch: Reading,
+    /// Opened with `EsOptions.read_cache_digests` (`es_read_cache` needs it).
+    pub(crate) cache_digests: bool,
 }
 
 impl std::fmt::Debug for Inner {
@@ -45,7 +47,7 @@ impl std::fmt::Debug for Inner {
 }
 
 /// Shared memory is kept as itself for `es_read_at` and `es_read_engine`.
-enum Backend {
+pub(crate) enum Backend {
     Shm(ShmDir),
     Other(Box<dyn Source>),
 }
@@ -54,7 +56,7 @@ enum Backend {
 ///
 /// # Safety
 /// `source` is null or a handle from `es_open` not yet closed.
-unsafe fn lock<'a>(source: *mut EsSource) -> Result<MutexGuard<'a, Inner>, Failure> {
+pub(crate) unsafe fn lock<'a>(source: *mut EsSource) -> Result<MutexGuard<'a, Inner>, Failure> {
     if source.is_null() {
         return Err(Failure::new(EsCode::NullArgument, "source is null"));
     }
@@ -102,6 +104,7 @@ pub unsafe extern "C" fn es_open(
         };
         // SAFETY: the caller's contract, passed on.
         let options = unsafe { reader_options(options) }?;
+        let cache_digests = options.cache_digests;
         let backend = match &uri {
             StateUri::Shm { dir } => Backend::Shm(ShmDir::open(dir, options)?),
             #[allow(unreachable_patterns)] // without the redis feature
@@ -112,6 +115,7 @@ pub unsafe extern "C" fn es_open(
                 backend,
                 reading: Reading::default(),
                 scratch: Reading::default(),
+                cache_digests,
             }),
         });
         // SAFETY: writable (checked above); ownership passes to the caller.

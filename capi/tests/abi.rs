@@ -319,3 +319,57 @@ fn reading_one_engine_of_a_vanished_directory_is_the_directory_error() {
     assert!(last_error().contains("state"), "{}", last_error());
     unsafe { es_close(source) };
 }
+
+/// The layouts C programs compile against (engine_state.h): a change here
+/// is an ABI change (a new `EsOptions` version, or `ES_ABI_VERSION`).
+#[test]
+fn cache_struct_sizes_and_offsets_are_the_header_s() {
+    use engine_state::{EsCacheDigest, ES_OPTIONS_V1_SIZE, ES_OPTIONS_V2_SIZE};
+    use std::mem::{offset_of, size_of};
+    assert_eq!(ES_OPTIONS_V1_SIZE, 32);
+    assert_eq!(ES_OPTIONS_V2_SIZE, 40);
+    assert_eq!(size_of::<EsOptions>(), ES_OPTIONS_V2_SIZE);
+    assert_eq!(offset_of!(EsOptions, read_cache_digests), 32);
+    assert_eq!(offset_of!(EsOptions, reserved), 36);
+    assert_eq!(size_of::<EsCacheDigest>(), 72);
+    let offsets = [
+        offset_of!(EsCacheDigest, version),
+        offset_of!(EsCacheDigest, captured_mono_ns),
+        offset_of!(EsCacheDigest, captured_unix_ns),
+        offset_of!(EsCacheDigest, count),
+        offset_of!(EsCacheDigest, held),
+        offset_of!(EsCacheDigest, generation),
+        offset_of!(EsCacheDigest, created_unix_ns),
+        offset_of!(EsCacheDigest, capacity),
+        offset_of!(EsCacheDigest, kv_block_size),
+        offset_of!(EsCacheDigest, writer_pid),
+        offset_of!(EsCacheDigest, state),
+    ];
+    assert_eq!(offsets, [0, 8, 16, 24, 32, 40, 48, 56, 60, 64, 68]);
+}
+
+/// A version-1 caller's options are 32 bytes of its memory, no more: the
+/// library reads only those (an ASan build of a C caller would catch more).
+#[test]
+fn a_version_1_options_struct_opens_a_source() {
+    #[repr(C)]
+    struct OptionsV1 {
+        struct_size: usize,
+        stale_after_ns: u64,
+        max_capture_age_ns: u64,
+        rescan_interval_ns: u64,
+    }
+    let d = EsOptions::default();
+    let v1 = OptionsV1 {
+        struct_size: engine_state::ES_OPTIONS_V1_SIZE,
+        stale_after_ns: d.stale_after_ns,
+        max_capture_age_ns: d.max_capture_age_ns,
+        rescan_interval_ns: d.rescan_interval_ns,
+    };
+    let (dir, _writers) = engines(1);
+    let uri = CString::new(format!("file://{}", dir.path().display())).unwrap();
+    let mut source = null_mut();
+    let code = unsafe { es_open(uri.as_ptr(), (&v1 as *const OptionsV1).cast(), &mut source) };
+    assert_eq!(code, EsCode::Ok, "{}", last_error());
+    unsafe { es_close(source) };
+}

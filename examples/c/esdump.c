@@ -6,12 +6,16 @@
  *   cc -std=c11 -Icapi/include examples/c/esdump.c \
  *      target/release/libengine_state.a -lgcc_s -lutil -lrt -lpthread -lm -ldl -o esdump-c
  *   ./esdump-c file:///dev/shm/agentic_engine_state
+ *   ./esdump-c --cache ENGINE [URI]   one engine's cache digest: a header
+ *                                     line, then one 16-hex entry per line
  *
  * With no URI: $AGENTIC_ENGINE_STATE_URI, else the default directory.
  * Exit status: 0 when the source was read, 1 otherwise (with the reason).
  */
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "engine_state.h"
 
@@ -50,9 +54,55 @@ static EsCode read_all(EsSource *source, EsEngine **engines, size_t *capacity, s
     }
 }
 
+/* --cache ENGINE: the digest of one engine (es_read_cache). */
+static int dump_cache(const char *uri, const char *engine_id) {
+    EsOptions options;
+    es_options_init(&options);
+    options.read_cache_digests = 1;
+    EsSource *source = NULL;
+    EsCode code = es_open(uri, &options, &source);
+    if (code != ES_CODE_OK) {
+        return fail("open", code);
+    }
+    EsEngine engine;
+    EsCacheDigest digest;
+    /* Size query, then an array of exactly the count. */
+    code = es_read_cache(source, engine_id, &engine, &digest, NULL, 0);
+    uint64_t *entries = NULL;
+    if (code == ES_CODE_BUFFER_TOO_SMALL) {
+        entries = malloc(digest.count * sizeof *entries);
+        if (entries == NULL) {
+            es_close(source);
+            return 1;
+        }
+        code = es_read_cache(source, engine_id, &engine, &digest, entries, digest.count);
+    }
+    int status = 0;
+    if (code == ES_CODE_OK || (code == ES_CODE_NOT_FRESH && entries != NULL)) {
+        printf("%s version %llu count %llu generation %llu %s\n", engine_id,
+               (unsigned long long)digest.version, (unsigned long long)digest.count,
+               (unsigned long long)digest.generation, status_name(engine.status));
+        for (uint64_t i = 0; i < digest.count; i++) {
+            printf("%016llx\n", (unsigned long long)entries[i]);
+        }
+        if (code != ES_CODE_OK) {
+            status = fail("cache", code);
+        }
+    } else {
+        status = fail("cache", code);
+    }
+    free(entries);
+    es_close(source);
+    return status;
+}
+
 int main(int argc, char **argv) {
+    if (argc >= 3 && strcmp(argv[1], "--cache") == 0 && argc <= 4) {
+        return dump_cache(argc == 4 ? argv[3] : NULL, argv[2]);
+    }
     if (argc > 2 || (argc == 2 && argv[1][0] == '-')) {
-        fprintf(stderr, "usage: esdump-c [URI]   (file:///dir or redis://host:port/db)\n");
+        fprintf(stderr, "usage: esdump-c [URI] | esdump-c --cache ENGINE [URI]   "
+                        "(file:///dir or redis://host:port/db)\n");
         return 2;
     }
     if (es_abi_version() != ES_ABI_VERSION) {
