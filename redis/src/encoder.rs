@@ -118,6 +118,10 @@ pub(crate) struct PipelineEncoder {
     /// Per owner-checked cache digest write in `request`: its command's
     /// index and engine.
     cache_claims: Vec<(usize, Arc<str>)>,
+    /// Per digest `PEXPIRE` in `request`: its command's index and engine (a
+    /// reply of 0 says the digest key is gone: written again with the
+    /// engine's next record).
+    pexpires: Vec<(usize, Arc<str>)>,
     /// When the pipeline was begun (both clocks).
     began: Instant,
     began_mono_ns: u64,
@@ -159,12 +163,18 @@ struct EngineKeyState {
     cache: Option<CacheKey>,
 }
 
-/// An engine's cache digest key, and the `PEXPIRE` that every record of the
-/// engine carries (encoded once).
+/// An engine's cache digest key, the `PEXPIRE` that every record of the
+/// engine carries (encoded once), and the last digest value queued: a key
+/// that Redis lost (expired while the writer was cut off, a restart without
+/// persistence, `FLUSHALL`) is written again from it, since the writer
+/// sends a digest only when it changes.
 #[derive(Debug)]
 struct CacheKey {
     key: String,
     pexpire: Vec<u8>,
+    value: Vec<u8>,
+    /// A `PEXPIRE` found the key gone: write `value` before the next record.
+    lost: bool,
 }
 
 impl EngineKeyState {
@@ -227,6 +237,7 @@ impl PipelineEncoder {
             hold_for: hold_for(target.ttl(), target.timeout()),
             claims: Vec::new(),
             cache_claims: Vec::new(),
+            pexpires: Vec::new(),
             written: HashMap::default(),
             deleted: Vec::new(),
             began: Instant::now(),
@@ -263,6 +274,17 @@ impl PipelineEncoder {
             // records are refused too, and that is logged with them).
             if matches!(replies.get(command), Some(Value::BulkString(_))) {
                 stats.refused.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        for (command, id) in self.pexpires.drain(..) {
+            // 0: no such key. Not while another writer holds the id (its
+            // digest is not ours to write).
+            if matches!(replies.get(command), Some(Value::Int(0))) {
+                if let Some(key) = self.engines.get_mut(&id).filter(|key| !key.refused) {
+                    if let Some(cache) = key.cache.as_mut() {
+                        cache.lost = true;
+                    }
+                }
             }
         }
         if self.claims.is_empty() {
@@ -324,6 +346,7 @@ impl PipelineEncoder {
         self.sent.clear();
         self.claims.clear();
         self.cache_claims.clear();
+        self.pexpires.clear();
         self.deleted.clear();
         self.began = Instant::now();
         self.began_mono_ns = monotonic_ns();
@@ -365,23 +388,39 @@ impl PipelineEncoder {
                 .arg(&key)
                 .arg(ttl_ms)
                 .get_packed_command();
-            CacheKey { key, pexpire }
+            CacheKey {
+                key,
+                pexpire,
+                value: Vec::new(),
+                lost: false,
+            }
         });
+        cache.value.clear();
+        cache.value.extend_from_slice(value);
+        cache.lost = false;
+        self.write_cache(id);
+    }
+
+    /// Appends the write of `id`'s digest key from its last queued value.
+    fn write_cache(&mut self, id: &Arc<str>) {
+        let Some(cache) = self.engines.get(id).and_then(|key| key.cache.as_ref()) else {
+            return;
+        };
         if matches!(self.ownership, Ownership::Unchecked) {
             redis::cmd("SET")
                 .arg(&cache.key)
-                .arg(value)
+                .arg(&cache.value[..])
                 .arg("PX")
-                .arg(ttl_ms)
+                .arg(self.ttl_ms)
                 .write_packed_command(&mut self.request);
         } else {
             redis::cmd("EVAL")
                 .arg(SET_CACHE_IF_OWNER_SCRIPT)
                 .arg(2)
-                .arg(engine_key(prefix, id))
+                .arg(engine_key(&self.prefix, id))
                 .arg(&cache.key)
-                .arg(value)
-                .arg(ttl_ms)
+                .arg(&cache.value[..])
+                .arg(self.ttl_ms)
                 .write_packed_command(&mut self.request);
             self.cache_claims.push((self.commands, id.clone()));
         }
@@ -389,6 +428,15 @@ impl PipelineEncoder {
     }
 
     fn push_set(&mut self, id: &Arc<str>, record: &RedisRecord) {
+        let lost = self
+            .engines
+            .get_mut(id)
+            .and_then(|key| key.cache.as_mut())
+            .is_some_and(|cache| std::mem::take(&mut cache.lost));
+        if lost {
+            // Before the record that names it.
+            self.write_cache(id);
+        }
         let now = self.began;
         let prefix = &self.prefix;
         let key = self.engines.entry(id.clone()).or_insert_with(|| {
@@ -436,6 +484,7 @@ impl PipelineEncoder {
         if let Some(cache) = &key.cache {
             // The digest lives as long as the records that name it.
             self.request.extend_from_slice(&cache.pexpire);
+            self.pexpires.push((self.commands, id.clone()));
             self.commands += 1;
         }
         let due = key

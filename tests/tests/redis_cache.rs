@@ -421,3 +421,48 @@ fn a_connection_that_stalls_while_fetching_digests_costs_only_the_digests() {
     assert!(cache_errors(&reading).is_empty(), "{reading:?}");
     publisher.close();
 }
+
+/// Redis loses the digest key (here `DEL`; in production a restart without
+/// persistence, `FLUSHALL`, or an expiry while the writer was cut off)
+/// while the digest does not change: the publisher writes it again before
+/// its next record (it sends a digest only on change, so the records named
+/// a key that stayed missing).
+#[test]
+fn a_digest_key_that_redis_lost_is_written_again() {
+    let server = RedisServer::start();
+    let uri = server.uri("?prefix=lost:");
+    let mut con = server.connection();
+    let mut publisher = start_publisher(&uri, "l", 20).unwrap();
+    let key = cache_key("lost:", "l");
+    publisher.publish_cache(&[11, 12], 2, 4).unwrap();
+    publisher.publish(Snapshot::default()).unwrap();
+    wait_for(|| get(&mut con, &key).is_some(), "the digest written");
+    let _: () = redis::cmd("DEL").arg(&key).query(&mut con).unwrap();
+    let mut step = 0;
+    wait_for(
+        || {
+            step += 1;
+            publisher
+                .publish(Snapshot {
+                    step,
+                    ..Snapshot::default()
+                })
+                .unwrap();
+            get(&mut con, &key).is_some()
+        },
+        "the lost digest written again",
+    );
+    let value = decode_digest_value(&get(&mut con, &key).unwrap()).unwrap();
+    assert_eq!(
+        (value.digest.version(), value.digest.blocks()),
+        (1, &[11, 12][..])
+    );
+    let mut source = digest_reader(&uri);
+    let reading = read_until(&mut *source, "l", 1);
+    assert!(cache_errors(&reading).is_empty(), "{reading:?}");
+    assert_eq!(
+        reading.get("l").unwrap().cache.as_ref().unwrap().blocks(),
+        &[11, 12]
+    );
+    publisher.close();
+}
