@@ -10,10 +10,11 @@ import time
 from engine_state import FIELD_NAMES
 
 # The snapshot every benchmark publishes: a busy engine's numbers, one per
-# field a caller sets, in word order (FIELD_NAMES; the capture stamps are the
-# publisher's).
+# field a caller sets, in word order (FIELD_NAMES; the capture and cache stamps
+# are the publisher's).
 _BUSY_ENGINE = (1, 12, 3, 20000, 5000, 40000, 90000, 2, 31000, 0, 0)
-FIELDS = dict(zip((n for n in FIELD_NAMES if not n.startswith("captured_")), _BUSY_ENGINE, strict=True))
+_STAMPED = ("captured_", "cache_")
+FIELDS = dict(zip((n for n in FIELD_NAMES if not n.startswith(_STAMPED)), _BUSY_ENGINE, strict=True))
 
 
 def timed(calls: int, fn) -> list[int]:

@@ -73,6 +73,19 @@ impl Publisher {
         self.open()?.publish(snapshot).map_err(publisher_error)
     }
 
+    /// Publishes a cache digest (`publish_cache`; the residency tracker
+    /// hands its blocks here directly, without a Python list).
+    pub(crate) fn publish_cache_blocks(
+        &mut self,
+        blocks: &[u64],
+        held: u64,
+        capacity: usize,
+    ) -> PyResult<bool> {
+        self.open()?
+            .publish_cache(blocks, held, capacity)
+            .map_err(publisher_error)
+    }
+
     /// Closes with the GIL released, holding no borrow of `slf` meanwhile.
     fn close_released(mut slf: PyRefMut<'_, Self>) {
         let Some(mut inner) = slf.inner.take() else {
@@ -162,9 +175,7 @@ macro_rules! publisher_methods {
             /// published) for more blocks than `capacity`, a capacity above
             /// the format's bound, or `held` below `len(blocks)`.
             fn publish_cache(&mut self, blocks: Vec<u64>, held: u64, capacity: usize) -> PyResult<bool> {
-                self.open()?
-                    .publish_cache(&blocks, held, capacity)
-                    .map_err(publisher_error)
+                self.publish_cache_blocks(&blocks, held, capacity)
             }
 
             /// Counters, every key for both backends (0 where it does not apply;

@@ -39,6 +39,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
 use crate::incremental::ByAddress;
+use crate::publisher::Publisher;
 
 /// vLLM's cached-hash map key: a block hash with its KV cache group id.
 type Key = Box<[u8]>;
@@ -104,6 +105,21 @@ struct Followed {
     blocked: Option<Py<PyBytes>>,
 }
 
+/// A running request at one position of `running` as of the last capture,
+/// for the capture's fast path: while the request at that position is the
+/// same object, it needs a look only once its computed tokens reach `next`.
+/// Kept apart from `Followed` (contiguous, two words) so that a capture of
+/// requests that grew no router block touches neither the followed map nor
+/// the request's block-hash list.
+#[derive(Clone, Copy)]
+struct Hot {
+    /// The request's address (0: none).
+    address: usize,
+    /// Computed tokens at which its next router block is full (`usize::MAX`
+    /// for an excluded request).
+    next: usize,
+}
+
 /// How evictions are followed.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
@@ -141,6 +157,10 @@ pub(crate) struct ResidencyTracker {
     /// `get_new_blocks` was reported: those take only free blocks).
     trust_running: bool,
     epoch: u64,
+    /// By position in `running` at the last capture (see [`Hot`]).
+    hot: Vec<Hot>,
+    /// The token buffer one router block is read into (reused).
+    tokens: Vec<u32>,
     digest: Vec<u64>,
     /// The router hashes in `digest`.
     held_set: HashSet<u64>,
@@ -215,6 +235,8 @@ impl ResidencyTracker {
             map_addr: 0,
             trust_running: false,
             epoch: 0,
+            hot: Vec::new(),
+            tokens: Vec::with_capacity(BLOCK_TOKENS),
             digest: Vec::new(),
             held_set: HashSet::new(),
             orphans: 0,
@@ -234,6 +256,10 @@ impl ResidencyTracker {
     fn note(&mut self, requests: &Bound<'_, PyAny>) -> PyResult<()> {
         for request in requests.try_iter()? {
             let request = request?;
+            let address = request.as_ptr() as usize;
+            for hot in self.hot.iter_mut().filter(|h| h.address == address) {
+                hot.address = 0;
+            }
             let followed = self.follow(&request)?;
             followed.done = 0;
             followed.parent = CHAIN_SEED;
@@ -290,41 +316,76 @@ impl ResidencyTracker {
         let py = running.py();
         let list = running.downcast::<PyList>()?;
         let hashes_attr = self.block_hashes_attr.clone_ref(py).into_bound(py);
-        let mut seen = 0;
-        for request in list.iter() {
+        let computed_attr = self.computed_attr.clone_ref(py).into_bound(py);
+        self.hot.resize(
+            list.len(),
+            Hot {
+                address: 0,
+                next: 0,
+            },
+        );
+        for (position, request) in list.iter().enumerate() {
             let address = request.as_ptr() as usize;
-            // The common case, a request with no new full router block: one
-            // map lookup, one attribute read, one len().
+            // The common case, the request at this position last time, with
+            // no new full router block: one attribute read (its computed
+            // tokens, which the snapshot's capture has just read too).
+            let hot = self.hot[position];
+            if hot.address == address {
+                if hot.next == usize::MAX {
+                    continue;
+                }
+                let computed: usize = request.getattr(&computed_attr)?.extract()?;
+                if computed < hot.next {
+                    continue;
+                }
+            }
             if let Some(followed) = self.followed.get_mut(&address) {
-                if followed.seen != epoch {
-                    followed.seen = epoch;
-                    seen += 1;
-                }
-                if followed.excluded {
-                    continue;
-                }
-                let available = match &followed.hashes {
-                    Some(list) => list.bind(py).len(),
-                    None => request.getattr(&hashes_attr)?.len()?,
-                };
-                if available / self.per_block <= followed.done {
-                    continue;
+                followed.seen = epoch;
+                if !followed.excluded {
+                    let available = match &followed.hashes {
+                        Some(list) => list.bind(py).len(),
+                        None => request.getattr(&hashes_attr)?.len()?,
+                    };
+                    if available / self.per_block > followed.done {
+                        let mut followed = self.followed.remove(&address).expect("followed");
+                        dirty |= self.advance(&mut followed, &request, cached, true)?;
+                        self.followed.insert(address, followed);
+                    }
                 }
             } else {
                 self.follow(&request)?.seen = epoch;
-                seen += 1;
+                let mut followed = self.followed.remove(&address).expect("followed");
+                dirty |= self.advance(&mut followed, &request, cached, true)?;
+                self.followed.insert(address, followed);
             }
-            let mut followed = self.followed.remove(&address).expect("followed");
-            dirty |= self.advance(&mut followed, &request, cached, true)?;
-            self.followed.insert(address, followed);
+            let followed = &self.followed[&address];
+            self.hot[position] = Hot {
+                address,
+                next: if followed.excluded {
+                    usize::MAX
+                } else {
+                    (followed.done + 1) * BLOCK_TOKENS
+                },
+            };
         }
-        if seen < self.followed.len() {
+        // Every running request is followed now (`running` holds each once):
+        // more followed ones means some left `running` (or were admitted and
+        // finished in between). Rare: mark the running ones, then map the
+        // others' blocks a last time.
+        if self.followed.len() > list.len() {
+            for request in list.iter() {
+                if let Some(followed) = self.followed.get_mut(&(request.as_ptr() as usize)) {
+                    followed.seen = epoch;
+                }
+            }
             let gone: Vec<usize> = self
                 .followed
                 .iter()
                 .filter(|(_, f)| f.seen != epoch)
                 .map(|(&a, _)| a)
                 .collect();
+            // Their addresses may be reused once they are dropped.
+            self.hot.clear();
             for address in gone {
                 let mut followed = self.followed.remove(&address).expect("followed");
                 let request = followed.request.clone_ref(py).into_bound(py);
@@ -350,6 +411,19 @@ impl ResidencyTracker {
         match capacity {
             Some(capacity) if capacity < self.digest.len() => self.cut(capacity),
             _ => self.digest.clone(),
+        }
+    }
+
+    /// Publishes the digest as of the last capture through `publisher`
+    /// (`Publisher.publish_cache`: at most `capacity` blocks, cut as
+    /// `blocks` does, and how many were held), without a Python list. True
+    /// when the publisher wrote a new digest version.
+    fn publish(&self, publisher: &Bound<'_, Publisher>, capacity: usize) -> PyResult<bool> {
+        let mut publisher = publisher.try_borrow_mut()?;
+        if capacity < self.digest.len() {
+            publisher.publish_cache_blocks(&self.cut(capacity), self.held as u64, capacity)
+        } else {
+            publisher.publish_cache_blocks(&self.digest, self.held as u64, capacity)
         }
     }
 
@@ -406,6 +480,7 @@ impl ResidencyTracker {
         self.entries.clear();
         self.by_key.clear();
         self.followed.clear();
+        self.hot.clear();
         self.suspects.clear();
         self.digest.clear();
         self.held_set.clear();
@@ -603,8 +678,8 @@ impl ResidencyTracker {
                 keys.push(key);
             }
             let tokens = request.getattr(self.tokens_attr.bind(py))?;
-            let block = read_tokens(&tokens, depth * BLOCK_TOKENS)?;
-            let router = next_block_hash(followed.parent, &block);
+            read_tokens(&tokens, depth * BLOCK_TOKENS, &mut self.tokens)?;
+            let router = next_block_hash(followed.parent, &self.tokens);
             self.hash_calls += 1;
             // The same prefix under other vLLM hashes (cannot happen with
             // one hash seed): one entry.
@@ -718,9 +793,9 @@ impl ResidencyTracker {
     }
 }
 
-/// The 512 token ids from `start` of a request's token list.
-fn read_tokens(tokens: &Bound<'_, PyAny>, start: usize) -> PyResult<Vec<u32>> {
-    let mut block = Vec::with_capacity(BLOCK_TOKENS);
+/// The 512 token ids from `start` of a request's token list, into `block`.
+fn read_tokens(tokens: &Bound<'_, PyAny>, start: usize, block: &mut Vec<u32>) -> PyResult<()> {
+    block.clear();
     if let Ok(list) = tokens.downcast::<PyList>() {
         if start + BLOCK_TOKENS > list.len() {
             return Err(PyValueError::new_err(format!(
@@ -728,15 +803,44 @@ fn read_tokens(tokens: &Bound<'_, PyAny>, start: usize) -> PyResult<Vec<u32>> {
                 list.len()
             )));
         }
-        // Checked reads: an item that is not an int runs Python code
-        // (`__index__`) that could shrink the list.
         for i in start..start + BLOCK_TOKENS {
-            block.push(list.get_item(i)?.extract::<u32>()?);
+            block.push(list_token(list, i)?);
         }
     } else {
         for i in start..start + BLOCK_TOKENS {
             block.push(tokens.get_item(i)?.extract::<u32>()?);
         }
     }
-    Ok(block)
+    Ok(())
+}
+
+/// Item `i` of a token list as a token id: an exact `int` is read in
+/// place (no reference taken, no Python code run); anything else through a
+/// checked read (its `__index__` may run Python code, which may change the
+/// list: the next item's read checks the length again).
+fn list_token(list: &Bound<'_, PyList>, i: usize) -> PyResult<u32> {
+    let ptr = list.as_ptr();
+    // SAFETY:
+    // - `ptr` is a live list (`list` holds a strong reference) and the GIL is
+    //   held (`list` is bound to it), so no other thread changes it;
+    // - `i < PyList_GET_SIZE` is checked right before the unchecked read, and
+    //   nothing runs between the check and the read;
+    // - the item is borrowed only until `PyLong_AsLong` returns; for an exact
+    //   int that call runs no Python code (no `__index__`), so nothing can
+    //   drop the item or change the list meanwhile.
+    unsafe {
+        if (i as pyo3::ffi::Py_ssize_t) < pyo3::ffi::PyList_GET_SIZE(ptr) {
+            let item = pyo3::ffi::PyList_GET_ITEM(ptr, i as pyo3::ffi::Py_ssize_t);
+            if pyo3::ffi::PyLong_CheckExact(item) != 0 {
+                let value = pyo3::ffi::PyLong_AsLong(item);
+                if (0..=u32::MAX as std::os::raw::c_long).contains(&value) {
+                    return Ok(value as u32);
+                }
+            }
+        }
+    }
+    // A non-int, a value out of range (the checked read raises its error,
+    // clearing the one `PyLong_AsLong` may have set) or a list that shrank.
+    let _ = PyErr::take(list.py());
+    list.get_item(i)?.extract::<u32>()
 }

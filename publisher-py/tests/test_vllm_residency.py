@@ -322,3 +322,29 @@ def test_a_kv_cache_larger_than_a_digest_holds_is_capped_not_fatal(shm_uri, modu
     assert residency.capacity == capacity < huge * KV // BLOCK
     assert residency.published == published + 1  # rewritten at the new capacity
     assert engine_state.default_cache_capacity(256, KV) == 256 * KV // BLOCK
+
+
+def test_the_tracker_publishes_its_digest_to_the_native_publisher(shm_uri, module, mode):
+    # Tracker.publish hands its blocks to the Publisher without a Python
+    # list: what the reader reads back is the tracker's digest, cut to the
+    # capacity by the format's rule, and an unchanged digest writes nothing.
+    scheduler = make(module)
+    hook = hook_of(scheduler)
+    hook.period_ns = 0
+    prompt = tokens(7, 3 * BLOCK + 10)
+    scheduler.add_request(Request("a", 0, max_tokens=2, tokens=prompt))
+    while scheduler.has_requests():
+        step(scheduler)
+    tracker = hook.residency.tracker
+    routers = engine_state.block_hashes(prompt)
+    assert tracker.blocks() == sorted(routers)
+    capacity = hook.residency.capacity
+    assert tracker.publish(hook.publisher, capacity) is False  # already published
+    assert tracker.publish(hook.publisher, 2) is True  # a cut: the first two blocks
+    assert tracker.blocks(2) == sorted(routers[:2])
+    hook.capture(scheduler)  # a snapshot names the new version (digest unchanged since)
+    reader = engine_state.Reader(cache_digests=True)
+    reader.read()
+    assert reader.read_cache(hook.engine_id) == sorted(routers[:2])
+    with pytest.raises(TypeError):
+        tracker.publish(object(), capacity)

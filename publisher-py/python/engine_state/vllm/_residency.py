@@ -157,7 +157,10 @@ class Residency:
             self.started = True
             self.capacity = capacity
             self.held = tracker.held
-            self._publish(tracker.blocks(capacity), self.held, capacity)
+            # The tracker hands its blocks to the native publisher itself
+            # (Publisher.publish_cache, without a Python list).
+            if tracker.publish(self._publisher, capacity):
+                self.published += 1
         except Exception as error:
             self.fail(error, "capture")
 
