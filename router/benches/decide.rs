@@ -11,6 +11,11 @@
 //! session. Every iteration drops its reservation, so the state is the same
 //! at every iteration.
 //!
+//! `decide_knowledge/unified`: the same scenario at 8 instances and 200k
+//! tokens, each instance's cache known from its engine's digest (the blocks
+//! of the history it holds, `cache_knowledge = engine`) against the router's
+//! own estimate (`estimated`, no digests): issue 21's target, ≤ 50 µs.
+//!
 //! Run: `cargo bench -p engine-state-router --bench decide`; medians are in
 //! `target/criterion/<group>/<case>/new/estimates.json`.
 
@@ -19,9 +24,9 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use engine_state_router::{
-    Policy, RealState, Request, Reservation, Router, RouterSettings, BLOCK_TOKENS,
+    CacheKnowledge, Policy, RealState, Request, Reservation, Router, RouterSettings, BLOCK_TOKENS,
 };
-use engine_state_shm_format::Snapshot;
+use engine_state_shm_format::{CacheDigest, Snapshot};
 
 const SYSTEM_TOKENS: usize = 1024;
 const NEW_TOKENS: usize = 256;
@@ -45,8 +50,20 @@ fn scenario(
     instances: usize,
     prompt_tokens: usize,
 ) -> (Router, Vec<Reservation>, Request) {
+    scenario_knowing(policy, instances, prompt_tokens, CacheKnowledge::default())
+}
+
+/// [`scenario`] with `knowledge`; with `Engine`, each instance's real state
+/// carries the digest of the history it holds.
+fn scenario_knowing(
+    policy: Policy,
+    instances: usize,
+    prompt_tokens: usize,
+    knowledge: CacheKnowledge,
+) -> (Router, Vec<Reservation>, Request) {
     let settings = RouterSettings {
         policy,
+        cache_knowledge: knowledge,
         // Real state is given once; keep it fresh for the whole run.
         real_state_expiry_s: 3_600.0,
         ..RouterSettings::default()
@@ -80,10 +97,16 @@ fn scenario(
             gpu_blocks_free: (10_000 - (i * 131) % 10_000) as u64,
             ..Snapshot::default()
         };
-        (
-            id.as_str(),
-            RealState::fresh(snapshot, Duration::from_millis(20)),
-        )
+        let real = RealState::fresh(snapshot, Duration::from_millis(20));
+        let real = match knowledge {
+            CacheKnowledge::Engine => real.with_cache(CacheDigest::new(
+                1,
+                0,
+                engine_state_router::block_hashes(&history(i)),
+            )),
+            CacheKnowledge::Estimated => real,
+        };
+        (id.as_str(), real)
     }));
     let k = instances / 2;
     let prompt = [history(k), tokens(999_999, NEW_TOKENS)].concat();
@@ -121,6 +144,31 @@ fn decide(c: &mut Criterion) {
     }
 }
 
+fn decide_knowledge(c: &mut Criterion) {
+    let mut group = c.benchmark_group("decide_knowledge/unified");
+    for (knowledge, name) in [
+        (CacheKnowledge::Estimated, "estimated"),
+        (CacheKnowledge::Engine, "engine"),
+    ] {
+        let (router, _held, request) = scenario_knowing(Policy::Unified, 8, 200_000, knowledge);
+        let (decision, _) = router.pick(&request).unwrap();
+        eprintln!(
+            "unified {name} instances=8 tokens=200000: chose {} by {}",
+            decision.instance_id,
+            decision.reason.name()
+        );
+        group.throughput(Throughput::Elements(1));
+        group.bench_function(format!("{name}/200000tok/8inst"), |b| {
+            b.iter(|| {
+                let (decision, reservation) = router.pick(black_box(&request)).unwrap();
+                drop(reservation);
+                decision
+            })
+        });
+    }
+    group.finish();
+}
+
 fn hashing(c: &mut Criterion) {
     let mut group = c.benchmark_group("block_hashes");
     for prompt_tokens in [2_000, 32_000, 200_000] {
@@ -136,6 +184,6 @@ fn hashing(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
-    targets = hashing, decide
+    targets = hashing, decide, decide_knowledge
 }
 criterion_main!(benches);

@@ -315,7 +315,7 @@ fn inline_sink_keeps_the_newest_record_of_a_pipeline_that_failed() {
     // One pipeline with two records of `a`, sent to a server that is gone:
     // the send or the replies fail, and of the two records the newer is kept.
     sink.submit(&mut vec![set_op(&a, 1), set_op(&a, 2)]);
-    sink.submit(&mut Vec::new());
+    sink.submit(&mut Vec::<(std::sync::Arc<str>, SinkOp)>::new());
     assert!(!sink.stats().connected.load(Ordering::Relaxed), "{sink:?}");
     redis.restart();
     assert!(sink.flush(Duration::from_secs(10)), "{sink:?}");
@@ -350,7 +350,7 @@ fn inline_sink_reports_a_server_error_among_the_replies_and_writes_after() {
     config(&mut admin, "maxmemory-policy", "noeviction");
     config(&mut admin, "maxmemory", "1");
     sink.submit(&mut vec![set_op(&a, 2), set_op(&b, 2)]);
-    sink.submit(&mut Vec::new()); // reads the replies
+    sink.submit(&mut Vec::<(std::sync::Arc<str>, SinkOp)>::new()); // reads the replies
     let error = sink.stats().last_error().unwrap_or_default();
     assert!(error.contains("OOM"), "{error:?} {sink:?}");
     assert!(sink.stats().errors.load(Ordering::Relaxed) >= 1);
