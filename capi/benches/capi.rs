@@ -12,7 +12,7 @@ use std::path::Path;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use engine_state::{
-    es_close, es_open, es_options_init, es_read, es_read_engine, EsCode, EsEngine, EsOptions,
+    es_close, es_open, es_options_init_sized, es_read, es_read_engine, EsCode, EsEngine, EsOptions,
     EsSource,
 };
 use engine_state_reader::{ReaderOptions, Reading, ShmDir, Source};
@@ -64,7 +64,10 @@ impl Handle {
     fn open(dir: &Path) -> Handle {
         let mut options = EsOptions::default();
         // SAFETY: a writable EsOptions.
-        assert_eq!(unsafe { es_options_init(&mut options) }, EsCode::Ok);
+        assert_eq!(
+            unsafe { es_options_init_sized(&mut options, std::mem::size_of::<EsOptions>()) },
+            EsCode::Ok
+        );
         options.rescan_interval_ns = NO_RESCAN_NS;
         let uri = CString::new(format!("file://{}", dir.display())).unwrap();
         let mut source = std::ptr::null_mut();

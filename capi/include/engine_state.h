@@ -412,11 +412,24 @@ EsCode es_block_hashes(const uint32_t *tokens,
 // `buf` is null or points to `size` writable bytes.
 size_t es_last_error(char *buf, size_t size);
 
-// Fills `*options` with the defaults and `struct_size = sizeof(EsOptions)`.
+// Fills the first version of `*options` (its first `ES_OPTIONS_V1_SIZE`
+// bytes) with the defaults and `struct_size = ES_OPTIONS_V1_SIZE`: the
+// symbol that programs built against a version-1 header call, whose
+// `EsOptions` is that long. The header's `es_options_init(options)` is a
+// macro for [`es_options_init_sized`] with the caller's `sizeof`.
 //
 // # Safety
-// `options` is null (an error) or points to a writable `EsOptions`.
+// `options` is null (an error) or points to `ES_OPTIONS_V1_SIZE` writable bytes.
 EsCode es_options_init(struct EsOptions *options);
+
+// Fills `*options`, as the caller compiled it (`size = sizeof(EsOptions)`),
+// with the defaults: the first `min(size, sizeof(EsOptions) of this
+// library)` bytes are written, and `struct_size` says how many. A size
+// below `ES_OPTIONS_V1_SIZE` is `ES_CODE_BAD_ARGUMENT`.
+//
+// # Safety
+// `options` is null (an error) or points to `size` writable bytes.
+EsCode es_options_init_sized(struct EsOptions *options, size_t size);
 
 // Judges one engine's Redis value as the Redis source does: `key` is the
 // key it was fetched from (for messages; `<prefix>engine:<engine_id>`),
@@ -542,13 +555,18 @@ EsCode es_engine_error(struct EsSource *source,
 // ascending (`entries = NULL, capacity = 0` learns the count:
 // `ES_CODE_BUFFER_TOO_SMALL` when it is not 0; `ES_MAX_DIGEST_ENTRIES`
 // always suffices). The reader reads a digest again only when the
-// engine's `cache_version` moves, so repeated calls cost one engine read.
+// engine's `cache_version` moves; a call reads the engine's state (on
+// shared memory one engine file, or the directory when the snapshot names
+// a digest the read did not get; on Redis the fleet's records).
 //
 // Results, in this order: `ES_CODE_NOT_FOUND` (no readable engine of that
 // id); `ES_CODE_NO_CACHE` (the engine publishes no digest: `cache_version`
 // 0); `ES_CODE_CORRUPT_CACHE` (its digest cannot be used; the message
 // says why and what to do); `ES_CODE_NOT_FRESH` with no digest, or
-// `ES_CODE_TORN` (a digest being written or replaced: read again later);
+// `ES_CODE_TORN` (a digest being written or replaced: read again later;
+// also for a digest that is missing or of another run once the read that
+// found it reported it, `ES_CODE_CORRUPT_CACHE`: a digest that never
+// arrives is said once, then reads as torn);
 // then the digest is written, and `ES_CODE_BUFFER_TOO_SMALL` or
 // `ES_CODE_NOT_FRESH` (the engine is stale, dead or torn: the digest is
 // written but must not be used to route) or `ES_CODE_OK`. `*engine` is
@@ -570,3 +588,11 @@ EsCode es_read_cache(struct EsSource *source,
 #endif  // __cplusplus
 
 #endif  /* ENGINE_STATE_H */
+
+/*
+ * es_options_init(options): fill *options, the EsOptions of this header,
+ * with the defaults (es_options_init_sized with its sizeof). The function of
+ * that name fills only version 1 (32 bytes): what programs built against a
+ * version-1 header, whose EsOptions is that long, call.
+ */
+#define es_options_init(options) es_options_init_sized((options), sizeof *(options))

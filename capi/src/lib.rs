@@ -75,7 +75,9 @@ pub use crate::digest::{
 };
 pub use crate::engine::{EsEngine, EsSnapshot, EsStatus, ES_ENGINE_ID_SIZE, ES_MAX_ENGINE_ID_LEN};
 pub use crate::ffi_call::es_last_error;
-pub use crate::options::{es_options_init, EsOptions, ES_OPTIONS_V1_SIZE, ES_OPTIONS_V2_SIZE};
+pub use crate::options::{
+    es_options_init, es_options_init_sized, EsOptions, ES_OPTIONS_V1_SIZE, ES_OPTIONS_V2_SIZE,
+};
 pub use crate::record::es_decode_record;
 pub use crate::source::{
     es_close, es_engine_error, es_error_count, es_open, es_read, es_read_at, es_read_engine,

@@ -121,18 +121,58 @@ pub(crate) unsafe fn reader_options(options: *const EsOptions) -> Result<ReaderO
     })
 }
 
-/// Fills `*options` with the defaults and `struct_size = sizeof(EsOptions)`.
+/// Fills the first version of `*options` (its first `ES_OPTIONS_V1_SIZE`
+/// bytes) with the defaults and `struct_size = ES_OPTIONS_V1_SIZE`: the
+/// symbol that programs built against a version-1 header call, whose
+/// `EsOptions` is that long. The header's `es_options_init(options)` is a
+/// macro for [`es_options_init_sized`] with the caller's `sizeof`.
 ///
 /// # Safety
-/// `options` is null (an error) or points to a writable `EsOptions`.
+/// `options` is null (an error) or points to `ES_OPTIONS_V1_SIZE` writable bytes.
 #[no_mangle]
 pub unsafe extern "C" fn es_options_init(options: *mut EsOptions) -> EsCode {
+    // SAFETY: the caller's contract is this function's, for the v1 size.
+    unsafe { es_options_init_sized(options, ES_OPTIONS_V1_SIZE) }
+}
+
+/// Fills `*options`, as the caller compiled it (`size = sizeof(EsOptions)`),
+/// with the defaults: the first `min(size, sizeof(EsOptions) of this
+/// library)` bytes are written, and `struct_size` says how many. A size
+/// below `ES_OPTIONS_V1_SIZE` is `ES_CODE_BAD_ARGUMENT`.
+///
+/// # Safety
+/// `options` is null (an error) or points to `size` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn es_options_init_sized(options: *mut EsOptions, size: usize) -> EsCode {
     ffi_call(|| {
         if options.is_null() {
             return Err(Failure::new(EsCode::NullArgument, "options is null"));
         }
-        // SAFETY: not null and writable (the caller's contract).
-        unsafe { options.write(EsOptions::default()) };
+        if size < ES_OPTIONS_V1_SIZE {
+            return Err(Failure::new(
+                EsCode::BadArgument,
+                format!(
+                    "es_options_init_sized: size {size} is below the smallest EsOptions \
+                     ({ES_OPTIONS_V1_SIZE}); pass sizeof(EsOptions)"
+                ),
+            ));
+        }
+        let written = size.min(size_of::<EsOptions>());
+        let defaults = EsOptions {
+            struct_size: written,
+            ..EsOptions::default()
+        };
+        // SAFETY: not null, `written` ≤ `size` bytes writable (the caller's
+        // contract); `defaults` is `size_of::<EsOptions>()` ≥ `written`
+        // readable bytes; the two do not overlap (one is a local). Byte
+        // copies: `options` may be unaligned or shorter than EsOptions.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (&raw const defaults).cast::<u8>(),
+                options.cast::<u8>(),
+                written,
+            )
+        };
         Ok(())
     })
 }
@@ -140,6 +180,44 @@ pub unsafe extern "C" fn es_options_init(options: *mut EsOptions) -> EsCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A program built against the version-1 header has 32 bytes of
+    /// `EsOptions`, and calls the `es_options_init` symbol: exactly those
+    /// 32 bytes are written (the 40-byte version 2 overran its stack).
+    #[test]
+    fn the_version_1_symbol_writes_only_version_1_and_sized_writes_what_it_is_given() {
+        let mut bytes = [0xAAu8; 64];
+        // SAFETY: 64 writable bytes ≥ ES_OPTIONS_V1_SIZE.
+        let code = unsafe { es_options_init(bytes.as_mut_ptr().cast()) };
+        assert_eq!(code, EsCode::Ok);
+        assert!(
+            bytes[ES_OPTIONS_V1_SIZE..].iter().all(|&b| b == 0xAA),
+            "{bytes:?}"
+        );
+        assert_eq!(
+            usize::from_ne_bytes(bytes[..8].try_into().unwrap()),
+            ES_OPTIONS_V1_SIZE
+        );
+        for (size, written) in [(36, 36), (40, 40), (64, 40)] {
+            let mut bytes = [0xAAu8; 64];
+            // SAFETY: `size` ≤ 64 writable bytes.
+            let code = unsafe { es_options_init_sized(bytes.as_mut_ptr().cast(), size) };
+            assert_eq!(code, EsCode::Ok);
+            assert!(
+                bytes[written..].iter().all(|&b| b == 0xAA),
+                "{size}: {bytes:?}"
+            );
+            assert_eq!(
+                usize::from_ne_bytes(bytes[..8].try_into().unwrap()),
+                written
+            );
+        }
+        let mut bytes = [0xAAu8; 64];
+        // SAFETY: 64 writable bytes.
+        let code = unsafe { es_options_init_sized(bytes.as_mut_ptr().cast(), 31) };
+        assert_eq!(code, EsCode::BadArgument);
+        assert!(bytes.iter().all(|&b| b == 0xAA));
+    }
 
     #[test]
     fn defaults_round_trip_and_small_sizes_are_refused() {
@@ -152,7 +230,8 @@ mod tests {
             reserved: 7,
         };
         // SAFETY: a writable EsOptions.
-        assert_eq!(unsafe { es_options_init(&mut options) }, EsCode::Ok);
+        let code = unsafe { es_options_init_sized(&mut options, size_of::<EsOptions>()) };
+        assert_eq!(code, EsCode::Ok);
         assert_eq!(options.struct_size, ES_OPTIONS_V2_SIZE);
         assert_eq!((options.read_cache_digests, options.reserved), (0, 0));
         // SAFETY: a whole EsOptions.

@@ -82,13 +82,18 @@ fn read_one(inner: &mut Inner, id: &str) -> Result<Option<Found>, Failure> {
 /// ascending (`entries = NULL, capacity = 0` learns the count:
 /// `ES_CODE_BUFFER_TOO_SMALL` when it is not 0; `ES_MAX_DIGEST_ENTRIES`
 /// always suffices). The reader reads a digest again only when the
-/// engine's `cache_version` moves, so repeated calls cost one engine read.
+/// engine's `cache_version` moves; a call reads the engine's state (on
+/// shared memory one engine file, or the directory when the snapshot names
+/// a digest the read did not get; on Redis the fleet's records).
 ///
 /// Results, in this order: `ES_CODE_NOT_FOUND` (no readable engine of that
 /// id); `ES_CODE_NO_CACHE` (the engine publishes no digest: `cache_version`
 /// 0); `ES_CODE_CORRUPT_CACHE` (its digest cannot be used; the message
 /// says why and what to do); `ES_CODE_NOT_FRESH` with no digest, or
-/// `ES_CODE_TORN` (a digest being written or replaced: read again later);
+/// `ES_CODE_TORN` (a digest being written or replaced: read again later;
+/// also for a digest that is missing or of another run once the read that
+/// found it reported it, `ES_CODE_CORRUPT_CACHE`: a digest that never
+/// arrives is said once, then reads as torn);
 /// then the digest is written, and `ES_CODE_BUFFER_TOO_SMALL` or
 /// `ES_CODE_NOT_FRESH` (the engine is stale, dead or torn: the digest is
 /// written but must not be used to route) or `ES_CODE_OK`. `*engine` is

@@ -9,8 +9,8 @@ use std::ffi::{c_char, CStr, CString};
 use std::path::{Path, PathBuf};
 
 use engine_state::{
-    es_close, es_engine_error, es_error_count, es_last_error, es_open, es_options_init, es_read_at,
-    EsCode, EsEngine, EsOptions, EsSource, EsStatus,
+    es_close, es_engine_error, es_error_count, es_last_error, es_open, es_options_init_sized,
+    es_read_at, EsCode, EsEngine, EsOptions, EsSource, EsStatus,
 };
 use std::time::Duration;
 
@@ -96,7 +96,10 @@ fn manifest() -> Manifest {
     let v: Value = serde_json::from_slice(&committed("manifest.json")).unwrap();
     let mut options = EsOptions::default();
     // SAFETY: a writable EsOptions.
-    assert_eq!(unsafe { es_options_init(&mut options) }, EsCode::Ok);
+    assert_eq!(
+        unsafe { es_options_init_sized(&mut options, std::mem::size_of::<EsOptions>()) },
+        EsCode::Ok
+    );
     options.stale_after_ns = v["stale_after_ms"].as_u64().unwrap() * 1_000_000;
     options.max_capture_age_ns = v["max_capture_age_ms"].as_u64().unwrap() * 1_000_000;
     Manifest {

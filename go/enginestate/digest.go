@@ -349,19 +349,22 @@ func DecodeFetchedCache(key string, value []byte, generation, version uint64) (*
 
 // NeedsDigest reports whether a reader holding held (nil: none) for an
 // engine whose state is e should fetch the engine's digest again: the
-// snapshot names a digest (CacheVersion not 0) and held is not of that
-// version.
+// snapshot names a digest (CacheVersion not 0) and held is older than that
+// version (as the Rust reader: a held digest at least as new is kept).
 func NeedsDigest(e *EngineState, held *CacheDigest) bool {
 	version := e.Snapshot.CacheVersion
-	return version != 0 && (held == nil || held.Version != version)
+	return version != 0 && (held == nil || held.Version < version)
 }
 
 // UsableDigest is held if a router may use it for the engine whose state is
 // e now (the freshness rule of docs/FORMAT.md, "Cache residency"): the state
-// is Fresh and names a digest, and held is of the engine's generation
-// (generation: the one DecodeFetchedCache checked it against); else nil.
+// is Fresh and names a digest, held is at least the version it names (an
+// older digest is one the engine no longer vouches for), and held is of the
+// engine's generation (generation: the one DecodeFetchedCache checked it
+// against); else nil.
 func UsableDigest(e *EngineState, held *CacheDigest, generation uint64) *CacheDigest {
-	if held == nil || e.Status != Fresh || e.Snapshot.CacheVersion == 0 || generation != e.Generation {
+	if held == nil || e.Status != Fresh || e.Snapshot.CacheVersion == 0 ||
+		held.Version < e.Snapshot.CacheVersion || generation != e.Generation {
 		return nil
 	}
 	return held

@@ -114,6 +114,13 @@ func TestNeedsAndUsableDigestFollowTheFreshnessRule(t *testing.T) {
 	if !NeedsDigest(&e, held) {
 		t.Error("a version that moved is not fetched")
 	}
+	if UsableDigest(&e, held, 7) != nil {
+		t.Error("a digest older than the version the snapshot names is used")
+	}
+	e.Snapshot.CacheVersion = 2
+	if NeedsDigest(&e, held) || UsableDigest(&e, held, 7) != held {
+		t.Error("a held digest newer than the snapshot's version is fetched again or not used")
+	}
 	e.Snapshot.CacheVersion = 0
 	if NeedsDigest(&e, held) || NeedsDigest(&e, nil) || UsableDigest(&e, held, 7) != nil {
 		t.Error("an engine that publishes no digest")

@@ -131,6 +131,26 @@ impl RedisSource {
                 .write_packed_command(&mut request);
         }
         let refresh = self.refreshes;
+        if Instant::now() >= deadline {
+            // The records' round trip took the read's time: nothing sent,
+            // the connection is good; fetched with the next refresh.
+            for (id, _, version) in wanted {
+                let key = cache_key(self.target.prefix(), &id);
+                if let Some(engine) = self.engines.get_mut(&id) {
+                    engine.cache.failed = Some(Failed {
+                        version,
+                        key,
+                        what: "the read's time ran out before the digests' round trip; \
+                               fetched again with the next read"
+                            .to_owned(),
+                        every_read: false,
+                        found_at: refresh,
+                        retry: true,
+                    });
+                }
+            }
+            return;
+        }
         let con = self.con.as_mut().expect("connected before fetch");
         let replies = match query_by(con, &request, wanted.len(), deadline) {
             Ok(replies) => replies,

@@ -395,7 +395,7 @@ fn a_connection_that_stalls_while_fetching_digests_costs_only_the_digests() {
     let stall = Arc::new(AtomicBool::new(true));
     let port = stalling_proxy(server.port(), b"st:cache:s", stall.clone());
     let mut source = digest_reader(&format!(
-        "redis://127.0.0.1:{port}/0?prefix=st:&timeout_ms=200"
+        "redis://127.0.0.1:{port}/0?prefix=st:&timeout_ms=1000"
     ));
     let reading = read_until(&mut *source, "s", 1);
     let state = reading.get("s").unwrap();
