@@ -63,11 +63,9 @@ struct Handle(*mut EsSource);
 impl Handle {
     fn open(dir: &Path) -> Handle {
         let mut options = EsOptions::default();
-        // SAFETY: a writable EsOptions.
-        assert_eq!(
-            unsafe { es_options_init_sized(&mut options, std::mem::size_of::<EsOptions>()) },
-            EsCode::Ok
-        );
+        // SAFETY: a writable EsOptions of its size.
+        let code = unsafe { es_options_init_sized(&mut options, std::mem::size_of::<EsOptions>()) };
+        assert_eq!(code, EsCode::Ok);
         options.rescan_interval_ns = NO_RESCAN_NS;
         let uri = CString::new(format!("file://{}", dir.display())).unwrap();
         let mut source = std::ptr::null_mut();

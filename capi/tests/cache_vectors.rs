@@ -155,10 +155,9 @@ fn block_hashes_json_is_reproduced() {
 fn open(dir: &Path, digests: bool, struct_size: usize) -> *mut EsSource {
     let uri = CString::new(format!("file://{}", dir.display())).unwrap();
     let mut options = EsOptions::default();
-    assert_eq!(
-        unsafe { es_options_init_sized(&mut options, std::mem::size_of::<EsOptions>()) },
-        EsCode::Ok
-    );
+    // SAFETY: a writable EsOptions of its size.
+    let code = unsafe { es_options_init_sized(&mut options, std::mem::size_of::<EsOptions>()) };
+    assert_eq!(code, EsCode::Ok);
     options.read_cache_digests = u32::from(digests);
     options.struct_size = struct_size;
     let mut source = null_mut();

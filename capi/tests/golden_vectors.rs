@@ -95,11 +95,9 @@ struct Manifest {
 fn manifest() -> Manifest {
     let v: Value = serde_json::from_slice(&committed("manifest.json")).unwrap();
     let mut options = EsOptions::default();
-    // SAFETY: a writable EsOptions.
-    assert_eq!(
-        unsafe { es_options_init_sized(&mut options, std::mem::size_of::<EsOptions>()) },
-        EsCode::Ok
-    );
+    // SAFETY: a writable EsOptions of its size.
+    let code = unsafe { es_options_init_sized(&mut options, std::mem::size_of::<EsOptions>()) };
+    assert_eq!(code, EsCode::Ok);
     options.stale_after_ns = v["stale_after_ms"].as_u64().unwrap() * 1_000_000;
     options.max_capture_age_ns = v["max_capture_age_ms"].as_u64().unwrap() * 1_000_000;
     Manifest {
