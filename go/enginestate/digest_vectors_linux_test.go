@@ -11,9 +11,9 @@ import (
 	"testing"
 )
 
-// The cache residency vectors of format/vectors/ (its README.md, "Cache
-// residency vectors"): every case of the manifest's cache_cases, and the
-// router block hashes.
+// The cache residency vectors (the section "Cache residency vectors" of
+// format/vectors/README.md): every case of the manifest's cache_cases, and
+// the router block hashes.
 
 type cacheCase struct {
 	Name         string
