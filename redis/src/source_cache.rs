@@ -133,23 +133,11 @@ impl RedisSource {
         let refresh = self.refreshes;
         if Instant::now() >= deadline {
             // The records' round trip took the read's time: nothing sent,
-            // the connection is good; fetched with the next refresh.
-            for (id, _, version) in wanted {
-                let key = cache_key(self.target.prefix(), &id);
-                if let Some(engine) = self.engines.get_mut(&id) {
-                    engine.cache.failed = Some(Failed {
-                        version,
-                        key,
-                        what: "the read's time ran out before the digests' round trip; \
-                               fetched again with the next read"
-                            .to_owned(),
-                        every_read: false,
-                        found_at: refresh,
-                        retry: true,
-                    });
-                }
-            }
-            return;
+            // the connection is good.
+            return self.retry_later(
+                wanted,
+                "the read's time ran out before the digests' round trip",
+            );
         }
         let con = self.con.as_mut().expect("connected before fetch");
         let replies = match query_by(con, &request, wanted.len(), deadline) {
@@ -159,20 +147,7 @@ impl RedisSource {
                 // A reply may be half read: the next refresh reconnects
                 // (without a backoff: the records' round trip worked).
                 self.con = None;
-                for (id, _, version) in wanted {
-                    let key = cache_key(self.target.prefix(), &id);
-                    if let Some(engine) = self.engines.get_mut(&id) {
-                        engine.cache.failed = Some(Failed {
-                            version,
-                            key,
-                            what: format!("{error}; fetched again with the next read"),
-                            every_read: false,
-                            found_at: refresh,
-                            retry: true,
-                        });
-                    }
-                }
-                return;
+                return self.retry_later(wanted, &error.to_string());
             }
         };
         for ((id, generation, version), reply) in wanted.into_iter().zip(replies) {
@@ -215,6 +190,25 @@ impl RedisSource {
                         retry: false,
                     });
                 }
+            }
+        }
+    }
+
+    /// Marks the digests `wanted` as not had this refresh, for `why`: each
+    /// engine's error with this read, fetched again with the next.
+    fn retry_later(&mut self, wanted: Vec<(Arc<str>, u64, u64)>, why: &str) {
+        let refresh = self.refreshes;
+        for (id, _, version) in wanted {
+            let key = cache_key(self.target.prefix(), &id);
+            if let Some(engine) = self.engines.get_mut(&id) {
+                engine.cache.failed = Some(Failed {
+                    version,
+                    key,
+                    what: format!("{why}; fetched again with the next read"),
+                    every_read: false,
+                    found_at: refresh,
+                    retry: true,
+                });
             }
         }
     }

@@ -230,6 +230,21 @@ pub fn test_options(stale_after: Duration) -> engine_state_reader::ReaderOptions
     }
 }
 
+/// A reader of `uri` with cache digests, rescanning at every read.
+pub fn digest_reader(uri: &str) -> Box<dyn engine_state_reader::Source> {
+    let options = engine_state_reader::ReaderOptions {
+        rescan_interval: Duration::ZERO,
+        ..engine_state_reader::ReaderOptions::default()
+    }
+    .with_cache_digests(true);
+    engine_state_reader::open(&engine_state_reader::StateUri::parse(uri).unwrap(), options).unwrap()
+}
+
+/// `GET key` (None: no such key).
+pub fn get(con: &mut redis::Connection, key: &str) -> Option<Vec<u8>> {
+    redis::cmd("GET").arg(key).query(con).unwrap()
+}
+
 /// A source for `uri` (shm or Redis) with [`test_options`].
 pub fn test_reader(uri: &str, stale_after: Duration) -> Box<dyn engine_state_reader::Source> {
     let uri = engine_state_reader::StateUri::parse(uri).expect("a valid test URI");

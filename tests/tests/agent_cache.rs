@@ -5,25 +5,11 @@
 //! damaged digest is counted while its records name no digest.
 
 use std::io::{Seek, SeekFrom, Write};
-use std::time::Duration;
 
-use engine_state_reader::{ReaderOptions, ShmDir, Source, StateUri};
+use engine_state_reader::{ReaderOptions, ShmDir};
 use engine_state_redis::cache_key;
 use engine_state_shm_format::{cache_dir, decode_digest_value, Snapshot};
 use engine_state_tests::*;
-
-fn digest_reader(uri: &str) -> Box<dyn Source> {
-    let options = ReaderOptions {
-        rescan_interval: Duration::ZERO,
-        ..ReaderOptions::default()
-    }
-    .with_cache_digests(true);
-    engine_state_reader::open(&StateUri::parse(uri).unwrap(), options).unwrap()
-}
-
-fn get(con: &mut redis::Connection, key: &str) -> Option<Vec<u8>> {
-    redis::cmd("GET").arg(key).query(con).unwrap()
-}
 
 fn agent(dir: &std::path::Path, redis_uri: &str) -> InProcessAgent {
     let uri = format!("file://{}", dir.display());

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use engine_state_reader::{Error, ReaderOptions, Reading, Source, StateUri};
+use engine_state_reader::{Error, Reading, Source};
 use engine_state_redis::{
     cache_key, engine_key, RecordWriter, RedisRecord, DELETE_CACHE_IF_OWNER_SCRIPT,
     SET_CACHE_IF_OWNER_SCRIPT,
@@ -20,19 +20,6 @@ use engine_state_shm_format::{
     decode_digest_value, encode_digest_value, CacheDigest, DigestRecord, Snapshot,
 };
 use engine_state_tests::*;
-
-fn digest_reader(uri: &str) -> Box<dyn Source> {
-    let options = ReaderOptions {
-        rescan_interval: Duration::ZERO,
-        ..ReaderOptions::default()
-    }
-    .with_cache_digests(true);
-    engine_state_reader::open(&StateUri::parse(uri).unwrap(), options).unwrap()
-}
-
-fn get(con: &mut redis::Connection, key: &str) -> Option<Vec<u8>> {
-    redis::cmd("GET").arg(key).query(con).unwrap()
-}
 
 fn pttl(con: &mut redis::Connection, key: &str) -> i64 {
     redis::cmd("PTTL").arg(key).query(con).unwrap()
