@@ -9,7 +9,6 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use engine_state_reader::{Error, Reading, Source};
 use engine_state_redis::{
@@ -354,10 +353,11 @@ fn stalling_proxy(upstream: u16, marker: &'static [u8], stall: Arc<AtomicBool>) 
                     let named = buffer[..n].windows(marker.len()).any(|w| w == marker);
                     if named && stall.load(Ordering::SeqCst) {
                         // Hold both sockets open, silent: the reader waits
-                        // out its timeout.
+                        // out its timeout; swallow what it sends until it
+                        // drops the connection.
                         stalled.store(true, Ordering::SeqCst);
-                        let _keep = (client, server);
-                        std::thread::sleep(Duration::from_secs(3600));
+                        let _server = server;
+                        while let Ok(1..) = client.read(&mut buffer) {}
                         return;
                     }
                     if server.write_all(&buffer[..n]).is_err() {
