@@ -18,6 +18,9 @@ pub(crate) struct CacheState {
     next: Vec<u64>,
     /// What later snapshots say of the last digest.
     pub(crate) words: CacheWords,
+    /// The engine's KV block size in tokens, for the digest's header (0:
+    /// not given).
+    pub(crate) kv_block_size: u32,
 }
 
 /// A digest to write: its sorted blocks and version.
@@ -31,6 +34,8 @@ pub(crate) struct NextDigest<'a> {
     pub(crate) held: u64,
     /// Entries the digest's file holds.
     pub(crate) capacity: usize,
+    /// The engine's KV block size in tokens (0: not given).
+    pub(crate) kv_block_size: u32,
 }
 
 impl CacheState {
@@ -79,6 +84,7 @@ impl CacheState {
             version: self.words.version + 1,
             held,
             capacity,
+            kv_block_size: self.kv_block_size,
         }))
     }
 

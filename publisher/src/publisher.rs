@@ -165,6 +165,14 @@ impl Publisher {
         }
     }
 
+    /// The engine's KV block size in tokens, written into the header of
+    /// every digest from the next [`Publisher::publish_cache`] on (a change
+    /// writes the digest again even for an unchanged set). 0, the default:
+    /// not given.
+    pub fn set_cache_kv_block_size(&mut self, tokens: u32) {
+        self.cache.kv_block_size = tokens;
+    }
+
     /// Publishes the engine's cache digest (docs/FORMAT.md, "Cache
     /// residency"): `blocks`, the router block hashes
     /// (`engine_state_shm_format::blocks`) it holds in full, in any order
@@ -202,7 +210,7 @@ impl Publisher {
                     engine_id: self.config.engine_id.to_string(),
                 })
             }
-            Some(Backend::Shm(shm)) => shm.digest_current(capacity),
+            Some(Backend::Shm(shm)) => shm.digest_current(capacity, self.cache.kv_block_size),
             Some(Backend::Redis(_)) => true,
         };
         let digest = match self.cache.prepare(blocks, held, capacity, current) {
@@ -216,7 +224,7 @@ impl Publisher {
             }
         };
         match self.backend.as_mut().expect("checked above") {
-            Backend::Shm(shm) => shm.publish_cache(&digest, &self.clock, &self.config)?,
+            Backend::Shm(shm) => shm.publish_cache(&digest, current, &self.clock, &self.config)?,
             Backend::Redis(redis) => redis.publish_cache(&digest, &self.clock),
         }
         self.cache.published();

@@ -224,3 +224,27 @@ fn a_removed_digest_file_is_put_back() {
     assert_eq!((digest.version(), digest.blocks()), (2, &[4, 5][..]));
     assert!(!publisher.publish_cache(&[4, 5], 2, 8).unwrap());
 }
+
+#[test]
+fn the_kv_block_size_goes_into_the_digest_header_and_a_change_rewrites_it() {
+    let (_tmp, dir) = state_dir();
+    let mut publisher = start(dir.as_path(), "kv");
+    let path = cache_dir(dir.as_path()).join("kv");
+    publisher.publish_cache(&[1, 2], 2, 4).unwrap();
+    let first = DigestFile::open(&path).unwrap();
+    assert_eq!(first.read_record().unwrap().kv_block_size, 0, "not given");
+
+    // The same set with the block size given: written again, in a new file.
+    publisher.set_cache_kv_block_size(16);
+    assert!(publisher.publish_cache(&[1, 2], 2, 4).unwrap());
+    let file = DigestFile::open(&path).unwrap();
+    let record = file.read_record().unwrap();
+    assert_eq!(record.kv_block_size, 16);
+    assert_eq!(record.digest.version(), 2);
+    // Unchanged from then on: nothing written.
+    let seq = file.seq();
+    assert!(!publisher.publish_cache(&[2, 1], 2, 4).unwrap());
+    assert_eq!(file.seq(), seq);
+    assert!(publisher.publish_cache(&[1, 2, 3], 3, 4).unwrap());
+    assert_eq!(file.read_record().unwrap().kv_block_size, 16);
+}

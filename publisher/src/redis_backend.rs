@@ -132,7 +132,7 @@ impl RedisBackend {
             writer_pid: self.writer.pid,
             generation: self.writer.generation,
             created_unix_ns: self.created_unix_ns,
-            kv_block_size: 0,
+            kv_block_size: next.kv_block_size,
             captured_unix_ns: clock.unix_ns().unwrap_or_else(unix_ns),
             held: next.held,
             digest: CacheDigest::new(next.version, clock.now_ns(), next.blocks.to_vec()),

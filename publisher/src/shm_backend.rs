@@ -110,7 +110,7 @@ impl ShmBackend {
     /// removed or replaced by another process is not seen). A recreated
     /// engine file waiting in the hand-off is adopted first, so the answer
     /// is about the file readers see. Called in the creating process only.
-    pub(crate) fn digest_current(&mut self, capacity: usize) -> bool {
+    pub(crate) fn digest_current(&mut self, capacity: usize, kv_block_size: u32) -> bool {
         if self.handoff.is_ready() {
             self.handoff.adopt(&mut self.writer);
         }
@@ -118,7 +118,10 @@ impl ShmBackend {
         // `in_place`: one `lstat`, so a digest file that another process
         // removed or replaced is put back at the next capture.
         self.digest.as_ref().is_some_and(|digest| {
-            digest.capacity() == capacity && digest.generation() == generation && digest.in_place()
+            digest.capacity() == capacity
+                && digest.generation() == generation
+                && digest.last().kv_block_size == kv_block_size
+                && digest.in_place()
         })
     }
 
@@ -126,9 +129,12 @@ impl ShmBackend {
     /// `<dir>.cache`, made when missing, `shm-format`'s `cache_dir`) or
     /// replacing it by a new one when its capacity or generation is not the
     /// one needed. Done before any snapshot names `next.version`.
+    /// `current`: what [`ShmBackend::digest_current`] answered just before
+    /// for `next.capacity` (asked once: it costs an `lstat`).
     pub(crate) fn publish_cache(
         &mut self,
         next: &NextDigest<'_>,
+        current: bool,
         clock: &Clock,
         config: &PublisherConfig,
     ) -> Result<(), Error> {
@@ -140,16 +146,10 @@ impl ShmBackend {
             mode: config.file_mode,
             capacity: next.capacity,
             generation,
-            kv_block_size: 0,
+            kv_block_size: next.kv_block_size,
         };
         match self.digest.as_mut() {
-            Some(writer)
-                if writer.capacity() == next.capacity
-                    && writer.generation() == generation
-                    && writer.in_place() =>
-            {
-                writer.publish(&digest, next.held, captured_unix_ns)?
-            }
+            Some(writer) if current => writer.publish(&digest, next.held, captured_unix_ns)?,
             // A new file renamed over the old one (which readers then see
             // retired) or put where it was removed, the digest in it before
             // it appears.
