@@ -86,6 +86,11 @@ pub(crate) struct IncrementalCapture {
     generation: u64,
     /// Requests read (not answered from the cache) by the last capture.
     last_reads: u64,
+    /// The last capture's running requests, in order: their addresses and
+    /// computed tokens, for the residency tracker to take
+    /// ([`IncrementalCapture::take_running_reads`]) instead of reading them
+    /// again.
+    running_reads: Vec<(usize, i64)>,
 }
 
 /// A cached waiting request.
@@ -152,6 +157,7 @@ impl IncrementalCapture {
             prompts: ByAddress::default(),
             generation: 0,
             last_reads: 0,
+            running_reads: Vec::new(),
         }
     }
 
@@ -232,6 +238,15 @@ impl IncrementalCapture {
 }
 
 impl IncrementalCapture {
+    /// The running requests the last capture read (address, computed
+    /// tokens), in `running`'s order, handed out once: a caller that takes
+    /// them right after the capture, with nothing run in between, reads the
+    /// same values; a later caller gets nothing.
+    pub(crate) fn take_running_reads(&mut self, into: &mut Vec<(usize, i64)>) {
+        into.clear();
+        std::mem::swap(into, &mut self.running_reads);
+    }
+
     /// One capture; with `verify` also the full capture's totals, read
     /// request by request.
     fn run(
@@ -247,6 +262,8 @@ impl IncrementalCapture {
         let volatile = &mut self.volatile;
         let cache = &mut self.cache;
         let prompts = &mut self.prompts;
+        let running_reads = &mut self.running_reads;
+        running_reads.clear();
         let mut totals = Snapshot::default();
         let mut full = verify.then(Snapshot::default);
         let mut reads = 0;
@@ -288,6 +305,7 @@ impl IncrementalCapture {
                 }
             };
             totals.add_running(fields);
+            running_reads.push((key, fields.computed));
             if let Some(full) = full.as_mut() {
                 full.add_running(reader.tokens_of(request)?);
             }

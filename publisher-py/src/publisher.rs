@@ -80,8 +80,11 @@ impl Publisher {
         blocks: &[u64],
         held: u64,
         capacity: usize,
+        kv_block_size: u32,
     ) -> PyResult<bool> {
-        self.open()?
+        let inner = self.open()?;
+        inner.set_cache_kv_block_size(kv_block_size);
+        inner
             .publish_cache(blocks, held, capacity)
             .map_err(publisher_error)
     }
@@ -174,8 +177,17 @@ macro_rules! publisher_methods {
             /// `cache_blocks` and `cache_version` from it. ValueError (nothing
             /// published) for more blocks than `capacity`, a capacity above
             /// the format's bound, or `held` below `len(blocks)`.
-            fn publish_cache(&mut self, blocks: Vec<u64>, held: u64, capacity: usize) -> PyResult<bool> {
-                self.publish_cache_blocks(&blocks, held, capacity)
+            /// `kv_block_size`: the engine's KV block size in tokens, for the
+            /// digest's header (0: not given; a change rewrites the digest).
+            #[pyo3(signature = (blocks, held, capacity, kv_block_size=0))]
+            fn publish_cache(
+                &mut self,
+                blocks: Vec<u64>,
+                held: u64,
+                capacity: usize,
+                kv_block_size: u32,
+            ) -> PyResult<bool> {
+                self.publish_cache_blocks(&blocks, held, capacity, kv_block_size)
             }
 
             /// Counters, every key for both backends (0 where it does not apply;

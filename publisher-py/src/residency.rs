@@ -38,23 +38,30 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
-use crate::incremental::ByAddress;
+use crate::incremental::{ByAddress, IncrementalCapture};
 use crate::publisher::Publisher;
 
-/// vLLM's cached-hash map key: a block hash with its KV cache group id.
-type Key = Box<[u8]>;
+/// A KV block's cached-map key (vLLM's block hash with its KV cache group
+/// id), by its first eight bytes: vLLM's block hashes are hash outputs
+/// (sha256 by default), already uniform, so two keys of one pool share
+/// these bytes with a probability of about n² / 2⁶⁵ (3·10⁻¹⁰ for 100,000
+/// cached blocks). Kept as a word, the tracker holds no Python object and
+/// allocates nothing per KV block. [`key_of`] makes it.
+type Key = u64;
 
-/// Hashes a key by its first eight bytes: vLLM's block hashes are hash
-/// outputs (sha256 by default), already uniform.
+/// Mixes a key (already uniform) for the maps' buckets.
 #[derive(Default)]
-struct PrefixHasher(u64);
+struct KeyHasher(u64);
 
-impl Hasher for PrefixHasher {
+impl Hasher for KeyHasher {
     fn write(&mut self, bytes: &[u8]) {
-        let mut word = [0u8; 8];
-        let n = bytes.len().min(8);
-        word[..n].copy_from_slice(&bytes[..n]);
-        self.0 = (self.0 ^ u64::from_le_bytes(word)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        for &byte in bytes {
+            self.write_u64(u64::from(byte));
+        }
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = (self.0 ^ value).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     }
 
     fn finish(&self) -> u64 {
@@ -62,7 +69,20 @@ impl Hasher for PrefixHasher {
     }
 }
 
-type ByKey<V> = HashMap<Key, V, BuildHasherDefault<PrefixHasher>>;
+type ByKey<V> = HashMap<Key, V, BuildHasherDefault<KeyHasher>>;
+type KeySet = HashSet<Key, BuildHasherDefault<KeyHasher>>;
+
+/// The [`Key`] of the cached-map key `hash` + `suffix` (a block hash of a
+/// request's `block_hashes`, and the group suffix), or of a whole cached-map
+/// key (with an empty suffix): its first eight bytes, zero-padded.
+fn key_of(hash: &[u8], suffix: &[u8]) -> Key {
+    let mut word = [0u8; 8];
+    let n = hash.len().min(8);
+    word[..n].copy_from_slice(&hash[..n]);
+    let m = suffix.len().min(8 - n);
+    word[n..n + m].copy_from_slice(&suffix[..m]);
+    u64::from_le_bytes(word)
+}
 
 /// One router block whose KV blocks were all cached at the last check.
 struct Entry {
@@ -72,12 +92,8 @@ struct Entry {
     parent: u64,
     /// The capture that last saw a request reach it.
     last_used: u64,
-    /// Its KV blocks' cached-map keys, in order (the last one is the
-    /// boundary's).
+    /// Its KV blocks' keys, in order (the last one is the boundary's).
     keys: Vec<Key>,
-    /// The same keys as Python bytes (verify mode only: looked up at every
-    /// capture, their hashes computed once).
-    py_keys: Vec<Py<PyBytes>>,
 }
 
 /// What the tracker knows of one request it follows.
@@ -105,12 +121,13 @@ struct Followed {
     blocked: Option<Py<PyBytes>>,
 }
 
-/// A running request at one position of `running` as of the last capture,
-/// for the capture's fast path: while the request at that position is the
-/// same object, it needs a look only once its computed tokens reach `next`.
-/// Kept apart from `Followed` (contiguous, two words) so that a capture of
-/// requests that grew no router block touches neither the followed map nor
-/// the request's block-hash list.
+/// A running request as of the last capture, in `running`'s order, for the
+/// capture's fast path: while the request is the same object, it needs a
+/// look only once its computed tokens reach `next`. Kept apart from
+/// `Followed` (contiguous, two words) so that a capture of requests that
+/// grew no router block touches neither the followed map nor the request's
+/// block-hash list. Only followed requests are listed (the followed map
+/// holds a strong reference to each: an address here names one object).
 #[derive(Clone, Copy)]
 struct Hot {
     /// The request's address (0: none).
@@ -119,6 +136,12 @@ struct Hot {
     /// for an excluded request).
     next: usize,
 }
+
+/// How far after the last match the fast path looks for a running
+/// request's entry of the last capture: requests that left `running` in
+/// between are skipped over; a request found nowhere within it (a new one,
+/// or `running` reordered) takes the slow path.
+const LOOKAHEAD: usize = 16;
 
 /// How evictions are followed.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -147,8 +170,10 @@ pub(crate) struct ResidencyTracker {
     /// Requests followed, by object address (the strong reference keeps the
     /// address from being reused).
     followed: ByAddress<Followed>,
-    /// Entries to re-check (evictions mode).
-    suspects: HashSet<u64>,
+    /// Evictions mode: the cached-map keys `get_new_blocks` was about to
+    /// evict since the last capture, with the entry each belongs to: the
+    /// capture drops the entry unless the key is cached again.
+    suspects: Vec<(u64, Py<PyBytes>)>,
     all_suspect: bool,
     /// The address of the cached-hash map seen at the last capture.
     map_addr: usize,
@@ -157,8 +182,16 @@ pub(crate) struct ResidencyTracker {
     /// `get_new_blocks` was reported: those take only free blocks).
     trust_running: bool,
     epoch: u64,
-    /// By position in `running` at the last capture (see [`Hot`]).
+    /// The running requests of the last capture, in order (see [`Hot`]).
     hot: Vec<Hot>,
+    /// The vector `hot` was built in at the capture before (reused).
+    spare_hot: Vec<Hot>,
+    /// The incremental capture's reads of `running` (reused).
+    reads: Vec<(usize, i64)>,
+    /// Requests `note` reported since the last capture.
+    noted: Vec<usize>,
+    /// Requests that may have left `running` (this capture's candidates).
+    left: Vec<usize>,
     /// The token buffer one router block is read into (reused).
     tokens: Vec<u32>,
     digest: Vec<u64>,
@@ -230,12 +263,16 @@ impl ResidencyTracker {
             entries: HashMap::new(),
             by_key: ByKey::default(),
             followed: ByAddress::default(),
-            suspects: HashSet::new(),
+            suspects: Vec::new(),
             all_suspect: false,
             map_addr: 0,
             trust_running: false,
             epoch: 0,
             hot: Vec::new(),
+            spare_hot: Vec::new(),
+            reads: Vec::new(),
+            noted: Vec::new(),
+            left: Vec::new(),
             tokens: Vec::with_capacity(BLOCK_TOKENS),
             digest: Vec::new(),
             held_set: HashSet::new(),
@@ -260,6 +297,7 @@ impl ResidencyTracker {
             for hot in self.hot.iter_mut().filter(|h| h.address == address) {
                 hot.address = 0;
             }
+            self.noted.push(address);
             let followed = self.follow(&request)?;
             followed.done = 0;
             followed.parent = CHAIN_SEED;
@@ -270,8 +308,8 @@ impl ResidencyTracker {
     }
 
     /// Evictions mode: `count` blocks are about to be taken from the head of
-    /// the free queue (`first`: the head's first block); the entries they
-    /// were cached under become suspects.
+    /// the free queue (`first`: the head's first block); the cached-map keys
+    /// they hold are evicted, and the entries they belong to become suspects.
     fn note_allocation(&mut self, first: &Bound<'_, PyAny>, count: usize) -> PyResult<()> {
         let next = self.next_attr.bind(first.py());
         let hash = self.hash_attr.bind(first.py());
@@ -279,9 +317,9 @@ impl ResidencyTracker {
         for _ in 0..count {
             let key = block.getattr(hash)?;
             if !key.is_none() {
-                if let Ok(bytes) = key.downcast::<PyBytes>() {
-                    if let Some(&router) = self.by_key.get(bytes.as_bytes()) {
-                        self.suspects.insert(router);
+                if let Ok(bytes) = key.downcast_into::<PyBytes>() {
+                    if let Some(&router) = self.by_key.get(&key_of(bytes.as_bytes(), &[])) {
+                        self.suspects.push((router, bytes.unbind()));
                     }
                 }
             }
@@ -304,11 +342,15 @@ impl ResidencyTracker {
     /// pool's cached-hash map, a dict), maps the new full router blocks of
     /// the `running` requests and of the requests followed since the last
     /// capture, then derives the prefix-closed digest. True when the digest
-    /// changed.
+    /// changed. `reads`: the hook's incremental capture, when it has just
+    /// read `running` (its computed tokens are taken from it, not read
+    /// again).
+    #[pyo3(signature = (running, cached, reads=None))]
     fn capture(
         &mut self,
         running: &Bound<'_, PyAny>,
         cached: &Bound<'_, PyDict>,
+        reads: Option<PyRefMut<'_, IncrementalCapture>>,
     ) -> PyResult<bool> {
         self.epoch += 1;
         let epoch = self.epoch;
@@ -317,27 +359,45 @@ impl ResidencyTracker {
         let list = running.downcast::<PyList>()?;
         let hashes_attr = self.block_hashes_attr.clone_ref(py).into_bound(py);
         let computed_attr = self.computed_attr.clone_ref(py).into_bound(py);
-        self.hot.resize(
-            list.len(),
-            Hot {
-                address: 0,
-                next: 0,
-            },
-        );
+        let mut read = std::mem::take(&mut self.reads);
+        match reads {
+            Some(mut capture) => capture.take_running_reads(&mut read),
+            None => read.clear(),
+        }
+        let previous = std::mem::take(&mut self.hot);
+        let mut hot = std::mem::take(&mut self.spare_hot);
+        hot.clear();
+        hot.reserve(list.len());
+        let mut cursor = 0;
         for (position, request) in list.iter().enumerate() {
             let address = request.as_ptr() as usize;
-            // The common case, the request at this position last time, with
-            // no new full router block: one attribute read (its computed
-            // tokens, which the snapshot's capture has just read too).
-            let hot = self.hot[position];
-            if hot.address == address {
-                if hot.next == usize::MAX {
+            let mut computed = read
+                .get(position)
+                .filter(|(at, _)| *at == address)
+                .map(|&(_, computed)| computed.max(0) as usize);
+            // The common case: a request the last capture saw running, with
+            // no new full router block. vLLM keeps `running` in order (it
+            // drops finished and preempted requests and appends admitted
+            // ones), so its entry is at the cursor or a little after it.
+            let window = &previous[cursor..previous.len().min(cursor + LOOKAHEAD)];
+            if let Some(at) = window.iter().position(|h| h.address == address) {
+                let last = previous[cursor + at];
+                // Those skipped over may have left `running`.
+                self.left.extend(window[..at].iter().map(|h| h.address));
+                cursor += at + 1;
+                if last.next == usize::MAX {
+                    hot.push(last);
                     continue;
                 }
-                let computed: usize = request.getattr(&computed_attr)?.extract()?;
-                if computed < hot.next {
+                let now = match computed {
+                    Some(now) => now,
+                    None => request.getattr(&computed_attr)?.extract()?,
+                };
+                if now < last.next {
+                    hot.push(last);
                     continue;
                 }
+                computed = Some(now);
             }
             if let Some(followed) = self.followed.get_mut(&address) {
                 followed.seen = epoch;
@@ -348,53 +408,63 @@ impl ResidencyTracker {
                     };
                     if available / self.per_block > followed.done {
                         let mut followed = self.followed.remove(&address).expect("followed");
-                        dirty |= self.advance(&mut followed, &request, cached, true)?;
+                        let advanced =
+                            self.advance(&mut followed, &request, cached, true, computed);
                         self.followed.insert(address, followed);
+                        dirty |= advanced?;
                     }
                 }
             } else {
                 self.follow(&request)?.seen = epoch;
                 let mut followed = self.followed.remove(&address).expect("followed");
-                dirty |= self.advance(&mut followed, &request, cached, true)?;
+                let advanced = self.advance(&mut followed, &request, cached, true, computed);
                 self.followed.insert(address, followed);
+                dirty |= advanced?;
             }
             let followed = &self.followed[&address];
-            self.hot[position] = Hot {
+            hot.push(Hot {
                 address,
                 next: if followed.excluded {
                     usize::MAX
                 } else {
                     (followed.done + 1) * BLOCK_TOKENS
                 },
-            };
+            });
         }
-        // Every running request is followed now (`running` holds each once):
-        // more followed ones means some left `running` (or were admitted and
-        // finished in between). Rare: mark the running ones, then map the
-        // others' blocks a last time.
-        if self.followed.len() > list.len() {
-            for request in list.iter() {
-                if let Some(followed) = self.followed.get_mut(&(request.as_ptr() as usize)) {
-                    followed.seen = epoch;
-                }
+        // Every running request is followed now. Those that left `running`
+        // since the last capture are among the last capture's running
+        // requests that this one did not find in order, and the requests
+        // `note` reported since (admitted, and maybe finished already):
+        // those not seen by this capture's slow path. Mapped a last time,
+        // then dropped.
+        self.left
+            .extend(previous[cursor..].iter().map(|h| h.address));
+        self.left.append(&mut self.noted);
+        let mut left = std::mem::take(&mut self.left);
+        if self.followed.len() > hot.len() {
+            left.sort_unstable();
+            left.dedup();
+            left.retain(|address| self.followed.get(address).is_some_and(|f| f.seen != epoch));
+            if self.followed.len() - left.len() > hot.len() {
+                // (Not expected: a request followed and neither running nor
+                // a candidate.) Every request, as a full capture would.
+                left = self.unseen(list, epoch);
             }
-            let gone: Vec<usize> = self
-                .followed
-                .iter()
-                .filter(|(_, f)| f.seen != epoch)
-                .map(|(&a, _)| a)
-                .collect();
-            // Their addresses may be reused once they are dropped.
-            self.hot.clear();
-            for address in gone {
-                let mut followed = self.followed.remove(&address).expect("followed");
-                let request = followed.request.clone_ref(py).into_bound(py);
-                // Its blocks may be free now: check every one.
-                followed.pending.clear();
-                followed.blocked = None;
-                dirty |= self.advance(&mut followed, &request, cached, false)?;
-            }
+        } else {
+            left.clear();
         }
+        for address in left.drain(..) {
+            let mut followed = self.followed.remove(&address).expect("followed");
+            let request = followed.request.clone_ref(py).into_bound(py);
+            // Its blocks may be free now: check every one.
+            followed.pending.clear();
+            followed.blocked = None;
+            dirty |= self.advance(&mut followed, &request, cached, false, None)?;
+        }
+        self.left = left;
+        self.hot = hot;
+        self.spare_hot = previous;
+        self.reads = read;
         self.changed = dirty;
         if dirty {
             self.derive();
@@ -417,13 +487,16 @@ impl ResidencyTracker {
     /// Publishes the digest as of the last capture through `publisher`
     /// (`Publisher.publish_cache`: at most `capacity` blocks, cut as
     /// `blocks` does, and how many were held), without a Python list. True
-    /// when the publisher wrote a new digest version.
+    /// when the publisher wrote a new digest version. The digest's header
+    /// carries the tracker's KV block size.
     fn publish(&self, publisher: &Bound<'_, Publisher>, capacity: usize) -> PyResult<bool> {
+        // Checked in `new`: divides 512.
+        let tokens = self.kv_block_size as u32;
         let mut publisher = publisher.try_borrow_mut()?;
         if capacity < self.digest.len() {
-            publisher.publish_cache_blocks(&self.cut(capacity), self.held as u64, capacity)
+            publisher.publish_cache_blocks(&self.cut(capacity), self.held as u64, capacity, tokens)
         } else {
-            publisher.publish_cache_blocks(&self.digest, self.held as u64, capacity)
+            publisher.publish_cache_blocks(&self.digest, self.held as u64, capacity, tokens)
         }
     }
 
@@ -481,6 +554,8 @@ impl ResidencyTracker {
         self.by_key.clear();
         self.followed.clear();
         self.hot.clear();
+        self.noted.clear();
+        self.left.clear();
         self.suspects.clear();
         self.digest.clear();
         self.held_set.clear();
@@ -492,6 +567,21 @@ impl ResidencyTracker {
 }
 
 impl ResidencyTracker {
+    /// The followed requests not in `running` (marking those in it seen by
+    /// this capture, `epoch`).
+    fn unseen(&mut self, running: &Bound<'_, PyList>, epoch: u64) -> Vec<usize> {
+        for request in running.iter() {
+            if let Some(followed) = self.followed.get_mut(&(request.as_ptr() as usize)) {
+                followed.seen = epoch;
+            }
+        }
+        self.followed
+            .iter()
+            .filter(|(_, f)| f.seen != epoch)
+            .map(|(&address, _)| address)
+            .collect()
+    }
+
     /// The followed state of `request`, created if new.
     fn follow(&mut self, request: &Bound<'_, PyAny>) -> PyResult<&mut Followed> {
         let address = request.as_ptr() as usize;
@@ -544,38 +634,42 @@ impl ResidencyTracker {
     }
 
     /// Drops the entries whose KV blocks left the cached map; true when one did.
+    ///
+    /// Verify mode, and evictions mode when the map was replaced or
+    /// `note_all_suspect` was called: every KV block of every entry, against
+    /// the keys of the map read once. Otherwise only the keys
+    /// `note_allocation` saw evicted: an entry whose other blocks were not
+    /// taken from the free queue still has them.
     fn check(&mut self, cached: &Bound<'_, PyDict>) -> PyResult<bool> {
         let address = cached.as_ptr() as usize;
         let everything = self.mode == Mode::Verify || self.all_suspect || address != self.map_addr;
         self.map_addr = address;
         self.all_suspect = false;
         self.trust_running = !everything;
-        let candidates: Vec<u64> = if everything {
-            self.suspects.clear();
-            self.entries.keys().copied().collect()
-        } else {
-            self.suspects.drain().collect()
-        };
-        let py = cached.py();
         let mut gone = Vec::new();
-        for router in candidates {
-            let Some(entry) = self.entries.get(&router) else {
-                continue;
-            };
-            let mut all = true;
-            for (i, key) in entry.keys.iter().enumerate() {
-                self.lookups += 1;
-                let found = match entry.py_keys.get(i) {
-                    Some(py_key) => cached.contains(py_key.bind(py))?,
-                    None => cached.contains(PyBytes::new(py, key))?,
-                };
-                if !found {
-                    all = false;
-                    break;
+        if everything {
+            self.suspects.clear();
+            let mut present: KeySet =
+                KeySet::with_capacity_and_hasher(cached.len(), Default::default());
+            for (key, _) in cached.iter() {
+                present.insert(key_of(key.downcast::<PyBytes>()?.as_bytes(), &[]));
+            }
+            for (&router, entry) in &self.entries {
+                self.lookups += entry.keys.len() as u64;
+                if !entry.keys.iter().all(|key| present.contains(key)) {
+                    gone.push(router);
                 }
             }
-            if !all {
-                gone.push(router);
+        } else {
+            let py = cached.py();
+            for (router, key) in std::mem::take(&mut self.suspects) {
+                if !self.entries.contains_key(&router) {
+                    continue;
+                }
+                self.lookups += 1;
+                if !cached.contains(key.bind(py))? {
+                    gone.push(router);
+                }
             }
         }
         let dirty = !gone.is_empty();
@@ -595,13 +689,16 @@ impl ResidencyTracker {
     }
 
     /// Maps the request's full router blocks past those already mapped, as
-    /// far as they are cached; true when an entry was added.
+    /// far as they are cached; true when an entry was added. `computed`: a
+    /// running request's computed tokens (None: not running, or not read
+    /// yet).
     fn advance(
         &mut self,
         followed: &mut Followed,
         request: &Bound<'_, PyAny>,
         cached: &Bound<'_, PyDict>,
         running: bool,
+        computed: Option<usize>,
     ) -> PyResult<bool> {
         if followed.excluded {
             return Ok(false);
@@ -615,7 +712,10 @@ impl ResidencyTracker {
         if running {
             // vLLM caches a running request's blocks as it schedules them:
             // none past its computed tokens.
-            let computed: usize = request.getattr(self.computed_attr.bind(py))?.extract()?;
+            let computed = match computed {
+                Some(computed) => computed,
+                None => request.getattr(self.computed_attr.bind(py))?.extract()?,
+            };
             kv_blocks = kv_blocks.min(computed / self.kv_block_size);
         }
         let available = kv_blocks / self.per_block;
@@ -624,12 +724,19 @@ impl ResidencyTracker {
         }
         let m = self.per_block;
         let list = hashes.downcast::<PyList>().ok();
+        let hash_at = |i: usize| -> PyResult<Bound<'_, PyBytes>> {
+            let item = match &list {
+                Some(list) => list.get_item(i)?,
+                None => hashes.get_item(i)?,
+            };
+            Ok(item.downcast_into::<PyBytes>()?)
+        };
         let mut added = false;
         while followed.done < available {
             let depth = followed.done;
-            let boundary = hashes.get_item((depth + 1) * m - 1)?;
-            let boundary_key = self.key_of(&boundary)?;
-            if let Some(&router) = self.by_key.get(&boundary_key[..]) {
+            let last = (depth + 1) * m - 1;
+            let boundary = key_of(hash_at(last)?.as_bytes(), &self.suffix);
+            if let Some(&router) = self.by_key.get(&boundary) {
                 let entry = self.entries.get_mut(&router).expect("keys name entries");
                 if entry.depth as usize == depth && entry.parent == followed.parent {
                     entry.last_used = self.epoch;
@@ -655,27 +762,23 @@ impl ResidencyTracker {
             // cached; the blocks before it were completed, and cached, by an
             // earlier schedule.
             let trusted = running && self.trust_running;
-            let last = (depth + 1) * m - 1;
-            for i in depth * m + keys.len()..(depth + 1) * m {
-                let key = match &list {
-                    Some(list) => self.key_of(&list.get_item(i)?)?,
-                    None => self.key_of(&hashes.get_item(i)?)?,
-                };
+            for i in depth * m + keys.len()..=last {
+                let hash = hash_at(i)?;
                 if !trusted || i == last {
-                    let py_key = match followed.blocked.take() {
-                        Some(py_key) => py_key.into_bound(py),
-                        None => PyBytes::new(py, &key),
+                    let full = match followed.blocked.take() {
+                        Some(full) => full.into_bound(py),
+                        None => self.full_key(&hash)?,
                     };
                     self.lookups += 1;
-                    if !cached.contains(&py_key)? {
+                    if !cached.contains(&full)? {
                         if running {
                             followed.pending = keys;
-                            followed.blocked = Some(py_key.unbind());
+                            followed.blocked = Some(full.unbind());
                         }
                         return Ok(added);
                     }
                 }
-                keys.push(key);
+                keys.push(key_of(hash.as_bytes(), &self.suffix));
             }
             let tokens = request.getattr(self.tokens_attr.bind(py))?;
             read_tokens(&tokens, depth * BLOCK_TOKENS, &mut self.tokens)?;
@@ -684,16 +787,9 @@ impl ResidencyTracker {
             // The same prefix under other vLLM hashes (cannot happen with
             // one hash seed): one entry.
             self.remove(router);
-            for key in &keys {
-                self.by_key.insert(key.clone(), router);
+            for &key in &keys {
+                self.by_key.insert(key, router);
             }
-            let py_keys = if self.mode == Mode::Verify {
-                keys.iter()
-                    .map(|key| PyBytes::new(py, key).unbind())
-                    .collect()
-            } else {
-                Vec::new()
-            };
             self.added.push(router);
             self.entries.insert(
                 router,
@@ -702,7 +798,6 @@ impl ResidencyTracker {
                     parent: followed.parent,
                     last_used: self.epoch,
                     keys,
-                    py_keys,
                 },
             );
             added = true;
@@ -712,13 +807,15 @@ impl ResidencyTracker {
         Ok(added)
     }
 
-    /// The cached-map key of one vLLM block hash (bytes): hash + group suffix.
-    fn key_of(&self, hash: &Bound<'_, PyAny>) -> PyResult<Key> {
-        let bytes = hash.downcast::<PyBytes>()?.as_bytes();
-        let mut key = Vec::with_capacity(bytes.len() + self.suffix.len());
-        key.extend_from_slice(bytes);
-        key.extend_from_slice(&self.suffix);
-        Ok(key.into_boxed_slice())
+    /// The cached-map key of one vLLM block hash: the hash and the group
+    /// suffix, as Python bytes (what the map is looked up with).
+    fn full_key<'py>(&self, hash: &Bound<'py, PyBytes>) -> PyResult<Bound<'py, PyBytes>> {
+        let bytes = hash.as_bytes();
+        PyBytes::new_with(hash.py(), bytes.len() + self.suffix.len(), |out| {
+            out[..bytes.len()].copy_from_slice(bytes);
+            out[bytes.len()..].copy_from_slice(&self.suffix);
+            Ok(())
+        })
     }
 
     /// The prefix-closed set: an entry is held when its parent is (depth 0:

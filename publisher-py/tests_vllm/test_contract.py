@@ -18,10 +18,16 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from vllm_harness import build_scheduler, drive, fields_from_scheduler, make_requests, sleep_past
+from vllm_harness import (
+    build_scheduler,
+    drive,
+    esdump,
+    fields_from_scheduler,
+    make_requests,
+    sleep_past,
+)
 
 import engine_state
 import engine_state.vllm as hook_pkg
@@ -44,15 +50,6 @@ SCENARIOS = {
     "Scheduler": (False, False, 1),
     "AsyncScheduler": (True, True, 2),
 }
-
-
-def esdump() -> Path:
-    root = Path(__file__).resolve().parents[2]
-    candidates = [os.environ.get("ENGINE_STATE_BIN", ""), os.environ.get("CARGO_TARGET_DIR", "")]
-    for folder in candidates[:1] + [f"{candidates[1]}/release", str(root / "target/release")]:
-        if folder and (Path(folder) / "esdump").exists():
-            return Path(folder) / "esdump"
-    pytest.fail("esdump not found: run `cargo build --release --bins` or set ENGINE_STATE_BIN")
 
 
 def expected_fields(scheduler) -> dict:

@@ -16,10 +16,13 @@ per stay in the cache (a prefix hit adopts it).
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import subprocess
 
 import pytest
-from vllm_harness import build_scheduler, fake_output, make_request
+from vllm_harness import build_scheduler, esdump, fake_output, make_request
 
 from engine_state import block_hashes
 from engine_state.vllm import _hook
@@ -139,3 +142,13 @@ def test_the_digest_is_what_vllms_prefix_lookup_would_hit(mode, loaded_plugin, m
     assert hook.residency.held > 0 and tracker.hash_calls > 0 and tracker.adopted > 0
     # A prefix hit adopts the router hash: far fewer hashes than blocks reached.
     assert tracker.hash_calls < tracker.adopted
+    # The digest's header names the engine's KV block size (esdump reads it).
+    dump = subprocess.run(
+        [str(esdump()), "--uri", os.environ["AGENTIC_ENGINE_STATE_URI"], "--cache",
+         hook.engine_id, "--json"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert dump.returncode == 0, dump.stderr
+    header = json.loads(dump.stdout)
+    assert header["kv_block_size"] == scheduler.block_size == 16
+    assert header["held"] == hook.residency.held

@@ -18,6 +18,9 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
+
+import pytest
 
 BLOCK_SIZE = 16
 NUM_BLOCKS = 16  # block 0 is the null block: 15 usable = 240 tokens
@@ -316,3 +319,14 @@ def sleep_past(period_ms: float) -> Callable[[], None]:
         time.sleep(period_ms / 1000 * 1.2)
 
     return wait
+
+
+def esdump() -> Path:
+    """The esdump binary built from this tree (ENGINE_STATE_BIN, CARGO_TARGET_DIR
+    or target/release)."""
+    root = Path(__file__).resolve().parents[2]
+    candidates = [os.environ.get("ENGINE_STATE_BIN", ""), os.environ.get("CARGO_TARGET_DIR", "")]
+    for folder in candidates[:1] + [f"{candidates[1]}/release", str(root / "target/release")]:
+        if folder and (Path(folder) / "esdump").exists():
+            return Path(folder) / "esdump"
+    pytest.fail("esdump not found: run `cargo build --release --bins` or set ENGINE_STATE_BIN")

@@ -209,7 +209,9 @@ class EngineStateHook:
         # The digest first: the snapshot published next names its version
         # (docs/FORMAT.md, "Cache residency").
         if self.residency is not None:
-            self.residency.capture(scheduler, blocks_total)
+            # The incremental capture has just read `running`: the tracker
+            # takes its reads instead of reading every request again.
+            self.residency.capture(scheduler, blocks_total, running, self._incremental)
         totals.publish(
             self.publisher,
             step=self.step,

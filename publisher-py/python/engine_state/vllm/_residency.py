@@ -142,15 +142,20 @@ class Residency:
             except Exception as error:
                 self.fail(error, "note")
 
-    def capture(self, scheduler: Any, gpu_blocks_total: int) -> None:
-        """Follows the engine up to now and publishes the digest when it changed."""
+    def capture(
+        self, scheduler: Any, gpu_blocks_total: int, running: Any = None, reads: Any = None
+    ) -> None:
+        """Follows the engine up to now and publishes the digest when it
+        changed. ``running``: the scheduler's running list, when the caller
+        has it; ``reads``: the hook's ``_IncrementalCapture`` when it has just
+        read ``running`` (the tracker takes the computed tokens it read)."""
         tracker = self.tracker
         if tracker is None:
             return
         try:
-            changed = tracker.capture(
-                adapter.running(scheduler), adapter.cached_block_map(scheduler)
-            )
+            if running is None:
+                running = adapter.running(scheduler)
+            changed = tracker.capture(running, adapter.cached_block_map(scheduler), reads)
             capacity = default_cache_capacity(gpu_blocks_total, tracker.kv_block_size)
             if not changed and capacity == self.capacity and self.started:
                 return
