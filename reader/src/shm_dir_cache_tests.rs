@@ -152,6 +152,45 @@ fn a_digest_is_read_once_per_version_and_shared_until_it_moves() {
 
 /// A writer that replaces its digest file (a new capacity) retires the old
 /// one: the reader maps the new one at the next version.
+/// A moved digest is read into the held allocation when no caller holds
+/// it any more, and into a new one when a caller does: a caller's digest
+/// never changes under it.
+#[test]
+fn a_moved_digest_reuses_its_allocation_only_when_no_caller_holds_it() {
+    let (_tmp, dir) = state_dir();
+    let mut writer = engine(&dir, "e0");
+    let mut digests = digest_writer(&dir, "e0", writer.generation(), 1);
+    let mut source = ShmDir::open(&dir, with_digests()).unwrap();
+    name(&mut writer, 1);
+    let kept = read(&mut source, "e0").0.cache.unwrap();
+
+    // Held by this caller: the next version goes to a new digest.
+    digests.publish(&digest(2), 3, 0).unwrap();
+    name(&mut writer, 2);
+    let second = read(&mut source, "e0").0.cache.unwrap();
+    assert!(!Arc::ptr_eq(&kept, &second));
+    assert_eq!((second.version(), second.blocks()), (2, &[2, 100, 200][..]));
+    assert_eq!((kept.version(), kept.blocks()), (1, &[1, 100, 200][..]));
+    let (arc, entries) = (Arc::as_ptr(&second), second.blocks().as_ptr());
+    drop(second);
+
+    // No one else holds version 2 now: version 3 is read into it.
+    digests.publish(&digest(3), 3, 0).unwrap();
+    name(&mut writer, 3);
+    let third = read(&mut source, "e0").0.cache.unwrap();
+    assert_eq!((third.version(), third.blocks()), (3, &[3, 100, 200][..]));
+    assert_eq!(Arc::as_ptr(&third), arc, "the Arc is reused");
+    assert_eq!(third.blocks().as_ptr(), entries, "and its entries");
+    assert_eq!((kept.version(), kept.blocks()), (1, &[1, 100, 200][..]));
+
+    // Held again (`third`): a torn-free read of version 4 leaves it be.
+    digests.publish(&digest(4), 3, 0).unwrap();
+    name(&mut writer, 4);
+    let fourth = read(&mut source, "e0").0.cache.unwrap();
+    assert_eq!((third.version(), third.blocks()), (3, &[3, 100, 200][..]));
+    assert_eq!(fourth.version(), 4);
+}
+
 #[test]
 fn a_replaced_digest_file_is_mapped_again() {
     let (_tmp, dir) = state_dir();

@@ -134,17 +134,26 @@ impl CacheSlot {
         if self.torn_seq.is_some_and(|seq| seq == file.seq()) {
             return None;
         }
-        match file.read() {
-            Ok(digest) if digest.version() < version => {
+        // The held digest's allocation is refilled when no caller holds it
+        // any more (the usual case: a reading is cleared before the next):
+        // a moved digest then costs the copy alone, no allocation. A caller
+        // that still holds it keeps it unchanged: the read goes to a new one.
+        let mut digest: Arc<CacheDigest> = self
+            .held
+            .take()
+            .and_then(|(_, mut held)| Arc::get_mut(&mut held).is_some().then_some(held))
+            .unwrap_or_default();
+        let into = Arc::get_mut(&mut digest).expect("unique: checked or new");
+        match file.read_into(into) {
+            Ok(()) if into.version() < version => {
                 let what = format!(
                     "it holds version {}, older than the version {version} the snapshot names",
-                    digest.version()
+                    into.version()
                 );
                 let path = file.path().to_owned();
                 self.fail(id, &path, version, what, false)
             }
-            Ok(digest) => {
-                let digest = Arc::new(digest);
+            Ok(()) => {
                 self.held = Some((generation, digest.clone()));
                 self.torn_seq = None;
                 self.failed = None;
