@@ -503,9 +503,8 @@ impl RecordSender {
 
 /// The Redis value of `digest`, read from `engine`'s digest file, for the
 /// records of `sent` (their `writer_pid` and `generation`, as docs/FORMAT.md,
-/// "On Redis" says). What the reader does not hand out is reported as a
-/// writer that does not know it would: `held` = the count (the file's is
-/// not read), `kv_block_size` 0; `captured_unix_ns` is the snapshot's
+/// "On Redis" says), with the file's `held` and `kv_block_size` as the
+/// reader hands them on ([`CacheDigest::held`]); `captured_unix_ns` is the snapshot's
 /// `captured_unix_ns` moved back by the monotonic time between the two
 /// captures (display). None only for a digest beyond `MAX_DIGEST_ENTRIES`,
 /// which the reader refuses anyway.
@@ -522,9 +521,9 @@ fn digest_value(
         writer_pid: sent.writer_pid,
         generation: sent.generation,
         created_unix_ns: engine.writer.created_unix_ns,
-        kv_block_size: 0,
+        kv_block_size: digest.kv_block_size(),
         captured_unix_ns: snapshot.captured_unix_ns.saturating_sub(since_digest),
-        held: digest.len() as u64,
+        held: digest.held(),
         digest: digest.clone(),
     };
     encode_digest_value(&record).ok().map(Arc::from)

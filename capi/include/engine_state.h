@@ -227,8 +227,7 @@ typedef struct EsCacheDigest {
   // Valid entries: the array length the entries need.
   uint64_t count;
   // Router blocks the engine held at the capture: `count`, or more when
-  // the digest was cut to its capacity. 0 from `es_read_cache` (the
-  // reader does not carry it).
+  // the digest was cut to its capacity.
   uint64_t held;
   // The generation of the engine file (Redis record) this digest
   // belongs to: use it only with an engine of that generation.
@@ -238,7 +237,8 @@ typedef struct EsCacheDigest {
   uint64_t created_unix_ns;
   // Entries the file holds (a Redis value: `count`); 0 from `es_read_cache`.
   uint32_t capacity;
-  // The engine's KV block size in tokens (display); 0 from `es_read_cache`.
+  // The engine's KV block size in tokens (display; 0: its writer did not
+  // say).
   uint32_t kv_block_size;
   // The writer's pid, in its pid namespace; 0 from `es_read_cache`.
   uint32_t writer_pid;
@@ -550,7 +550,8 @@ EsCode es_engine_error(struct EsSource *source,
 // been opened with `EsOptions.read_cache_digests = 1` (else
 // `ES_CODE_UNSUPPORTED`). Reads the engine (into `*engine`, unless it is
 // null) and its digest: `*digest` gets the digest's version, capture
-// stamp, count and generation (the engine's), and `entries` the first
+// stamp, count, `held`, `kv_block_size` and generation (the engine's), and
+// `entries` the first
 // `capacity` of its `digest->count` entries, the router block hashes
 // ascending (`entries = NULL, capacity = 0` learns the count:
 // `ES_CODE_BUFFER_TOO_SMALL` when it is not 0; `ES_MAX_DIGEST_ENTRIES`

@@ -77,7 +77,8 @@ fn read_one(inner: &mut Inner, id: &str) -> Result<Option<Found>, Failure> {
 /// been opened with `EsOptions.read_cache_digests = 1` (else
 /// `ES_CODE_UNSUPPORTED`). Reads the engine (into `*engine`, unless it is
 /// null) and its digest: `*digest` gets the digest's version, capture
-/// stamp, count and generation (the engine's), and `entries` the first
+/// stamp, count, `held`, `kv_block_size` and generation (the engine's), and
+/// `entries` the first
 /// `capacity` of its `digest->count` entries, the router block hashes
 /// ascending (`entries = NULL, capacity = 0` learns the count:
 /// `ES_CODE_BUFFER_TOO_SMALL` when it is not 0; `ES_MAX_DIGEST_ENTRIES`
@@ -180,6 +181,8 @@ pub unsafe extern "C" fn es_read_cache(
             version: cache.version(),
             captured_mono_ns: cache.captured_mono_ns(),
             count: cache.len() as u64,
+            held: cache.held(),
+            kv_block_size: cache.kv_block_size(),
             generation: state.generation,
             state: EsCacheState::Active,
             ..EsCacheDigest::default()
