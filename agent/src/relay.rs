@@ -300,15 +300,14 @@ impl Relay {
         self.cache_errors_logged
             .retain(|id| reading.get(id).is_some_and(|e| e.cache.is_none()));
         for error in &reading.errors {
-            if let engine_state_reader::Error::CorruptCache { engine_id, .. } = &*error.error {
-                if !self.cache_errors_logged.contains(engine_id.as_str()) {
+            if let Some(engine_id) = error.error.cache_engine_id() {
+                if !self.cache_errors_logged.contains(engine_id) {
                     tracing::warn!(
                         "esagent: {}; meanwhile its records are relayed without a digest \
                          (cache_blocks and cache_version 0)",
                         error.error
                     );
-                    self.cache_errors_logged
-                        .insert(Arc::from(engine_id.as_str()));
+                    self.cache_errors_logged.insert(Arc::from(engine_id));
                 }
             }
         }

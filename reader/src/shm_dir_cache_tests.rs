@@ -86,13 +86,22 @@ fn read(source: &mut ShmDir, name: &str) -> (EngineState, Vec<String>) {
     let errors = reading
         .errors
         .iter()
-        .filter(|e| matches!(*e.error, Error::CorruptCache { .. }))
+        .filter(|e| e.error.is_cache_fault())
         .map(|e| {
             assert_eq!(e.name, name);
             e.to_string()
         })
         .collect();
     (state, errors)
+}
+
+/// The class of [`ShmDir::cache_fault`] for `state`, at any call.
+fn fault_class(source: &ShmDir, state: &EngineState) -> Option<&'static str> {
+    source.cache_fault(state).map(|e| match *e.error {
+        Error::MissingCache { .. } => "missing_cache",
+        Error::CorruptCache { .. } => "corrupt_cache",
+        _ => panic!("not a cache fault: {e}"),
+    })
 }
 
 #[test]
@@ -228,9 +237,13 @@ fn a_missing_digest_is_reported_once_per_version() {
         "{}",
         errors[0]
     );
+    // Not there is not damage: `missing_cache`, said once, and asked for
+    // at every read.
+    assert_eq!(fault_class(&source, &state), Some("missing_cache"));
     for _ in 0..3 {
         let (state, errors) = read(&mut source, "m");
         assert!(errors.is_empty() && state.cache.is_none(), "{errors:?}");
+        assert_eq!(fault_class(&source, &state), Some("missing_cache"));
     }
     name(&mut writer, 5);
     assert_eq!(
@@ -285,7 +298,10 @@ fn a_digest_of_another_generation_is_not_used() {
     assert_eq!(state.cache, None);
     assert_eq!(errors.len(), 1, "{errors:?}");
     assert!(errors[0].contains("belongs to generation"), "{}", errors[0]);
-    assert!(read(&mut source, "g").1.is_empty(), "once");
+    assert_eq!(fault_class(&source, &state), Some("missing_cache"));
+    let (state, errors) = read(&mut source, "g");
+    assert!(errors.is_empty(), "once");
+    assert_eq!(fault_class(&source, &state), Some("missing_cache"));
 }
 
 /// Garbage where a digest belongs: that engine's `corrupt_cache` error at
@@ -307,6 +323,7 @@ fn a_damaged_digest_is_the_engines_error_and_its_state_is_still_read() {
         let (state, errors) = read(&mut source, "bad");
         assert_eq!((state.status, state.cache.as_ref()), (Status::Fresh, None));
         assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(fault_class(&source, &state), Some("corrupt_cache"));
         assert!(
             errors[0].contains("not a cache digest")
                 && errors[0].contains("its state is read without it")

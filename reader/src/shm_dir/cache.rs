@@ -32,8 +32,9 @@ struct Failed {
     /// The snapshot's `cache_version` then.
     version: u64,
     error: EngineError,
-    /// A damaged digest is reported at every read (as a damaged engine
-    /// file is); a missing one only once per version.
+    /// A damaged digest ([`Error::CorruptCache`]) is reported at every
+    /// read (as a damaged engine file is); a missing one
+    /// ([`Error::MissingCache`]) only once per version.
     every_read: bool,
     reported: bool,
 }
@@ -182,20 +183,40 @@ impl CacheSlot {
         what: String,
         every_read: bool,
     ) -> Option<Arc<CacheDigest>> {
+        let (engine_id, location) = (id.to_owned(), path.display().to_string());
+        // A damaged digest is reported at every read; one that is not there
+        // (yet) is not damage, and is said once.
+        let error = if every_read {
+            Error::CorruptCache {
+                engine_id,
+                location,
+                what,
+            }
+        } else {
+            Error::MissingCache {
+                engine_id,
+                location,
+                what,
+            }
+        };
         self.failed = Some(Failed {
             version,
-            error: EngineError::new(
-                id,
-                Error::CorruptCache {
-                    engine_id: id.to_owned(),
-                    location: path.display().to_string(),
-                    what,
-                },
-            ),
+            error: EngineError::new(id, error),
             every_read,
             reported: false,
         });
         None
+    }
+
+    /// Why a read whose snapshot named `version` got no digest, when the
+    /// reader knows ([`Error::CorruptCache`], [`Error::MissingCache`]), at
+    /// every call: unlike [`CacheSlot::error`], which says a missing digest
+    /// once. None when nothing is wrong or a read was torn (read again).
+    pub(super) fn fault(&self, version: u64) -> Option<&EngineError> {
+        self.failed
+            .as_ref()
+            .filter(|failed| version != 0 && failed.version == version)
+            .map(|failed| &failed.error)
     }
 
     /// The error to report with a read whose snapshot named `version`, if
