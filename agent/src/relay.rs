@@ -300,15 +300,14 @@ impl Relay {
         self.cache_errors_logged
             .retain(|id| reading.get(id).is_some_and(|e| e.cache.is_none()));
         for error in &reading.errors {
-            if let engine_state_reader::Error::CorruptCache { engine_id, .. } = &*error.error {
-                if !self.cache_errors_logged.contains(engine_id.as_str()) {
+            if let Some(engine_id) = error.error.cache_engine_id() {
+                if !self.cache_errors_logged.contains(engine_id) {
                     tracing::warn!(
                         "esagent: {}; meanwhile its records are relayed without a digest \
                          (cache_blocks and cache_version 0)",
                         error.error
                     );
-                    self.cache_errors_logged
-                        .insert(Arc::from(engine_id.as_str()));
+                    self.cache_errors_logged.insert(Arc::from(engine_id));
                 }
             }
         }
@@ -503,9 +502,8 @@ impl RecordSender {
 
 /// The Redis value of `digest`, read from `engine`'s digest file, for the
 /// records of `sent` (their `writer_pid` and `generation`, as docs/FORMAT.md,
-/// "On Redis" says). What the reader does not hand out is reported as a
-/// writer that does not know it would: `held` = the count (the file's is
-/// not read), `kv_block_size` 0; `captured_unix_ns` is the snapshot's
+/// "On Redis" says), with the file's `held` and `kv_block_size` as the
+/// reader hands them on ([`CacheDigest::held`]); `captured_unix_ns` is the snapshot's
 /// `captured_unix_ns` moved back by the monotonic time between the two
 /// captures (display). None only for a digest beyond `MAX_DIGEST_ENTRIES`,
 /// which the reader refuses anyway.
@@ -522,9 +520,9 @@ fn digest_value(
         writer_pid: sent.writer_pid,
         generation: sent.generation,
         created_unix_ns: engine.writer.created_unix_ns,
-        kv_block_size: 0,
+        kv_block_size: digest.kv_block_size(),
         captured_unix_ns: snapshot.captured_unix_ns.saturating_sub(since_digest),
-        held: digest.len() as u64,
+        held: digest.held(),
         digest: digest.clone(),
     };
     encode_digest_value(&record).ok().map(Arc::from)

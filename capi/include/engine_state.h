@@ -140,10 +140,9 @@ enum EsCode
   // clock to tell its age. The engine is read all the same, status
   // `ES_STATUS_STALE`: this error says why.
   ES_CODE_CLOCK_AHEAD = 108,
-  // Per-engine: the engine's cache digest cannot be used (damaged, of
-  // another digest layout version, missing while the snapshot names one,
-  // or of another generation); its state is read without it. Also the
-  // class of a digest file or value that breaks the format's rules.
+  // Per-engine: the engine's cache digest cannot be used (damaged, or of
+  // another digest layout version); its state is read without it. Also
+  // the class of a digest file or value that breaks the format's rules.
   ES_CODE_CORRUPT_CACHE = 109,
   // A digest file or value that is not a cache digest (bad magic).
   ES_CODE_NOT_DIGEST = 110,
@@ -151,6 +150,12 @@ enum EsCode
   // every attempt, a writer died mid-write, or the file is zeroed), or
   // one being replaced: read it again later.
   ES_CODE_TORN = 111,
+  // Per-engine and `es_read_cache`: the digest the engine's snapshot
+  // names is not there for it (no file or key yet, one of another run of
+  // the engine, or an older version): a restarted engine or one between
+  // writes, not damage. Its state is read without it; read again once
+  // the engine names its next digest.
+  ES_CODE_MISSING_CACHE = 112,
   // Anything else.
   ES_CODE_OTHER = 199,
 };
@@ -227,8 +232,7 @@ typedef struct EsCacheDigest {
   // Valid entries: the array length the entries need.
   uint64_t count;
   // Router blocks the engine held at the capture: `count`, or more when
-  // the digest was cut to its capacity. 0 from `es_read_cache` (the
-  // reader does not carry it).
+  // the digest was cut to its capacity.
   uint64_t held;
   // The generation of the engine file (Redis record) this digest
   // belongs to: use it only with an engine of that generation.
@@ -238,7 +242,8 @@ typedef struct EsCacheDigest {
   uint64_t created_unix_ns;
   // Entries the file holds (a Redis value: `count`); 0 from `es_read_cache`.
   uint32_t capacity;
-  // The engine's KV block size in tokens (display); 0 from `es_read_cache`.
+  // The engine's KV block size in tokens (display; 0: its writer did not
+  // say).
   uint32_t kv_block_size;
   // The writer's pid, in its pid namespace; 0 from `es_read_cache`.
   uint32_t writer_pid;
@@ -550,23 +555,23 @@ EsCode es_engine_error(struct EsSource *source,
 // been opened with `EsOptions.read_cache_digests = 1` (else
 // `ES_CODE_UNSUPPORTED`). Reads the engine (into `*engine`, unless it is
 // null) and its digest: `*digest` gets the digest's version, capture
-// stamp, count and generation (the engine's), and `entries` the first
+// stamp, count, `held`, `kv_block_size` and generation (the engine's), and
+// `entries` the first
 // `capacity` of its `digest->count` entries, the router block hashes
 // ascending (`entries = NULL, capacity = 0` learns the count:
 // `ES_CODE_BUFFER_TOO_SMALL` when it is not 0; `ES_MAX_DIGEST_ENTRIES`
 // always suffices). The reader reads a digest again only when the
 // engine's `cache_version` moves; a call reads the engine's state (on
-// shared memory one engine file, or the directory when the snapshot names
-// a digest the read did not get; on Redis the fleet's records).
+// shared memory one engine file; on Redis the fleet's records).
 //
 // Results, in this order: `ES_CODE_NOT_FOUND` (no readable engine of that
 // id); `ES_CODE_NO_CACHE` (the engine publishes no digest: `cache_version`
-// 0); `ES_CODE_CORRUPT_CACHE` (its digest cannot be used; the message
-// says why and what to do); `ES_CODE_NOT_FRESH` with no digest, or
-// `ES_CODE_TORN` (a digest being written or replaced: read again later;
-// also for a digest that is missing or of another run once the read that
-// found it reported it, `ES_CODE_CORRUPT_CACHE`: a digest that never
-// arrives is said once, then reads as torn);
+// 0); `ES_CODE_CORRUPT_CACHE` (its digest is damaged; the message says why
+// and what to do) or `ES_CODE_MISSING_CACHE` (the digest its snapshot
+// names is not there for it: not written yet, of another run, older),
+// at every call while the engine names that version; `ES_CODE_NOT_FRESH`
+// with no digest, or `ES_CODE_TORN` (a digest being written or replaced:
+// read again later);
 // then the digest is written, and `ES_CODE_BUFFER_TOO_SMALL` or
 // `ES_CODE_NOT_FRESH` (the engine is stale, dead or torn: the digest is
 // written but must not be used to route) or `ES_CODE_OK`. `*engine` is

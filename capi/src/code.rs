@@ -69,10 +69,9 @@ pub enum EsCode {
     /// clock to tell its age. The engine is read all the same, status
     /// `ES_STATUS_STALE`: this error says why.
     ClockAhead = 108,
-    /// Per-engine: the engine's cache digest cannot be used (damaged, of
-    /// another digest layout version, missing while the snapshot names one,
-    /// or of another generation); its state is read without it. Also the
-    /// class of a digest file or value that breaks the format's rules.
+    /// Per-engine: the engine's cache digest cannot be used (damaged, or of
+    /// another digest layout version); its state is read without it. Also
+    /// the class of a digest file or value that breaks the format's rules.
     CorruptCache = 109,
     /// A digest file or value that is not a cache digest (bad magic).
     NotDigest = 110,
@@ -80,6 +79,12 @@ pub enum EsCode {
     /// every attempt, a writer died mid-write, or the file is zeroed), or
     /// one being replaced: read it again later.
     Torn = 111,
+    /// Per-engine and `es_read_cache`: the digest the engine's snapshot
+    /// names is not there for it (no file or key yet, one of another run of
+    /// the engine, or an older version): a restarted engine or one between
+    /// writes, not damage. Its state is read without it; read again once
+    /// the engine names its next digest.
+    MissingCache = 112,
     /// Anything else.
     Other = 199,
 }
@@ -92,6 +97,7 @@ impl EsCode {
         match error {
             Error::BadUri { .. } => EsCode::BadUri,
             Error::CorruptCache { .. } => EsCode::CorruptCache,
+            Error::MissingCache { .. } => EsCode::MissingCache,
             Error::Directory { .. } => EsCode::Directory,
             Error::ClockAhead { .. } => EsCode::ClockAhead,
             Error::Format(format) => match format {
@@ -157,6 +163,7 @@ impl EsCode {
             EsCode::CorruptCache => "ES_CODE_CORRUPT_CACHE\0",
             EsCode::NotDigest => "ES_CODE_NOT_DIGEST\0",
             EsCode::Torn => "ES_CODE_TORN\0",
+            EsCode::MissingCache => "ES_CODE_MISSING_CACHE\0",
             EsCode::Other => "ES_CODE_OTHER\0",
         }
     }
@@ -175,7 +182,7 @@ pub extern "C" fn es_code_name(code: i32) -> *const c_char {
 
 impl EsCode {
     /// Every code.
-    pub(crate) const ALL: [EsCode; 26] = [
+    pub(crate) const ALL: [EsCode; 27] = [
         EsCode::Ok,
         EsCode::NullArgument,
         EsCode::BufferTooSmall,
@@ -201,6 +208,7 @@ impl EsCode {
         EsCode::CorruptCache,
         EsCode::NotDigest,
         EsCode::Torn,
+        EsCode::MissingCache,
         EsCode::Other,
     ];
 }

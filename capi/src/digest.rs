@@ -51,8 +51,7 @@ pub struct EsCacheDigest {
     /// Valid entries: the array length the entries need.
     pub count: u64,
     /// Router blocks the engine held at the capture: `count`, or more when
-    /// the digest was cut to its capacity. 0 from `es_read_cache` (the
-    /// reader does not carry it).
+    /// the digest was cut to its capacity.
     pub held: u64,
     /// The generation of the engine file (Redis record) this digest
     /// belongs to: use it only with an engine of that generation.
@@ -62,7 +61,8 @@ pub struct EsCacheDigest {
     pub created_unix_ns: u64,
     /// Entries the file holds (a Redis value: `count`); 0 from `es_read_cache`.
     pub capacity: u32,
-    /// The engine's KV block size in tokens (display); 0 from `es_read_cache`.
+    /// The engine's KV block size in tokens (display; 0: its writer did not
+    /// say).
     pub kv_block_size: u32,
     /// The writer's pid, in its pid namespace; 0 from `es_read_cache`.
     pub writer_pid: u32,

@@ -5,7 +5,7 @@
 
 use std::ffi::c_char;
 
-use engine_state_reader::{EngineState, Error, Reading, Status};
+use engine_state_reader::{EngineError, EngineState, Source, Status};
 
 use crate::c_string::text_arg;
 use crate::code::EsCode;
@@ -14,86 +14,60 @@ use crate::engine::EsEngine;
 use crate::ffi_call::{ffi_call, Failure};
 use crate::source::{lock, Backend, EsSource, Inner};
 
-/// One engine as a read saw it, and the message of its digest's error in
-/// that read (class `corrupt_cache`), if any.
+/// One engine as a read saw it, and why it has no digest if the source
+/// knows ([`Source::cache_fault`]: at every call, not only with the read
+/// that found it).
 struct Found {
     state: EngineState,
-    cache_error: Option<String>,
+    cache_fault: Option<EngineError>,
 }
 
-/// The message of engine `id`'s digest error among a read's errors.
-fn cache_error(reading: &Reading, id: &str) -> Option<String> {
-    reading
-        .errors
-        .iter()
-        .find(|e| matches!(&*e.error, Error::CorruptCache { engine_id, .. } if engine_id == id))
-        .map(|e| e.error.to_string())
-}
-
-/// Engine `id` read from the handle's source, with its digest's error.
+/// Engine `id` read from the handle's source (on shared memory one engine
+/// file and its digest; on Redis the fleet's records), with its digest's
+/// fault.
 fn read_one(inner: &mut Inner, id: &str) -> Result<Option<Found>, Failure> {
     let Inner {
         backend, scratch, ..
     } = inner;
     scratch.clear();
-    match backend {
-        Backend::Shm(dir) => {
-            // One file (and its digest) in the usual case. Only the read of
-            // the whole directory reports a digest's error, so a digest
-            // that could not be had is read again that way for its reason
-            // (the reader then does not touch the file again: it remembers
-            // the failed version).
-            let Some(state) = dir.read_engine(id)? else {
-                return Ok(None);
-            };
-            if state.cache.is_some() || state.snapshot.cache_version == 0 {
-                return Ok(Some(Found {
-                    state,
-                    cache_error: None,
-                }));
-            }
-            let mut again = None;
-            dir.read_each(None, &mut scratch.errors, |state| {
-                if &*state.engine_id == id {
-                    again = Some(state);
-                }
-            })?;
-            Ok(again.map(|state| Found {
-                state,
-                cache_error: cache_error(scratch, id),
-            }))
-        }
+    let (state, source): (EngineState, &dyn Source) = match backend {
+        Backend::Shm(dir) => match dir.read_engine(id)? {
+            Some(state) => (state, &*dir),
+            None => return Ok(None),
+        },
         Backend::Other(source) => {
             source.read_into(scratch)?;
-            Ok(scratch.get(id).map(|state| Found {
-                state: state.clone(),
-                cache_error: cache_error(scratch, id),
-            }))
+            match scratch.get(id) {
+                Some(state) => (state.clone(), &**source),
+                None => return Ok(None),
+            }
         }
-    }
+    };
+    let cache_fault = source.cache_fault(&state);
+    Ok(Some(Found { state, cache_fault }))
 }
 
 /// The cache digest of engine `engine_id` from `source`, which must have
 /// been opened with `EsOptions.read_cache_digests = 1` (else
 /// `ES_CODE_UNSUPPORTED`). Reads the engine (into `*engine`, unless it is
 /// null) and its digest: `*digest` gets the digest's version, capture
-/// stamp, count and generation (the engine's), and `entries` the first
+/// stamp, count, `held`, `kv_block_size` and generation (the engine's), and
+/// `entries` the first
 /// `capacity` of its `digest->count` entries, the router block hashes
 /// ascending (`entries = NULL, capacity = 0` learns the count:
 /// `ES_CODE_BUFFER_TOO_SMALL` when it is not 0; `ES_MAX_DIGEST_ENTRIES`
 /// always suffices). The reader reads a digest again only when the
 /// engine's `cache_version` moves; a call reads the engine's state (on
-/// shared memory one engine file, or the directory when the snapshot names
-/// a digest the read did not get; on Redis the fleet's records).
+/// shared memory one engine file; on Redis the fleet's records).
 ///
 /// Results, in this order: `ES_CODE_NOT_FOUND` (no readable engine of that
 /// id); `ES_CODE_NO_CACHE` (the engine publishes no digest: `cache_version`
-/// 0); `ES_CODE_CORRUPT_CACHE` (its digest cannot be used; the message
-/// says why and what to do); `ES_CODE_NOT_FRESH` with no digest, or
-/// `ES_CODE_TORN` (a digest being written or replaced: read again later;
-/// also for a digest that is missing or of another run once the read that
-/// found it reported it, `ES_CODE_CORRUPT_CACHE`: a digest that never
-/// arrives is said once, then reads as torn);
+/// 0); `ES_CODE_CORRUPT_CACHE` (its digest is damaged; the message says why
+/// and what to do) or `ES_CODE_MISSING_CACHE` (the digest its snapshot
+/// names is not there for it: not written yet, of another run, older),
+/// at every call while the engine names that version; `ES_CODE_NOT_FRESH`
+/// with no digest, or `ES_CODE_TORN` (a digest being written or replaced:
+/// read again later);
 /// then the digest is written, and `ES_CODE_BUFFER_TOO_SMALL` or
 /// `ES_CODE_NOT_FRESH` (the engine is stale, dead or torn: the digest is
 /// written but must not be used to route) or `ES_CODE_OK`. `*engine` is
@@ -161,8 +135,8 @@ pub unsafe extern "C" fn es_read_cache(
                 ),
             ));
         }
-        if let Some(message) = found.cache_error {
-            return Err(Failure::new(EsCode::CorruptCache, message));
+        if let Some(fault) = &found.cache_fault {
+            return Err(Failure::new(EsCode::of(&fault.error), fault.to_string()));
         }
         let Some(cache) = &state.cache else {
             if !fresh {
@@ -180,6 +154,8 @@ pub unsafe extern "C" fn es_read_cache(
             version: cache.version(),
             captured_mono_ns: cache.captured_mono_ns(),
             count: cache.len() as u64,
+            held: cache.held(),
+            kv_block_size: cache.kv_block_size(),
             generation: state.generation,
             state: EsCacheState::Active,
             ..EsCacheDigest::default()

@@ -180,6 +180,7 @@ fn a_live_digest_is_read_with_es_read_cache_and_every_refusal_has_its_code() {
     let options = DigestOptions {
         capacity: 8,
         generation: engine.generation(),
+        kv_block_size: 16,
         ..DigestOptions::default()
     };
     let captured = monotonic_ns();
@@ -248,6 +249,9 @@ fn a_live_digest_is_read_with_es_read_cache_and_every_refusal_has_its_code() {
             ),
             (4, captured, engine.generation(), EsCacheState::Active)
         );
+        // What the file's header says: 5 blocks held (cut to 3 entries),
+        // KV blocks of 16 tokens.
+        assert_eq!((digest.held, digest.kv_block_size), (5, 16));
         assert_eq!((state.engine_id(), state.status), ("e0", EsStatus::Fresh));
         assert_eq!(state.snapshot.cache_version, 4);
 

@@ -51,10 +51,10 @@ pub enum Error {
         ahead: crate::freshness::ClockAhead,
     },
     /// One engine's cache digest cannot be used (an [`EngineError`]'s cause,
-    /// class `corrupt_cache`): the file or Redis value is damaged, of
-    /// another layout version, or missing while the snapshot names a
-    /// digest. The engine's state is still read, with `cache: None`; a
-    /// router falls back to its own estimate for it.
+    /// class `corrupt_cache`): the file or Redis value is damaged, or of
+    /// another layout version (a digest that is simply not there is
+    /// [`Error::MissingCache`]). The engine's state is still read, with
+    /// `cache: None`; a router falls back to its own estimate for it.
     #[error(
         "{location}: the cache digest of engine {engine_id:?} cannot be used ({what}); its state \
          is read without it (cache: None). It is read again when the engine publishes its next \
@@ -70,12 +70,55 @@ pub enum Error {
         /// What is wrong.
         what: String,
     },
+    /// One engine's snapshot (record) names a cache digest that is not
+    /// there for it (an [`EngineError`]'s cause, class `missing_cache`): no
+    /// digest file or key (yet), one of another run of the engine, or one
+    /// older than the version named. A writer between writes or a restarted
+    /// engine, not damage: said once per version. The engine's state is
+    /// still read, with `cache: None`.
+    #[error(
+        "{location}: engine {engine_id:?} names a cache digest that is not there for it ({what}); \
+         its state is read without it (cache: None). A restarted engine or one between writes \
+         puts it in place shortly, and the next version named is read again; if this persists, \
+         check that the engine's publisher still writes its digest (on Redis: that this reader \
+         may read the <prefix>cache:* keys)"
+    )]
+    MissingCache {
+        /// The engine.
+        engine_id: String,
+        /// The digest's file or Redis key.
+        location: String,
+        /// What is not there.
+        what: String,
+    },
     /// Redis failed (unreachable, refused, wrong password, ...), or one
     /// engine's key holds no usable record (an [`EngineError`]'s cause: a
     /// foreign value, a key without expiry, another layout version).
     #[cfg(feature = "redis")]
     #[error(transparent)]
     Redis(engine_state_redis::Error),
+}
+
+impl Error {
+    /// Whether this is about an engine's cache digest
+    /// ([`Error::CorruptCache`] or [`Error::MissingCache`]): the engine's
+    /// state was read all the same.
+    pub fn is_cache_fault(&self) -> bool {
+        matches!(
+            self,
+            Error::CorruptCache { .. } | Error::MissingCache { .. }
+        )
+    }
+
+    /// The engine a cache digest fault is about.
+    pub fn cache_engine_id(&self) -> Option<&str> {
+        match self {
+            Error::CorruptCache { engine_id, .. } | Error::MissingCache { engine_id, .. } => {
+                Some(engine_id)
+            }
+            _ => None,
+        }
+    }
 }
 
 impl From<engine_state_settings::BadUri> for Error {

@@ -23,9 +23,11 @@
 //!   first version it needs, Redis fetches `<prefix>cache:<id>`
 //!   (docs/REDIS.md, "The cache digest key"); either reads a digest again
 //!   only when the version moves, and hands out the same `Arc` until then.
-//!   A digest that cannot be used is that engine's [`Error::CorruptCache`]
-//!   (class `corrupt_cache`; a missing one is said once per version), and
-//!   the engine's state is read all the same, with `cache: None`.
+//!   A damaged digest is that engine's [`Error::CorruptCache`] (class
+//!   `corrupt_cache`, at every read); one that is not there for it (not
+//!   written yet, of another run) its [`Error::MissingCache`] (class
+//!   `missing_cache`, said once per version; [`Source::cache_fault`] asks
+//!   again). The engine's state is read all the same, with `cache: None`.
 //!
 //! ```
 //! use engine_state_reader::{ReaderOptions, ShmDir};

@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use engine_state_redis::{EngineView, RedisTarget};
+use engine_state_redis::{CacheFault, EngineView, RedisTarget};
 use engine_state_shm_format::monotonic_ns;
 
 use crate::error::{EngineError, Error};
@@ -58,6 +58,30 @@ impl RedisSource {
     }
 }
 
+/// The error of engine `id`'s digest fault: damaged (`corrupt_cache`) or
+/// not there for its record (`missing_cache`).
+fn cache_error(id: &str, fault: CacheFault<'_>) -> EngineError {
+    let (engine_id, location, what) = (
+        id.to_owned(),
+        format!("Redis key {:?}", fault.key),
+        fault.what.to_owned(),
+    );
+    let error = if fault.damaged {
+        Error::CorruptCache {
+            engine_id,
+            location,
+            what,
+        }
+    } else {
+        Error::MissingCache {
+            engine_id,
+            location,
+            what,
+        }
+    };
+    EngineError::new(id, error)
+}
+
 /// The state of one engine the Redis source lists (None: nothing read yet).
 fn state(
     engine: &EngineView<'_>,
@@ -94,14 +118,7 @@ impl Source for RedisSource {
                     .push(EngineError::new(engine.id.to_string(), fault.clone()));
             } else if let Some(mut state) = state(&engine, now, now_ns, &self.options) {
                 if let Some(fault) = engine.cache_fault {
-                    out.errors.push(EngineError::new(
-                        engine.id.to_string(),
-                        Error::CorruptCache {
-                            engine_id: engine.id.to_string(),
-                            location: format!("Redis key {:?}", fault.key),
-                            what: fault.what.to_owned(),
-                        },
-                    ));
+                    out.errors.push(cache_error(engine.id, fault));
                 }
                 state.cache = engine.cache.cloned();
                 out.engines.push(state);
@@ -128,5 +145,15 @@ impl Source for RedisSource {
 
     fn uri(&self) -> String {
         self.records.target().to_string()
+    }
+
+    fn cache_fault(&self, state: &EngineState) -> Option<EngineError> {
+        if state.cache.is_some() {
+            return None;
+        }
+        let fault = self
+            .records
+            .cache_fault_of(&state.engine_id, state.snapshot.cache_version)?;
+        Some(cache_error(&state.engine_id, fault))
     }
 }

@@ -42,7 +42,9 @@ use self::entry::Entry;
 /// read again only when the snapshot's `cache_version` moves past the one
 /// held (a compare per engine and an `Arc` clone otherwise), and opened
 /// again when its writer replaced it. What cannot be used there is that
-/// engine's [`Error::CorruptCache`] (see `shm_dir/cache.rs`).
+/// engine's [`Error::CorruptCache`] (damaged) or [`Error::MissingCache`]
+/// (not there for it: said once per version), and
+/// [`ShmDir::cache_fault`] says it again on demand (see `shm_dir/cache.rs`).
 ///
 /// The reads: every engine now ([`Source::read_into`]), every engine with
 /// ages measured from a given time ([`ShmDir::read_at`]), every engine handed
@@ -150,6 +152,22 @@ impl ShmDir {
         self.engines.iter().map(|e| e.torn_spins).sum()
     }
 
+    /// Why `state` (a read of this source) has no cache digest, at every
+    /// call: [`Error::CorruptCache`] (damaged) or [`Error::MissingCache`]
+    /// (not there for it), the reason [`Reading::errors`] gave when the read
+    /// found it; None when the engine's snapshot names none, its digest was
+    /// read, or the read was torn (read again). See [`Source::cache_fault`].
+    pub fn cache_fault(&self, state: &EngineState) -> Option<EngineError> {
+        if state.cache.is_some() {
+            return None;
+        }
+        let i = self
+            .engines
+            .binary_search_by(|e| (*e.id).cmp(&*state.engine_id))
+            .ok()?;
+        self.engines[i].cache_fault(state).cloned()
+    }
+
     /// The header of an engine's file as it was at open (writer pid and pid
     /// namespace, period, creation time, generation): for tools and tests
     /// that look at the file itself. What a relay forwards of it travels on
@@ -172,5 +190,9 @@ impl Source for ShmDir {
 
     fn uri(&self) -> String {
         format!("file://{}", self.dir.display())
+    }
+
+    fn cache_fault(&self, state: &EngineState) -> Option<EngineError> {
+        ShmDir::cache_fault(self, state)
     }
 }

@@ -86,13 +86,22 @@ fn read(source: &mut ShmDir, name: &str) -> (EngineState, Vec<String>) {
     let errors = reading
         .errors
         .iter()
-        .filter(|e| matches!(*e.error, Error::CorruptCache { .. }))
+        .filter(|e| e.error.is_cache_fault())
         .map(|e| {
             assert_eq!(e.name, name);
             e.to_string()
         })
         .collect();
     (state, errors)
+}
+
+/// The class of [`ShmDir::cache_fault`] for `state`, at any call.
+fn fault_class(source: &ShmDir, state: &EngineState) -> Option<&'static str> {
+    source.cache_fault(state).map(|e| match *e.error {
+        Error::MissingCache { .. } => "missing_cache",
+        Error::CorruptCache { .. } => "corrupt_cache",
+        _ => panic!("not a cache fault: {e}"),
+    })
 }
 
 #[test]
@@ -152,6 +161,45 @@ fn a_digest_is_read_once_per_version_and_shared_until_it_moves() {
 
 /// A writer that replaces its digest file (a new capacity) retires the old
 /// one: the reader maps the new one at the next version.
+/// A moved digest is read into the held allocation when no caller holds
+/// it any more, and into a new one when a caller does: a caller's digest
+/// never changes under it.
+#[test]
+fn a_moved_digest_reuses_its_allocation_only_when_no_caller_holds_it() {
+    let (_tmp, dir) = state_dir();
+    let mut writer = engine(&dir, "e0");
+    let mut digests = digest_writer(&dir, "e0", writer.generation(), 1);
+    let mut source = ShmDir::open(&dir, with_digests()).unwrap();
+    name(&mut writer, 1);
+    let kept = read(&mut source, "e0").0.cache.unwrap();
+
+    // Held by this caller: the next version goes to a new digest.
+    digests.publish(&digest(2), 3, 0).unwrap();
+    name(&mut writer, 2);
+    let second = read(&mut source, "e0").0.cache.unwrap();
+    assert!(!Arc::ptr_eq(&kept, &second));
+    assert_eq!((second.version(), second.blocks()), (2, &[2, 100, 200][..]));
+    assert_eq!((kept.version(), kept.blocks()), (1, &[1, 100, 200][..]));
+    let (arc, entries) = (Arc::as_ptr(&second), second.blocks().as_ptr());
+    drop(second);
+
+    // No one else holds version 2 now: version 3 is read into it.
+    digests.publish(&digest(3), 3, 0).unwrap();
+    name(&mut writer, 3);
+    let third = read(&mut source, "e0").0.cache.unwrap();
+    assert_eq!((third.version(), third.blocks()), (3, &[3, 100, 200][..]));
+    assert_eq!(Arc::as_ptr(&third), arc, "the Arc is reused");
+    assert_eq!(third.blocks().as_ptr(), entries, "and its entries");
+    assert_eq!((kept.version(), kept.blocks()), (1, &[1, 100, 200][..]));
+
+    // Held again (`third`): a torn-free read of version 4 leaves it be.
+    digests.publish(&digest(4), 3, 0).unwrap();
+    name(&mut writer, 4);
+    let fourth = read(&mut source, "e0").0.cache.unwrap();
+    assert_eq!((third.version(), third.blocks()), (3, &[3, 100, 200][..]));
+    assert_eq!(fourth.version(), 4);
+}
+
 #[test]
 fn a_replaced_digest_file_is_mapped_again() {
     let (_tmp, dir) = state_dir();
@@ -189,9 +237,13 @@ fn a_missing_digest_is_reported_once_per_version() {
         "{}",
         errors[0]
     );
+    // Not there is not damage: `missing_cache`, said once, and asked for
+    // at every read.
+    assert_eq!(fault_class(&source, &state), Some("missing_cache"));
     for _ in 0..3 {
         let (state, errors) = read(&mut source, "m");
         assert!(errors.is_empty() && state.cache.is_none(), "{errors:?}");
+        assert_eq!(fault_class(&source, &state), Some("missing_cache"));
     }
     name(&mut writer, 5);
     assert_eq!(
@@ -246,7 +298,10 @@ fn a_digest_of_another_generation_is_not_used() {
     assert_eq!(state.cache, None);
     assert_eq!(errors.len(), 1, "{errors:?}");
     assert!(errors[0].contains("belongs to generation"), "{}", errors[0]);
-    assert!(read(&mut source, "g").1.is_empty(), "once");
+    assert_eq!(fault_class(&source, &state), Some("missing_cache"));
+    let (state, errors) = read(&mut source, "g");
+    assert!(errors.is_empty(), "once");
+    assert_eq!(fault_class(&source, &state), Some("missing_cache"));
 }
 
 /// Garbage where a digest belongs: that engine's `corrupt_cache` error at
@@ -268,6 +323,7 @@ fn a_damaged_digest_is_the_engines_error_and_its_state_is_still_read() {
         let (state, errors) = read(&mut source, "bad");
         assert_eq!((state.status, state.cache.as_ref()), (Status::Fresh, None));
         assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(fault_class(&source, &state), Some("corrupt_cache"));
         assert!(
             errors[0].contains("not a cache digest")
                 && errors[0].contains("its state is read without it")

@@ -2,12 +2,12 @@
 
 use std::time::Duration;
 
-use crate::error::Error;
+use crate::error::{EngineError, Error};
 use crate::freshness::Freshness;
 #[cfg(feature = "redis")]
 use crate::redis_source::RedisSource;
 use crate::shm_dir::ShmDir;
-use crate::state::Reading;
+use crate::state::{EngineState, Reading};
 use crate::uri::StateUri;
 
 /// A place engines publish into, read through one API whatever the backend.
@@ -25,6 +25,18 @@ pub trait Source: Send {
 
     /// The source's URI, passwords hidden.
     fn uri(&self) -> String;
+
+    /// Why `state`, which this source's last read returned, has no cache
+    /// digest although its snapshot names one, at every call:
+    /// [`Error::CorruptCache`] (damaged) or [`Error::MissingCache`] (not
+    /// there for it). [`Reading::errors`] says a missing digest once per
+    /// version; this is for a caller that asks about one engine at a time
+    /// (the C ABI's `es_read_cache`). None when nothing is known to be
+    /// wrong (a torn read: read again); sources without digests say None.
+    fn cache_fault(&self, state: &EngineState) -> Option<EngineError> {
+        let _ = state;
+        None
+    }
 }
 
 /// Settings shared by every source.

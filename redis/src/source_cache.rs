@@ -59,6 +59,10 @@ pub struct CacheFault<'a> {
     pub key: &'a str,
     /// What is wrong.
     pub what: &'a str,
+    /// The value is not a digest (reported at every read); false: no
+    /// digest there for the record (missing, of another run, older, or the
+    /// fetch failed), said with the refresh that found it.
+    pub damaged: bool,
 }
 
 impl CacheSlot {
@@ -89,16 +93,32 @@ impl CacheSlot {
     /// record naming `version`.
     pub(super) fn fault(&self, version: u64, refresh: u64) -> Option<CacheFault<'_>> {
         let failed = self.failed.as_ref()?;
-        (failed.version == version && (failed.every_read || failed.found_at == refresh)).then(
-            || CacheFault {
-                key: &failed.key,
-                what: &failed.what,
-            },
-        )
+        (failed.every_read || failed.found_at == refresh)
+            .then(|| self.remembered(version))
+            .flatten()
+    }
+
+    /// Why the record naming `version` has no digest, whenever the refresh
+    /// that found it was (see [`RedisSource::cache_fault_of`]).
+    fn remembered(&self, version: u64) -> Option<CacheFault<'_>> {
+        let failed = self.failed.as_ref()?;
+        (version != 0 && failed.version == version).then(|| CacheFault {
+            key: &failed.key,
+            what: &failed.what,
+            damaged: failed.every_read,
+        })
     }
 }
 
 impl RedisSource {
+    /// Why engine `id`'s last record, naming digest `version`, has no
+    /// digest, at every call ([`crate::EngineView::cache_fault`] says a
+    /// missing one only with the refresh that found it): for a caller that
+    /// asks about one engine.
+    pub fn cache_fault_of(&self, id: &str, version: u64) -> Option<CacheFault<'_>> {
+        self.engines.get(id)?.cache.remembered(version)
+    }
+
     /// Fetches the digests the records just read name and this source does
     /// not hold (one round trip, none when no digest moved). Never fails the
     /// refresh: what goes wrong is the engines' fault (module docs).

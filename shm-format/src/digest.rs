@@ -7,26 +7,42 @@
 //! hit is the leading run of its blocks found here, which
 //! [`CacheDigest::leading_blocks`] finds by bisection.
 
-/// One engine's cache digest: router block hashes, ascending, no duplicates.
+/// One engine's cache digest: router block hashes, ascending, no duplicates,
+/// and what its writer said of the capture (`held`, `kv_block_size`).
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct CacheDigest {
     version: u64,
     captured_mono_ns: u64,
     blocks: Vec<u64>,
+    /// Router blocks held at the capture, at least `blocks.len()`.
+    held: u64,
+    kv_block_size: u32,
 }
 
 impl CacheDigest {
     /// A digest of `blocks` (any order, duplicates dropped), published as
     /// `version` (a writer's counter, 1 for its first digest) and captured at
     /// `captured_mono_ns` on the writer's host.
-    pub fn new(version: u64, captured_mono_ns: u64, mut blocks: Vec<u64>) -> CacheDigest {
+    /// It says the engine held exactly these blocks ([`CacheDigest::held`]
+    /// is the count) and does not know the KV block size (0).
+    pub fn new(version: u64, captured_mono_ns: u64, blocks: Vec<u64>) -> CacheDigest {
+        CacheDigest::with_capture(version, captured_mono_ns, blocks, 0, 0)
+    }
+
+    /// [`CacheDigest::new`] of a capture that held `held` router blocks
+    /// (more than `blocks` when the digest was cut to its capacity; a value
+    /// below the count is the count) of an engine whose KV blocks are
+    /// `kv_block_size` tokens (0: unknown).
+    pub fn with_capture(
+        version: u64,
+        captured_mono_ns: u64,
+        mut blocks: Vec<u64>,
+        held: u64,
+        kv_block_size: u32,
+    ) -> CacheDigest {
         blocks.sort_unstable();
         blocks.dedup();
-        CacheDigest {
-            version,
-            captured_mono_ns,
-            blocks,
-        }
+        CacheDigest::from_ascending(version, captured_mono_ns, blocks, held, kv_block_size)
     }
 
     /// A digest of `blocks` already strictly ascending (checked by the
@@ -35,13 +51,36 @@ impl CacheDigest {
         version: u64,
         captured_mono_ns: u64,
         blocks: Vec<u64>,
+        held: u64,
+        kv_block_size: u32,
     ) -> CacheDigest {
         debug_assert!(blocks.windows(2).all(|pair| pair[0] < pair[1]));
         CacheDigest {
             version,
             captured_mono_ns,
+            held: held.max(blocks.len() as u64),
             blocks,
+            kv_block_size,
         }
+    }
+
+    /// The blocks, their allocation kept for the next digest read into it
+    /// (`DigestFile::read_into`).
+    pub(crate) fn into_blocks(self) -> Vec<u64> {
+        self.blocks
+    }
+
+    /// Router blocks the engine held at the capture (the `held` of its file
+    /// or Redis value): [`CacheDigest::len`], or more when the digest was
+    /// cut to its capacity (docs/FORMAT.md, "Cache residency").
+    pub fn held(&self) -> u64 {
+        self.held
+    }
+
+    /// The engine's KV block size in tokens, as its writer said (display;
+    /// 0: unknown).
+    pub fn kv_block_size(&self) -> u32 {
+        self.kv_block_size
     }
 
     /// The writer's counter: it changes exactly when the set may have.

@@ -23,10 +23,11 @@ fn options(capacity: usize) -> DigestOptions {
 }
 
 /// A digest of `count` blocks all derived from `version`, so a copy that
-/// mixes two publishes is told apart.
+/// mixes two publishes is told apart (as read from a file of [`options`]
+/// written with `held` = `count`: KV blocks of 16 tokens).
 fn digest(version: u64, count: usize) -> CacheDigest {
     let blocks = (0..count as u64).map(|i| version << 32 | i).collect();
-    CacheDigest::new(version, version, blocks)
+    CacheDigest::with_capture(version, version, blocks, count as u64, 16)
 }
 
 fn writer(state: &Path, name: &str, capacity: usize, count: usize) -> DigestWriter {

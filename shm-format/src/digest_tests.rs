@@ -37,7 +37,14 @@ fn created_file_holds_the_first_digest() {
     assert_eq!(std::fs::read_dir(state.path()).unwrap().count(), 0);
 
     let file = DigestFile::open(&path).unwrap();
-    assert_eq!(file.read().unwrap(), first);
+    // The digest read says what its header says: held 5, KV blocks of 16.
+    let read = file.read().unwrap();
+    assert_eq!(
+        read,
+        CacheDigest::with_capture(1, 1_001, vec![10, 20, 30], 5, 16)
+    );
+    assert_eq!((read.held(), read.kv_block_size()), (5, 16));
+    assert_ne!(read, first, "held and kv_block_size are part of a digest");
     let record = file.read_record().unwrap();
     assert_eq!(
         (record.generation, record.held, record.captured_unix_ns),
@@ -67,7 +74,10 @@ fn publishes_are_seen_and_capacity_is_enforced() {
         DigestWriter::create(state.path(), &id("e0"), &options(3), &digest(1, &[1]), 1, 0).unwrap();
     let file = DigestFile::open(writer.path()).unwrap();
     writer.publish(&digest(2, &[9, 4, 6]), 3, 1).unwrap();
-    assert_eq!(file.read().unwrap(), digest(2, &[4, 6, 9]));
+    assert_eq!(
+        file.read().unwrap(),
+        CacheDigest::with_capture(2, 1_002, vec![4, 6, 9], 3, 16)
+    );
     // Fewer entries than before: only the first `count` are read.
     writer.publish(&digest(3, &[5]), 0, 2).unwrap();
     let record = file.read_record().unwrap();
@@ -129,7 +139,10 @@ fn replace_moves_readers_to_a_new_file() {
     let new = DigestFile::open(writer.path()).unwrap();
     assert_ne!(new.inode(), old.inode());
     assert_eq!(new.capacity(), 4);
-    assert_eq!(new.read().unwrap(), digest(2, &[1, 2, 3, 4]));
+    assert_eq!(
+        new.read().unwrap(),
+        CacheDigest::with_capture(2, 1_002, vec![1, 2, 3, 4], 4, 16)
+    );
     assert!(writer.in_place());
     assert_eq!(writer.options(), bigger);
     // A failed replacement keeps the writer and its file.
@@ -175,12 +188,23 @@ fn redis_values_round_trip() {
         kv_block_size: 16,
         captured_unix_ns: 12,
         held: 5,
-        digest: digest(4, &[3, 1, 2]),
+        digest: CacheDigest::with_capture(4, 1_004, vec![3, 1, 2], 5, 16),
     };
     let value = encode_digest_value(&record).unwrap();
     assert_eq!(value.len(), digest_size(3));
     assert_eq!(&value[64..72], &[0; 8], "seq is 0 in a value");
     assert_eq!(decode_digest_value(&value).unwrap(), record);
+    // The record's `held` and `kv_block_size` are what is written, and the
+    // decoded digest carries them (a digest handed on alone still says them).
+    let plain = DigestRecord {
+        digest: digest(4, &[3, 1, 2]),
+        ..record.clone()
+    };
+    let decoded = decode_digest_value(&encode_digest_value(&plain).unwrap()).unwrap();
+    assert_eq!(
+        (decoded.digest.held(), decoded.digest.kv_block_size()),
+        (5, 16)
+    );
     let empty = DigestRecord {
         digest: CacheDigest::new(1, 0, vec![]),
         ..record.clone()
@@ -188,4 +212,49 @@ fn redis_values_round_trip() {
     let value = encode_digest_value(&empty).unwrap();
     assert_eq!(value.len(), DIGEST_HEADER_SIZE);
     assert_eq!(decode_digest_value(&value).unwrap().held, 5);
+}
+
+#[test]
+fn read_into_refills_the_callers_digest_and_empties_it_on_an_error() {
+    let state = tempfile::tempdir().unwrap();
+    let first = digest(1, &[10, 20, 30, 40]);
+    let mut writer =
+        DigestWriter::create(state.path(), &id("e0"), &options(8), &first, 9, 0).unwrap();
+    let file = DigestFile::open(writer.path()).unwrap();
+    let mut into = CacheDigest::default();
+    file.read_into(&mut into).unwrap();
+    assert_eq!(into, file.read().unwrap());
+    assert_eq!(
+        (into.version(), into.held(), into.kv_block_size()),
+        (1, 9, 16)
+    );
+    let allocation = into.blocks().as_ptr();
+
+    // A shorter digest: the same allocation, only the new entries.
+    writer.publish(&digest(2, &[7, 5]), 2, 0).unwrap();
+    file.read_into(&mut into).unwrap();
+    assert_eq!(
+        (into.version(), into.blocks(), into.held()),
+        (2, &[5, 7][..], 2)
+    );
+    assert_eq!(
+        into.blocks().as_ptr(),
+        allocation,
+        "the allocation is reused"
+    );
+
+    // Entries out of order (a stray write): an error, and `into` holds no
+    // digest (version 0) rather than a half-checked one.
+    let path = writer.path().to_owned();
+    let poke = |offset: usize, value: u64| {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.write_at(&value.to_le_bytes(), offset as u64).unwrap();
+    };
+    poke(DIGEST_ENTRIES_OFFSET, 99);
+    let error = file.read_into(&mut into).unwrap_err();
+    assert_eq!(error.kind(), "corrupt_cache", "{error}");
+    assert!(error.to_string().contains("entries 0 and 1"), "{error}");
+    assert_eq!((into.version(), into.len()), (0, 0));
+    drop(writer);
 }

@@ -27,7 +27,9 @@ pub struct DigestRecord {
     /// Router blocks the engine held at the capture: `digest.len()`, or
     /// more when the digest was cut to its capacity.
     pub held: u64,
-    /// The version, capture stamp and blocks.
+    /// The version, capture stamp and blocks. A record read or decoded
+    /// gives its digest the record's `held` and `kv_block_size` too
+    /// ([`CacheDigest::held`]); encoding writes the record's own fields.
     pub digest: CacheDigest,
 }
 
@@ -205,10 +207,25 @@ pub(crate) fn record_of_blocks(
         kv_block_size: header.kv_block_size,
         captured_unix_ns: control[CONTROL_CAPTURED_UNIX_NS],
         held: control[CONTROL_HELD],
-        digest: CacheDigest::from_ascending(
-            control[CONTROL_VERSION],
-            control[CONTROL_CAPTURED_MONO_NS],
-            blocks,
-        ),
+        digest: record_digest(header, control, blocks),
     })
+}
+
+/// The digest of a checked header and control words and `count` entries
+/// already checked ascending: it carries the record's `held` and
+/// `kv_block_size`, so that what is handed on without its record (a
+/// reader's `EngineState::cache`) still says them.
+#[inline]
+pub(crate) fn record_digest(
+    header: &DigestHeader,
+    control: &[u64; DIGEST_CONTROL_WORDS],
+    blocks: Vec<u64>,
+) -> CacheDigest {
+    CacheDigest::from_ascending(
+        control[CONTROL_VERSION],
+        control[CONTROL_CAPTURED_MONO_NS],
+        blocks,
+        control[CONTROL_HELD],
+        header.kv_block_size,
+    )
 }

@@ -237,7 +237,15 @@ impl DigestWriter {
             kv_block_size: self.header.kv_block_size,
             captured_unix_ns,
             held: held.max(digest.len() as u64),
-            digest: digest.clone(),
+            // What a reader of this write reads: the digest with the
+            // record's `held` and `kv_block_size`.
+            digest: CacheDigest::from_ascending(
+                digest.version(),
+                digest.captured_mono_ns(),
+                digest.blocks().to_vec(),
+                held,
+                self.header.kv_block_size,
+            ),
         };
         let control = record.control_words();
         let control_words = self

@@ -8,7 +8,10 @@ use std::io::{Seek, SeekFrom, Write};
 
 use engine_state_reader::{ReaderOptions, ShmDir};
 use engine_state_redis::cache_key;
-use engine_state_shm_format::{cache_dir, decode_digest_value, Snapshot};
+use engine_state_shm_format::{
+    cache_dir, decode_digest_value, monotonic_ns, CacheDigest, DigestOptions, DigestWriter,
+    EngineId, ShmWriter, Snapshot, WriterOptions,
+};
 use engine_state_tests::*;
 
 fn agent(dir: &std::path::Path, redis_uri: &str) -> InProcessAgent {
@@ -104,6 +107,72 @@ fn digests_are_relayed_on_change_and_deleted_with_the_engine() {
     drop(publisher);
     wait_for(|| get(&mut con, &key).is_none(), "the digest key deleted");
     assert!(get(&mut con, "c:engine:e0").is_none());
+}
+
+/// A digest cut to its capacity (held 9, 3 entries) of an engine whose KV
+/// blocks are 16 tokens is relayed as its file says: the Redis value and a
+/// Redis reader's digest keep `held` and `kv_block_size`.
+#[test]
+fn a_relayed_digest_keeps_held_and_the_kv_block_size() {
+    let redis = RedisServer::start();
+    let redis_uri = redis.uri("?prefix=h:&ttl_ms=2000");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("engines");
+    std::fs::create_dir(&dir).unwrap();
+    let id = EngineId::new("e0").unwrap();
+    let snapshot = |version: u64| Snapshot {
+        captured_mono_ns: monotonic_ns(),
+        cache_blocks: 3,
+        cache_version: version,
+        ..Snapshot::default()
+    };
+    let mut engine = ShmWriter::create(&dir, &id, &WriterOptions::default(), &snapshot(0)).unwrap();
+    let options = DigestOptions {
+        capacity: 4,
+        generation: engine.generation(),
+        kv_block_size: 16,
+        ..DigestOptions::default()
+    };
+    let cut = CacheDigest::new(1, monotonic_ns(), vec![10, 20, 30]);
+    let _digest = DigestWriter::create(&dir, &id, &options, &cut, 9, 0).unwrap();
+    let _agent = agent(&dir, &redis_uri);
+    let mut con = redis.connection();
+    let key = cache_key("h:", "e0");
+    let mut publish = || {
+        engine.publish(&snapshot(1)).unwrap();
+        engine.stamp_heartbeat(monotonic_ns());
+    };
+    wait_for(
+        || {
+            publish();
+            get(&mut con, &key).is_some()
+        },
+        "the relayed digest",
+    );
+    let value = decode_digest_value(&get(&mut con, &key).unwrap()).unwrap();
+    assert_eq!(value.digest.blocks(), &[10, 20, 30]);
+    assert_eq!((value.held, value.kv_block_size), (9, 16));
+    let mut remote = digest_reader(&redis_uri);
+    let mut there = None;
+    wait_for(
+        || {
+            publish();
+            there = remote
+                .read()
+                .unwrap()
+                .get("e0")
+                .and_then(|e| e.cache.clone());
+            there.is_some()
+        },
+        "a record with its digest",
+    );
+    let there = there.unwrap();
+    assert_eq!((there.held(), there.kv_block_size()), (9, 16));
+    // What a shared-memory reader of the file gets.
+    let mut here = ShmDir::open(&dir, ReaderOptions::default().with_cache_digests(true)).unwrap();
+    publish();
+    let here = here.read_engine("e0").unwrap().unwrap().cache.unwrap();
+    assert_eq!(*here, *there);
 }
 
 #[test]

@@ -53,7 +53,7 @@ fn cache_errors(reading: &Reading) -> Vec<String> {
     reading
         .errors
         .iter()
-        .filter(|e| matches!(*e.error, Error::CorruptCache { .. }))
+        .filter(|e| e.error.is_cache_fault())
         .map(|e| e.to_string())
         .collect()
 }
@@ -277,6 +277,15 @@ fn a_bad_or_missing_digest_value_is_the_engines_error() {
         "a missing digest: once per version"
     );
     assert!(later.get("b").unwrap().cache.is_none());
+    // Not there is not damage (`missing_cache`), and the source says it
+    // again when asked about the engine.
+    let fault = source
+        .cache_fault(later.get("b").unwrap())
+        .expect("asked again");
+    assert!(
+        matches!(*fault.error, Error::MissingCache { .. }),
+        "{fault}"
+    );
     publisher.close();
 }
 

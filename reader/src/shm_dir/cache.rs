@@ -32,8 +32,9 @@ struct Failed {
     /// The snapshot's `cache_version` then.
     version: u64,
     error: EngineError,
-    /// A damaged digest is reported at every read (as a damaged engine
-    /// file is); a missing one only once per version.
+    /// A damaged digest ([`Error::CorruptCache`]) is reported at every
+    /// read (as a damaged engine file is); a missing one
+    /// ([`Error::MissingCache`]) only once per version.
     every_read: bool,
     reported: bool,
 }
@@ -134,17 +135,26 @@ impl CacheSlot {
         if self.torn_seq.is_some_and(|seq| seq == file.seq()) {
             return None;
         }
-        match file.read() {
-            Ok(digest) if digest.version() < version => {
+        // The held digest's allocation is refilled when no caller holds it
+        // any more (the usual case: a reading is cleared before the next):
+        // a moved digest then costs the copy alone, no allocation. A caller
+        // that still holds it keeps it unchanged: the read goes to a new one.
+        let mut digest: Arc<CacheDigest> = self
+            .held
+            .take()
+            .and_then(|(_, mut held)| Arc::get_mut(&mut held).is_some().then_some(held))
+            .unwrap_or_default();
+        let into = Arc::get_mut(&mut digest).expect("unique: checked or new");
+        match file.read_into(into) {
+            Ok(()) if into.version() < version => {
                 let what = format!(
                     "it holds version {}, older than the version {version} the snapshot names",
-                    digest.version()
+                    into.version()
                 );
                 let path = file.path().to_owned();
                 self.fail(id, &path, version, what, false)
             }
-            Ok(digest) => {
-                let digest = Arc::new(digest);
+            Ok(()) => {
                 self.held = Some((generation, digest.clone()));
                 self.torn_seq = None;
                 self.failed = None;
@@ -173,20 +183,40 @@ impl CacheSlot {
         what: String,
         every_read: bool,
     ) -> Option<Arc<CacheDigest>> {
+        let (engine_id, location) = (id.to_owned(), path.display().to_string());
+        // A damaged digest is reported at every read; one that is not there
+        // (yet) is not damage, and is said once.
+        let error = if every_read {
+            Error::CorruptCache {
+                engine_id,
+                location,
+                what,
+            }
+        } else {
+            Error::MissingCache {
+                engine_id,
+                location,
+                what,
+            }
+        };
         self.failed = Some(Failed {
             version,
-            error: EngineError::new(
-                id,
-                Error::CorruptCache {
-                    engine_id: id.to_owned(),
-                    location: path.display().to_string(),
-                    what,
-                },
-            ),
+            error: EngineError::new(id, error),
             every_read,
             reported: false,
         });
         None
+    }
+
+    /// Why a read whose snapshot named `version` got no digest, when the
+    /// reader knows ([`Error::CorruptCache`], [`Error::MissingCache`]), at
+    /// every call: unlike [`CacheSlot::error`], which says a missing digest
+    /// once. None when nothing is wrong or a read was torn (read again).
+    pub(super) fn fault(&self, version: u64) -> Option<&EngineError> {
+        self.failed
+            .as_ref()
+            .filter(|failed| version != 0 && failed.version == version)
+            .map(|failed| &failed.error)
     }
 
     /// The error to report with a read whose snapshot named `version`, if

@@ -186,6 +186,12 @@ impl Entry {
         self.cache.error(state.snapshot.cache_version)
     }
 
+    /// Why the read that returned `state` has no digest, if the reader
+    /// knows (see `CacheSlot::fault`).
+    pub(super) fn cache_fault(&self, state: &EngineState) -> Option<&EngineError> {
+        self.cache.fault(state.snapshot.cache_version)
+    }
+
     /// A retired file may have been replaced by a restarted writer: switch to
     /// the new file as soon as it is there (never mixing the two: each read
     /// comes from exactly one mapping).
