@@ -84,9 +84,10 @@ test-go: bins
 	cd go && ENGINE_STATE_BIN=$(abspath $(BIN)) go test -count=1 ./...
 
 # The C ABI (capi/): the C example linked statically and the C++ example
-# (RAII wrapper) linked dynamically, built with the system compilers and run
-# against live espublish engines; then the C example again under ASan and
-# UBSan (any report fails the run). The Rust side of the ABI (golden vectors,
+# (RAII wrapper, and a router's prefix hit in a live engine's cache digest)
+# linked dynamically, built with the system compilers and run against live
+# espublish engines; then both again under ASan and UBSan (any report fails
+# the run). The Rust side of the ABI (golden vectors,
 # bad input, threads) is in test-rust.
 CAPI_OUT := $(TARGET_DIR)/capi-examples
 CAPI_CFLAGS := -Wall -Wextra -Werror -Icapi/include
@@ -103,8 +104,11 @@ test-capi: bins
 	c++ -std=c++17 -O2 $(CAPI_CFLAGS) examples/cpp/esdump.cpp -L$(BIN) -lengine_state \
 	    -Wl,-rpath,$(abspath $(BIN)) -o $(CAPI_OUT)/esdump-cpp
 	cc -std=c11 $(SANITIZE) $(CAPI_CFLAGS) examples/c/esdump.c $(CAPI_STATIC) -o $(CAPI_OUT)/esdump-c-asan
+	c++ -std=c++17 $(SANITIZE) $(CAPI_CFLAGS) examples/cpp/esdump.cpp -L$(BIN) -lengine_state \
+	    -Wl,-rpath,$(abspath $(BIN)) -o $(CAPI_OUT)/esdump-cpp-asan
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-	    capi/tests/live_examples.sh $(BIN) $(CAPI_OUT)/esdump-c $(CAPI_OUT)/esdump-cpp $(CAPI_OUT)/esdump-c-asan
+	    capi/tests/live_examples.sh $(BIN) $(CAPI_OUT)/esdump-c $(CAPI_OUT)/esdump-cpp $(CAPI_OUT)/esdump-c-asan \
+	    $(CAPI_OUT)/esdump-cpp-asan
 
 $(VLLM_VENV)/.ok:
 	$(PYTHON) -m venv $(VLLM_VENV)

@@ -3,7 +3,10 @@
 # espublish engines and a foreign file in a fresh directory; every example
 # binary given must name both engines with their published fields, fresh,
 # and report the foreign file as a per-engine error; a bad URI must fail
-# with its code. Usage: live_examples.sh BIN_DIR EXAMPLE...
+# with its code. A third engine publishes a cache digest of 4 blocks
+# (espublish --cache-blocks 4: the router block hashes of token ids
+# 0..2047); the C++ example's router (--prefix-hit) must find the leading
+# run of a prompt's blocks in it. Usage: live_examples.sh BIN_DIR EXAMPLE...
 set -euo pipefail
 bin=$1; shift
 dir=$(mktemp -d /dev/shm/engine_state_capi.XXXXXX)
@@ -15,20 +18,23 @@ cleanup() {
 }
 trap cleanup EXIT
 
-publish() {  # id, fields...
+publish() {  # id, fields (or --flags)...
     local id=$1; shift
     local sets=()
-    for field in "$@"; do sets+=(--set "$field"); done
+    for field in "$@"; do
+        case $field in --*) sets+=("$field") ;; *) sets+=(--set "$field") ;; esac
+    done
     "$bin/espublish" --uri "file://$dir" --engine-id "$id" --duration 60 "${sets[@]}" \
         > "$dir.$id.log" 2>&1 &
     pids+=($!)
 }
 publish capi-busy num_running=7 num_waiting=3 gpu_blocks_total=100 gpu_blocks_free=25
 publish capi-idle flags=1 gpu_blocks_total=50 gpu_blocks_free=50
+publish capi-cache --cache-blocks=4
 echo "not engine state" > "$dir/junk"
 
 # espublish prints its line after the first publish: wait for both (event, not time).
-for id in capi-busy capi-idle; do
+for id in capi-busy capi-idle capi-cache; do
     for _ in $(seq 600); do
         grep -q "espublish: publishing" "$dir.$id.log" 2>/dev/null && break
         sleep 0.05
@@ -56,4 +62,29 @@ for example in "$@"; do
     grep -q "ES_CODE_BAD_URI" "$dir.err" || { echo "$name: bad URI message:"; cat "$dir.err"; exit 1; }
     rm -f "$dir.err"
     echo "$name: both engines fresh with their fields, the foreign file reported, a bad URI refused"
+    case $name in esdump-cpp*) ;; *) continue ;; esac
+
+    # The router: a prompt of 6 blocks that starts with the 4 cached ones;
+    # one that leaves them after 2 blocks (its later blocks' hashes chain
+    # from the first different one: none is cached); 2 full blocks and a
+    # partial one (no hash for the partial block).
+    hit() {  # the prompt's token ids, the expected last line
+        out=$("$example" --prefix-hit capi-cache "file://$dir" <<<"$1") || { echo "$name --prefix-hit failed:"; echo "$out"; exit 1; }
+        check "$2"
+    }
+    hit "$(seq 0 3071)" '^prompt 3072 tokens 6 blocks leading run 4 \(2048 tokens cached on capi-cache\)$'
+    check '^capi-cache version 1 count 4 generation [0-9]+ fresh$'
+    check '^block 3 [0-9a-f]{16} cached$'
+    check '^block 4 [0-9a-f]{16} -$'
+    hit "$(seq 0 1023; seq 70000 71023)" '^prompt 2048 tokens 4 blocks leading run 2 \(1024 tokens cached on capi-cache\)$'
+    check '^block 2 [0-9a-f]{16} -$'
+    hit "$(seq 0 1100)" '^prompt 1101 tokens 2 blocks leading run 2 \(1024 tokens cached on capi-cache\)$'
+    # An engine without a digest: its code, status 1.
+    status=0
+    "$example" --prefix-hit capi-busy "file://$dir" <<<"$(seq 0 511)" > /dev/null 2> "$dir.err" || status=$?
+    if [ "$status" -ne 1 ] || ! grep -q "ES_CODE_NO_CACHE" "$dir.err"; then
+        echo "$name --prefix-hit capi-busy: status $status, not 1 with ES_CODE_NO_CACHE:"; cat "$dir.err"; exit 1
+    fi
+    rm -f "$dir.err"
+    echo "$name: the prompt's leading run in capi-cache's digest: 4, 2 and 2 blocks; no digest refused"
 done

@@ -37,6 +37,16 @@
 //! a plain `SET` by someone else (`redis-cli`, an older version) can be
 //! overwritten by a held key's next write, where [`Ownership::EveryWrite`]
 //! would leave it alone.
+//!
+//! An engine's cache digest key follows its record's owner: every record
+//! refreshes the digest's expiry, through the record's own script when the
+//! record is owner-checked ([`SET_IF_OWNER_SCRIPT`] with the digest key as
+//! its second key: a refused record refreshes nothing), with a plain
+//! `PEXPIRE` after a plain `SET` of a held key (ours, by the argument
+//! above). A writer that lost the id, or whose digest write was refused,
+//! writes its digest again once the id is its own (the key may hold the
+//! other writer's digest, or nothing), not before: while refused, a digest
+//! write would be refused too.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -118,9 +128,9 @@ pub(crate) struct PipelineEncoder {
     /// Per owner-checked cache digest write in `request`: its command's
     /// index and engine.
     cache_claims: Vec<(usize, Arc<str>)>,
-    /// Per digest `PEXPIRE` in `request`: its command's index and engine (a
-    /// reply of 0 says the digest key is gone: written again with the
-    /// engine's next record).
+    /// Per plain digest `PEXPIRE` in `request` (after a plain `SET`): its
+    /// command's index and engine (a reply of 0 says the digest key is
+    /// gone: written again with the engine's next record).
     pexpires: Vec<(usize, Arc<str>)>,
     /// When the pipeline was begun (both clocks).
     began: Instant,
@@ -139,6 +149,10 @@ struct Claim {
     identity: (u32, u64),
     /// Through [`SET_IF_OWNER_SCRIPT`] (else a plain `SET` of a held key).
     scripted: bool,
+    /// Through the script with the engine's digest key, whose expiry it
+    /// refreshes when the record is written (a reply of 0: the digest key
+    /// is gone).
+    refreshes_cache: bool,
 }
 
 /// The encoder's state of one engine's key: its encoded `SET` head (so a
@@ -163,17 +177,20 @@ struct EngineKeyState {
     cache: Option<CacheKey>,
 }
 
-/// An engine's cache digest key, the `PEXPIRE` that every record of the
-/// engine carries (encoded once), and the last digest value queued: a key
-/// that Redis lost (expired while the writer was cut off, a restart without
-/// persistence, `FLUSHALL`) is written again from it, since the writer
-/// sends a digest only when it changes.
+/// An engine's cache digest key, the plain `PEXPIRE` that every plain
+/// record of the engine carries (encoded once), and the last digest value
+/// queued: a key that Redis lost (expired while the writer was cut off, a
+/// restart without persistence, `FLUSHALL`), or that may hold another
+/// writer's digest (ours was refused, or the id was another's for a
+/// while), is written again from it, since the writer sends a digest only
+/// when it changes.
 #[derive(Debug)]
 struct CacheKey {
     key: String,
     pexpire: Vec<u8>,
     value: Vec<u8>,
-    /// A `PEXPIRE` found the key gone: write `value` before the next record.
+    /// The key may not hold `value`: write it before the next record that
+    /// is not refused.
     lost: bool,
 }
 
@@ -204,6 +221,17 @@ fn identity_of(value: &[u8]) -> (u32, u64) {
         .get(generation_at..generation_at + 8)
         .map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
     (pid, generation)
+}
+
+/// `id`'s digest key may not hold its last queued digest: written again
+/// before its next record that is not refused.
+fn cache_lost(
+    engines: &mut HashMap<Arc<str>, EngineKeyState, foldhash::fast::RandomState>,
+    id: &str,
+) {
+    if let Some(cache) = engines.get_mut(id).and_then(|key| key.cache.as_mut()) {
+        cache.lost = true;
+    }
 }
 
 /// The RESP bytes of a `SET` after the value: `PX <ttl_ms>`.
@@ -269,22 +297,19 @@ impl PipelineEncoder {
         for id in self.deleted.drain(..) {
             self.written.remove(&id);
         }
-        for (command, _) in self.cache_claims.drain(..) {
+        for (command, id) in self.cache_claims.drain(..) {
             // The script's refusal: another writer holds the engine id (its
-            // records are refused too, and that is logged with them).
+            // records are refused too, and that is logged with them). Ours
+            // is written again once the id is ours.
             if matches!(replies.get(command), Some(Value::BulkString(_))) {
                 stats.refused.fetch_add(1, Ordering::Relaxed);
+                cache_lost(&mut self.engines, &id);
             }
         }
         for (command, id) in self.pexpires.drain(..) {
-            // 0: no such key. Not while another writer holds the id (its
-            // digest is not ours to write).
+            // 0: no such key.
             if matches!(replies.get(command), Some(Value::Int(0))) {
-                if let Some(key) = self.engines.get_mut(&id).filter(|key| !key.refused) {
-                    if let Some(cache) = key.cache.as_mut() {
-                        cache.lost = true;
-                    }
-                }
+                cache_lost(&mut self.engines, &id);
             }
         }
         if self.claims.is_empty() {
@@ -292,7 +317,8 @@ impl PipelineEncoder {
         }
         let mut refused_sent = Vec::new();
         for claim in self.claims.drain(..) {
-            let holder = match replies.get(claim.command) {
+            let reply = replies.get(claim.command);
+            let holder = match reply {
                 // The script's refusal: the holder's header.
                 Some(Value::BulkString(header)) if claim.scripted => Some(holder_pid(header)),
                 _ => None,
@@ -301,6 +327,13 @@ impl PipelineEncoder {
                 continue; // deleted later in the same pipeline
             };
             let id = &claim.engine;
+            // Refused: the holder may write its digest at the key. Written
+            // with a refresh that found no digest key: it is gone.
+            let write_again =
+                holder.is_some() || (claim.refreshes_cache && matches!(reply, Some(Value::Int(0))));
+            if let Some(cache) = key.cache.as_mut().filter(|_| write_again) {
+                cache.lost = true;
+            }
             match holder {
                 Some(pid) => {
                     stats.refused.fetch_add(1, Ordering::Relaxed);
@@ -428,9 +461,12 @@ impl PipelineEncoder {
     }
 
     fn push_set(&mut self, id: &Arc<str>, record: &RedisRecord) {
+        // Not while another writer holds the id (the write would be
+        // refused; it is written once a record of ours is).
         let lost = self
             .engines
             .get_mut(id)
+            .filter(|key| !key.refused)
             .and_then(|key| key.cache.as_mut())
             .is_some_and(|cache| std::mem::take(&mut cache.lost));
         if lost {
@@ -463,29 +499,35 @@ impl PipelineEncoder {
                 engine: id.clone(),
                 identity: key.identity,
                 scripted,
+                refreshes_cache: scripted && key.cache.is_some(),
             });
         }
         if scripted == Some(true) {
-            // Written only while no other live writer holds the key.
-            redis::cmd("EVAL")
-                .arg(SET_IF_OWNER_SCRIPT)
-                .arg(1)
-                .arg(engine_key(prefix, id))
-                .arg(&record.encode()[..])
+            // Written only while no other live writer holds the key; so is
+            // the digest's expiry refreshed (it lives as long as the
+            // records that name it).
+            let mut eval = redis::cmd("EVAL");
+            eval.arg(SET_IF_OWNER_SCRIPT);
+            match &key.cache {
+                Some(cache) => eval.arg(2).arg(engine_key(prefix, id)).arg(&cache.key),
+                None => eval.arg(1).arg(engine_key(prefix, id)),
+            };
+            eval.arg(&record.encode()[..])
                 .arg(self.ttl_ms)
                 .write_packed_command(&mut self.request);
+            self.commands += 1;
         } else {
             // SET <key> <record> PX <ttl>, from the cached prefix.
             self.request.extend_from_slice(&key.set_head);
             self.request.extend_from_slice(&record.encode());
             self.request.extend_from_slice(&self.set_tail);
-        }
-        self.commands += 1;
-        if let Some(cache) = &key.cache {
-            // The digest lives as long as the records that name it.
-            self.request.extend_from_slice(&cache.pexpire);
-            self.pexpires.push((self.commands, id.clone()));
             self.commands += 1;
+            if let Some(cache) = &key.cache {
+                // Unchecked, or a held key: the digest is ours to refresh.
+                self.request.extend_from_slice(&cache.pexpire);
+                self.pexpires.push((self.commands, id.clone()));
+                self.commands += 1;
+            }
         }
         let due = key
             .registered

@@ -10,7 +10,8 @@
 //! <prefix>engine:<id>        one record, SET ... PX <ttl_ms>
 //! <prefix>cache:<id>         the engine's cache digest (docs/FORMAT.md,
 //!                            "Cache residency"), SET ... PX <ttl_ms> on
-//!                            change, PEXPIREd with every record
+//!                            change, PEXPIREd with every record (by
+//!                            SET_IF_OWNER_SCRIPT when owner-checked)
 //!
 //! record (192 bytes, little-endian)
 //! offset size
@@ -100,6 +101,14 @@ const _: () = assert!(RECORD_SIZE == 192);
 /// `writer_pid` or `generation`). Replies 1 when written, else the holder's
 /// 64-byte header (its `writer_pid` says who holds it).
 ///
+/// With a second key, the engine's cache digest key (`KEYS[2]`,
+/// [`cache_key`]), a written record also refreshes that key's expiry
+/// (`PEXPIRE KEYS[2] ARGV[2]`): the digest lives as long as the records
+/// that name it, and only its owner's records keep it alive (a writer whose
+/// record is refused refreshes nothing). The reply of a written record is
+/// then `PEXPIRE`'s: 1, or 0 when the digest key does not exist (the writer
+/// writes its digest again).
+///
 /// The engine's key is its own ownership token: a live writer refreshes it
 /// every period, so it expires `ttl_ms` after its writer stops, and only
 /// then (or after a clean close deletes it, or once it is RETIRED) may
@@ -117,13 +126,16 @@ if type(old) == 'string' and #old == #new
   return string.sub(old, 1, 64)
 end
 redis.call('SET', KEYS[1], new, 'PX', ARGV[2])
+if KEYS[2] then
+  return redis.call('PEXPIRE', KEYS[2], ARGV[2])
+end
 return 1
 "#;
 
 /// SHA-1 of [`SET_IF_OWNER_SCRIPT`], for `EVALSHA` ([`crate::claim`]); a
 /// test checks it against the server's `SCRIPT LOAD`
 /// (tests/tests/redis_claim.rs).
-pub const SET_IF_OWNER_SCRIPT_SHA1: &str = "dfc6557a843be18a9eae3f9b8372b6acbff34da9";
+pub const SET_IF_OWNER_SCRIPT_SHA1: &str = "fef5cd58858a2b0eb972d1d3678ea5e52a456f76";
 
 /// Lua script: a clean close of the writer whose record is `ARGV[1]`:
 /// deletes `KEYS[1]` and removes the id `ARGV[2]` from the registry
