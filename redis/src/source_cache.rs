@@ -15,7 +15,7 @@
 //! are fetched again with the next refresh, which reconnects.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use engine_state_shm_format::CacheDigest;
 use redis::Value;
@@ -49,7 +49,15 @@ struct Failed {
     /// The fetch itself failed (the connection, not the value): fetched
     /// again with the next refresh.
     retry: bool,
+    /// A missing digest (not a damaged one) is fetched again from then on:
+    /// its writer may put it in place without naming a new version (one
+    /// that regains its engine id after another run held it writes its
+    /// digest after its first record).
+    again_at: Option<Instant>,
 }
+
+/// How long a missing digest of one version is not fetched again.
+pub(crate) const MISSING_DIGEST_RETRY: Duration = Duration::from_secs(1);
 
 /// Why an engine's digest is not used, as [`crate::EngineView::cache_fault`]
 /// reports it.
@@ -79,14 +87,13 @@ impl CacheSlot {
         }
     }
 
-    /// Whether the record (`generation`, `version`) needs a fetch.
-    fn wants(&self, generation: u64, version: u64) -> bool {
+    /// Whether the record (`generation`, `version`) needs a fetch at `now`.
+    fn wants(&self, generation: u64, version: u64, now: Instant) -> bool {
         version != 0
             && self.digest(generation, version).is_none()
-            && self
-                .failed
-                .as_ref()
-                .is_none_or(|f| f.retry || f.version != version)
+            && self.failed.as_ref().is_none_or(|f| {
+                f.retry || f.version != version || f.again_at.is_some_and(|at| now >= at)
+            })
     }
 
     /// What to report with the read after refresh number `refresh`, for a
@@ -126,6 +133,7 @@ impl RedisSource {
         if !self.cache_digests {
             return;
         }
+        let now = Instant::now();
         let wanted: Vec<(Arc<str>, u64, u64)> = self
             .live
             .keys()
@@ -135,7 +143,7 @@ impl RedisSource {
                 let (generation, version) = (record.generation, record.snapshot.cache_version);
                 engine
                     .cache
-                    .wants(generation, version)
+                    .wants(generation, version, now)
                     .then(|| (id.clone(), generation, version))
             })
             .collect();
@@ -201,13 +209,21 @@ impl RedisSource {
                     slot.failed = None;
                 }
                 Err(refused) => {
+                    // Still missing at a retry: said once per version.
+                    let found_at = match &slot.failed {
+                        Some(f) if f.version == version && !f.retry && !refused.damaged => {
+                            f.found_at
+                        }
+                        _ => refresh,
+                    };
                     slot.failed = Some(Failed {
                         version,
                         key,
                         what: refused.what,
                         every_read: refused.damaged,
-                        found_at: refresh,
+                        found_at,
                         retry: false,
+                        again_at: (!refused.damaged).then(|| now + MISSING_DIGEST_RETRY),
                     });
                 }
             }
@@ -228,6 +244,7 @@ impl RedisSource {
                     every_read: false,
                     found_at: refresh,
                     retry: true,
+                    again_at: None,
                 });
             }
         }

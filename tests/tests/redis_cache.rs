@@ -9,6 +9,7 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use engine_state_reader::{Error, Reading, Source};
 use engine_state_redis::{
@@ -266,6 +267,7 @@ fn a_bad_or_missing_digest_value_is_the_engines_error() {
         || get(&mut con, &key).is_some_and(|v| decode_digest_value(&v).is_ok()),
         "version 2 written",
     );
+    let version_2 = get(&mut con, &key).unwrap();
     let _: () = redis::cmd("DEL").arg(&key).query(&mut con).unwrap();
     let reading = read_until(&mut *source, "b", 2);
     let errors = cache_errors(&reading);
@@ -286,6 +288,29 @@ fn a_bad_or_missing_digest_value_is_the_engines_error() {
         matches!(*fault.error, Error::MissingCache { .. }),
         "{fault}"
     );
+    // The digest put back without a new version (as a writer that regains
+    // its engine id does): fetched again after a while, and used.
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg(&version_2)
+        .arg("PX")
+        .arg(600_000)
+        .query(&mut con)
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let reading = source.read().unwrap();
+        let cache = reading.get("b").unwrap().cache.clone();
+        if let Some(digest) = cache {
+            assert_eq!((digest.version(), digest.blocks()), (2, &[1][..]));
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the missing digest was never fetched again"
+        );
+        std::thread::yield_now();
+    }
     publisher.close();
 }
 
@@ -460,5 +485,35 @@ fn a_digest_key_that_redis_lost_is_written_again() {
         reading.get("l").unwrap().cache.as_ref().unwrap().blocks(),
         &[11, 12]
     );
+    publisher.close();
+}
+
+/// The KV block size goes into the Redis value's header, and a new one
+/// writes the digest again even for an unchanged set.
+#[test]
+fn a_new_kv_block_size_writes_the_redis_digest_again() {
+    let server = RedisServer::start();
+    let uri = server.uri("?prefix=kv:");
+    let mut con = server.connection();
+    let mut publisher = start_publisher(&uri, "k", 20).unwrap();
+    let key = cache_key("kv:", "k");
+    assert!(publisher.publish_cache(&[5, 6], 2, 4).unwrap());
+    publisher.set_cache_kv_block_size(16);
+    assert!(
+        publisher.publish_cache(&[5, 6], 2, 4).unwrap(),
+        "an unchanged set with a new block size is written again"
+    );
+    assert!(!publisher.publish_cache(&[6, 5], 2, 4).unwrap());
+    publisher.publish(Snapshot::default()).unwrap();
+    wait_for(
+        || {
+            get(&mut con, &key)
+                .and_then(|v| decode_digest_value(&v).ok())
+                .is_some_and(|r| r.digest.version() == 2)
+        },
+        "version 2 written",
+    );
+    let record = decode_digest_value(&get(&mut con, &key).unwrap()).unwrap();
+    assert_eq!(record.kv_block_size, 16);
     publisher.close();
 }
