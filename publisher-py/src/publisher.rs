@@ -80,10 +80,12 @@ impl Publisher {
         blocks: &[u64],
         held: u64,
         capacity: usize,
-        kv_block_size: u32,
+        kv_block_size: Option<u32>,
     ) -> PyResult<bool> {
         let inner = self.open()?;
-        inner.set_cache_kv_block_size(kv_block_size);
+        if let Some(tokens) = kv_block_size {
+            inner.set_cache_kv_block_size(tokens);
+        }
         inner
             .publish_cache(blocks, held, capacity)
             .map_err(publisher_error)
@@ -178,14 +180,15 @@ macro_rules! publisher_methods {
             /// published) for more blocks than `capacity`, a capacity above
             /// the format's bound, or `held` below `len(blocks)`.
             /// `kv_block_size`: the engine's KV block size in tokens, for the
-            /// digest's header (0: not given; a change rewrites the digest).
-            #[pyo3(signature = (blocks, held, capacity, kv_block_size=0))]
+            /// digest's header from now on (a change rewrites the digest;
+            /// None, the default, keeps the one given last, 0 at first).
+            #[pyo3(signature = (blocks, held, capacity, kv_block_size=None))]
             fn publish_cache(
                 &mut self,
                 blocks: Vec<u64>,
                 held: u64,
                 capacity: usize,
-                kv_block_size: u32,
+                kv_block_size: Option<u32>,
             ) -> PyResult<bool> {
                 self.publish_cache_blocks(&blocks, held, capacity, kv_block_size)
             }

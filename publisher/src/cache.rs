@@ -21,6 +21,8 @@ pub(crate) struct CacheState {
     /// The engine's KV block size in tokens, for the digest's header (0:
     /// not given).
     pub(crate) kv_block_size: u32,
+    /// The one the last digest was written with.
+    last_kv_block_size: u32,
 }
 
 /// A digest to write: its sorted blocks and version.
@@ -76,7 +78,11 @@ impl CacheState {
                  router blocks the engine held at the capture (at least the blocks listed)"
             ));
         }
-        if current && self.words.version != 0 && self.next == self.last {
+        if current
+            && self.words.version != 0
+            && self.next == self.last
+            && self.kv_block_size == self.last_kv_block_size
+        {
             return Ok(None);
         }
         Ok(Some(NextDigest {
@@ -92,6 +98,7 @@ impl CacheState {
     /// snapshots name it.
     pub(crate) fn published(&mut self) {
         std::mem::swap(&mut self.last, &mut self.next);
+        self.last_kv_block_size = self.kv_block_size;
         self.words = CacheWords {
             blocks: self.last.len() as u64,
             version: self.words.version + 1,
