@@ -159,8 +159,6 @@ fn a_digest_is_read_once_per_version_and_shared_until_it_moves() {
     assert_eq!((state.snapshot.cache_version, state.cache), (3, None));
 }
 
-/// A writer that replaces its digest file (a new capacity) retires the old
-/// one: the reader maps the new one at the next version.
 /// A moved digest is read into the held allocation when no caller holds
 /// it any more, and into a new one when a caller does: a caller's digest
 /// never changes under it.
@@ -200,6 +198,8 @@ fn a_moved_digest_reuses_its_allocation_only_when_no_caller_holds_it() {
     assert_eq!(fourth.version(), 4);
 }
 
+/// A writer that replaces its digest file (a new capacity) retires the old
+/// one: the reader maps the new one at the next version.
 #[test]
 fn a_replaced_digest_file_is_mapped_again() {
     let (_tmp, dir) = state_dir();
