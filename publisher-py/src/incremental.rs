@@ -91,6 +91,8 @@ pub(crate) struct IncrementalCapture {
     /// ([`IncrementalCapture::take_running_reads`]) instead of reading them
     /// again.
     running_reads: Vec<(usize, i64)>,
+    /// The address of the `running` list they were read from.
+    running_list: usize,
 }
 
 /// A cached waiting request.
@@ -158,6 +160,7 @@ impl IncrementalCapture {
             generation: 0,
             last_reads: 0,
             running_reads: Vec::new(),
+            running_list: 0,
         }
     }
 
@@ -239,12 +242,23 @@ impl IncrementalCapture {
 
 impl IncrementalCapture {
     /// The running requests the last capture read (address, computed
-    /// tokens), in `running`'s order, handed out once: a caller that takes
-    /// them right after the capture, with nothing run in between, reads the
-    /// same values; a later caller gets nothing.
-    pub(crate) fn take_running_reads(&mut self, into: &mut Vec<(usize, i64)>) {
+    /// tokens), in `running`'s order, handed out once and only for the same
+    /// list (`running`, as long as it was): a caller that takes them right
+    /// after the capture reads the same values; a later caller, or one
+    /// with another list, gets nothing (and checks each address anyway).
+    pub(crate) fn take_running_reads(
+        &mut self,
+        running: &Bound<'_, PyList>,
+        into: &mut Vec<(usize, i64)>,
+    ) {
         into.clear();
-        std::mem::swap(into, &mut self.running_reads);
+        if self.running_list == running.as_ptr() as usize
+            && self.running_reads.len() == running.len()
+        {
+            std::mem::swap(into, &mut self.running_reads);
+        }
+        self.running_reads.clear();
+        self.running_list = 0;
     }
 
     /// One capture; with `verify` also the full capture's totals, read
@@ -264,6 +278,7 @@ impl IncrementalCapture {
         let prompts = &mut self.prompts;
         let running_reads = &mut self.running_reads;
         running_reads.clear();
+        self.running_list = running.as_ptr() as usize;
         let mut totals = Snapshot::default();
         let mut full = verify.then(Snapshot::default);
         let mut reads = 0;

@@ -94,6 +94,9 @@ struct Entry {
     last_used: u64,
     /// Its KV blocks' keys, in order (the last one is the boundary's).
     keys: Vec<Key>,
+    /// The same KV blocks' whole cached-map keys (verify mode only: it
+    /// looks each up at every capture, exactly, not by its first word).
+    full_keys: Vec<Py<PyBytes>>,
 }
 
 /// What the tracker knows of one request it follows.
@@ -136,12 +139,6 @@ struct Hot {
     /// for an excluded request).
     next: usize,
 }
-
-/// How far after the last match the fast path looks for a running
-/// request's entry of the last capture: requests that left `running` in
-/// between are skipped over; a request found nowhere within it (a new one,
-/// or `running` reordered) takes the slow path.
-const LOOKAHEAD: usize = 16;
 
 /// How evictions are followed.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -192,6 +189,9 @@ pub(crate) struct ResidencyTracker {
     noted: Vec<usize>,
     /// Requests that may have left `running` (this capture's candidates).
     left: Vec<usize>,
+    /// Captures that had to look at every followed request to find those
+    /// that left `running` (none expected).
+    full_scans: u64,
     /// The token buffer one router block is read into (reused).
     tokens: Vec<u32>,
     digest: Vec<u64>,
@@ -273,6 +273,7 @@ impl ResidencyTracker {
             reads: Vec::new(),
             noted: Vec::new(),
             left: Vec::new(),
+            full_scans: 0,
             tokens: Vec::with_capacity(BLOCK_TOKENS),
             digest: Vec::new(),
             held_set: HashSet::new(),
@@ -361,7 +362,7 @@ impl ResidencyTracker {
         let computed_attr = self.computed_attr.clone_ref(py).into_bound(py);
         let mut read = std::mem::take(&mut self.reads);
         match reads {
-            Some(mut capture) => capture.take_running_reads(&mut read),
+            Some(mut capture) => capture.take_running_reads(list, &mut read),
             None => read.clear(),
         }
         let previous = std::mem::take(&mut self.hot);
@@ -378,8 +379,10 @@ impl ResidencyTracker {
             // The common case: a request the last capture saw running, with
             // no new full router block. vLLM keeps `running` in order (it
             // drops finished and preempted requests and appends admitted
-            // ones), so its entry is at the cursor or a little after it.
-            let window = &previous[cursor..previous.len().min(cursor + LOOKAHEAD)];
+            // ones), so its entry is at the cursor or after it: those
+            // skipped over left `running`. (Were `running` reordered, a
+            // request found behind the cursor takes the slow path.)
+            let window = &previous[cursor..];
             if let Some(at) = window.iter().position(|h| h.address == address) {
                 let last = previous[cursor + at];
                 // Those skipped over may have left `running`.
@@ -449,6 +452,7 @@ impl ResidencyTracker {
                 // (Not expected: a request followed and neither running nor
                 // a candidate.) Every request, as a full capture would.
                 left = self.unseen(list, epoch);
+                self.full_scans += 1;
             }
         } else {
             left.clear();
@@ -491,7 +495,7 @@ impl ResidencyTracker {
     /// carries the tracker's KV block size.
     fn publish(&self, publisher: &Bound<'_, Publisher>, capacity: usize) -> PyResult<bool> {
         // Checked in `new`: divides 512.
-        let tokens = self.kv_block_size as u32;
+        let tokens = Some(self.kv_block_size as u32);
         let mut publisher = publisher.try_borrow_mut()?;
         if capacity < self.digest.len() {
             publisher.publish_cache_blocks(&self.cut(capacity), self.held as u64, capacity, tokens)
@@ -529,6 +533,13 @@ impl ResidencyTracker {
     #[getter]
     fn adopted(&self) -> u64 {
         self.adopted
+    }
+
+    /// Captures that looked at every followed request to find those that
+    /// left `running` (0 while vLLM keeps `running` as the tracker expects).
+    #[getter]
+    fn full_scans(&self) -> u64 {
+        self.full_scans
     }
 
     /// Cached-map lookups so far.
@@ -635,9 +646,10 @@ impl ResidencyTracker {
 
     /// Drops the entries whose KV blocks left the cached map; true when one did.
     ///
-    /// Verify mode, and evictions mode when the map was replaced or
-    /// `note_all_suspect` was called: every KV block of every entry, against
-    /// the keys of the map read once. Otherwise only the keys
+    /// Verify mode: every KV block of every entry, looked up by its whole
+    /// key. Evictions mode when the map was replaced or `note_all_suspect`
+    /// was called: every KV block of every entry, against the keys of the
+    /// map read once (by their first word). Otherwise only the keys
     /// `note_allocation` saw evicted: an entry whose other blocks were not
     /// taken from the free queue still has them.
     fn check(&mut self, cached: &Bound<'_, PyDict>) -> PyResult<bool> {
@@ -647,7 +659,18 @@ impl ResidencyTracker {
         self.all_suspect = false;
         self.trust_running = !everything;
         let mut gone = Vec::new();
-        if everything {
+        if self.mode == Mode::Verify {
+            let py = cached.py();
+            for (&router, entry) in &self.entries {
+                for key in &entry.full_keys {
+                    self.lookups += 1;
+                    if !cached.contains(key.bind(py))? {
+                        gone.push(router);
+                        break;
+                    }
+                }
+            }
+        } else if everything {
             self.suspects.clear();
             let mut present: KeySet =
                 KeySet::with_capacity_and_hasher(cached.len(), Default::default());
@@ -729,7 +752,16 @@ impl ResidencyTracker {
                 Some(list) => list.get_item(i)?,
                 None => hashes.get_item(i)?,
             };
-            Ok(item.downcast_into::<PyBytes>()?)
+            let hash = item.downcast_into::<PyBytes>()?;
+            if hash.as_bytes().len() < 8 {
+                // Keys are a hash's first 8 bytes (see `Key`).
+                return Err(PyValueError::new_err(format!(
+                    "a block hash of {} bytes: cache residency needs hashes of at least 8 bytes \
+                     (vLLM's sha256 and xxhash options give 32 and 8)",
+                    hash.as_bytes().len()
+                )));
+            }
+            Ok(hash)
         };
         let mut added = false;
         while followed.done < available {
@@ -790,6 +822,13 @@ impl ResidencyTracker {
             for &key in &keys {
                 self.by_key.insert(key, router);
             }
+            let full_keys = if self.mode == Mode::Verify {
+                (depth * m..=last)
+                    .map(|i| Ok(self.full_key(&hash_at(i)?)?.unbind()))
+                    .collect::<PyResult<Vec<_>>>()?
+            } else {
+                Vec::new()
+            };
             self.added.push(router);
             self.entries.insert(
                 router,
@@ -798,6 +837,7 @@ impl ResidencyTracker {
                     parent: followed.parent,
                     last_used: self.epoch,
                     keys,
+                    full_keys,
                 },
             );
             added = true;
@@ -871,16 +911,18 @@ impl ResidencyTracker {
     fn cut(&self, capacity: usize) -> Vec<u64> {
         // The format's overflow rule (docs/FORMAT.md, "Capacity and
         // overflow"); the digest is in hash order, so ties keep hash order.
+        // (A capture that failed after dropping entries leaves the digest
+        // naming them: those are not listed.)
         let mut entries: Vec<DigestEntry> = self
             .digest
             .iter()
-            .map(|&hash| {
-                let entry = &self.entries[&hash];
-                DigestEntry {
+            .filter_map(|&hash| {
+                let entry = self.entries.get(&hash)?;
+                Some(DigestEntry {
                     hash,
                     depth: entry.depth,
                     last_used: entry.last_used,
-                }
+                })
             })
             .collect();
         cut_prefix_closed(&mut entries, capacity);

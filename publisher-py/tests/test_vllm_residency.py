@@ -219,6 +219,54 @@ def test_randomized_sessions_preemption_and_aborts(shm_uri, module, mode):
     assert state["preempted"] > 0
     assert scheduler.kv_cache_manager.block_pool.evictions > 0
     assert hook.residency.tracker.adopted > 0
+    assert hook.residency.tracker.full_scans == 0
+
+
+def test_many_running_requests_leaving_at_once(shm_uri, module, mode):
+    """48 running requests; a run of 20 adjacent ones, then every third, are
+    aborted between two captures, and new ones admitted: the digest stays
+    the pool's, and the tracker finds those that left from the changes."""
+    scheduler = make(module, num_blocks=6000, token_budget=8192, max_num_seqs=64)
+    hook = hook_of(scheduler)
+    clock = [0]
+    hook._clock = lambda: clock[0]
+    hook.period_ns = 10
+    system = tokens(7, BLOCK + 30)
+    prompts = [system + tokens(1000 + i, 500 + 7 * i) for i in range(48)]
+    live = {}
+    for i, prompt in enumerate(prompts):
+        request = Request(f"m{i}", 0, max_tokens=400, tokens=prompt)
+        scheduler.add_request(request)
+        live[request.request_id] = request
+
+    def check(where):
+        clock[0] += 10
+        out = scheduler.schedule()
+        scheduler.update_from_output(out, fake_sampled(out, 100))
+        current = prompts + [list(r._all_token_ids) for r in live.values()]
+        assert set(hook.cache_digest) == held(scheduler, current), where
+
+    for _ in range(12):
+        check("prefill")
+        if len(scheduler.running) == 48 and not scheduler.waiting:
+            break
+    assert len(scheduler.running) == 48
+    running = [r.request_id for r in scheduler.running]
+    scheduler.finish_requests(running[10:30], RequestStatus.FINISHED_ABORTED)
+    check("20 adjacent aborted")
+    running = [r.request_id for r in scheduler.running]
+    scheduler.finish_requests(running[::3], RequestStatus.FINISHED_ABORTED)
+    for i in range(8):
+        prompt = system + tokens(5000 + i, 600)
+        prompts.append(prompt)
+        request = Request(f"n{i}", 0, max_tokens=400, tokens=prompt)
+        scheduler.add_request(request)
+        live[request.request_id] = request
+    check("every third aborted, 8 admitted")
+    for _ in range(3):
+        check("decode")
+    assert hook.residency.held > 48
+    assert hook.residency.tracker.full_scans == 0
 
 
 def test_requests_keyed_by_more_than_tokens_are_left_out(shm_uri, module, mode):
