@@ -225,6 +225,7 @@ def residency_run(n: int, steps: int, block: int) -> dict:
 
     wrapped = time_calls(lambda: alloc(pool.get_new_blocks), 5_000)
     plain = time_calls(lambda: alloc(cls_get), 5_000)
+    vllm_hash_ns = vllm_block_hashing_ns_per_token()
     hook.residency = None
     result = dict(
         n=n,
@@ -234,6 +235,7 @@ def residency_run(n: int, steps: int, block: int) -> dict:
         cold_hashed=cold.hash_calls,
         cold_adopted=cold.adopted,
         alloc_ns=1000 * (statistics.median(wrapped) - statistics.median(plain)) / 32,
+        vllm_hash_ns=vllm_hash_ns,
         modes={
             mode: dict(per_step=per_step, in_situ_med=statistics.median(calls),
                        captures_per_step=len(calls) / steps)
@@ -242,6 +244,25 @@ def residency_run(n: int, steps: int, block: int) -> dict:
     )
     hook.close(scheduler)
     return result
+
+
+def vllm_block_hashing_ns_per_token(tokens: int = 2048, repeat: int = 50) -> float:
+    """What vLLM itself spends per prompt token on its own block hashes
+    (``get_request_block_hasher`` with sha256, 16-token blocks, as the engine
+    hashes every request's blocks), median of ``repeat``: the yardstick for
+    the residency's cost per prefilled token."""
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+    from vllm_harness import BLOCK_SIZE, make_request
+
+    request = make_request("hash-yardstick", [1000 + t % 30_000 for t in range(tokens)], 1)
+    hasher = get_request_block_hasher(BLOCK_SIZE, sha256)
+
+    def rehash() -> None:
+        request.block_hashes.clear()
+        request.block_hashes.extend(hasher(request))
+
+    return 1000 * statistics.median(time_calls(rehash, repeat)) / tokens
 
 
 # ---- common -------------------------------------------------------------------
@@ -642,9 +663,10 @@ def main() -> int:
               f"alternating blocks of {args.ab_block} steps, {args.steps} steps each; times in µs")
         print("| live requests | digest (router blocks) | capture in the step loop, median: off / "
               "verify / evictions | hook per step, mean: off / verify / evictions | "
-              "verify vs off | evictions vs off | first capture: router blocks hashed + adopted, "
-              "µs, ns per hashed token | wrapped get_new_blocks, ns per allocated block |")
-        print("|---|---|---|---|---|---|---|---|")
+              "verify vs off | evictions vs off: capture / per step | first capture: router "
+              "blocks hashed + adopted, µs, ns per hashed token | vLLM's own block hashing, ns "
+              "per token | wrapped get_new_blocks, ns per allocated block |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for n in [int(x) for x in args.sizes.split(",")]:
             r = residency_run(n, args.steps, args.ab_block)
             m = r["modes"]
@@ -654,9 +676,11 @@ def main() -> int:
             print(
                 f"| {n} | {r['digest']} | {off:.1f} / {ver:.1f} / {evi:.1f} | "
                 f"{per[0]:.1f} / {per[1]:.1f} / {per[2]:.1f} | "
-                f"{100 * (ver - off) / off:+.0f} % | {100 * (evi - off) / off:+.0f} % | "
+                f"{100 * (ver - off) / off:+.0f} % | {100 * (evi - off) / off:+.0f} % / "
+                f"{100 * (per[2] - per[0]) / per[0]:+.0f} % | "
                 f"{r['cold_hashed']} + {r['cold_adopted']}, {r['cold_us']:.0f}, "
-                f"{1000 * r['cold_us'] / hashed_tokens:.1f} | {r['alloc_ns']:.0f} |",
+                f"{1000 * r['cold_us'] / hashed_tokens:.1f} | {r['vllm_hash_ns']:.0f} | "
+                f"{r['alloc_ns']:.0f} |",
                 flush=True,
             )
     if args.breakdown:

@@ -72,13 +72,20 @@ func readOne(t *testing.T, d *Dir, now uint64) (EngineState, []EngineError) {
 	return r.Engines[0], append([]EngineError(nil), r.Errors...)
 }
 
-func cacheErrorOf(t *testing.T, errs []EngineError, id string) *Error {
+// cacheErrorOf is the one cache digest error of engine id in errs, of
+// class (CorruptCache or MissingCache), Damaged exactly when it is
+// CorruptCache, its message saying what to do.
+func cacheErrorOf(t *testing.T, errs []EngineError, id string, class Class) *Error {
 	t.Helper()
 	var e *Error
-	if len(errs) != 1 || errs[0].Name != id || !errors.As(errs[0].Err, &e) || e.Class != CorruptCache {
-		t.Fatalf("errors %v, want one corrupt_cache error of %s", errs, id)
+	if len(errs) != 1 || errs[0].Name != id || !errors.As(errs[0].Err, &e) || e.Class != class {
+		t.Fatalf("errors %v, want one %s error of %s", errs, class, id)
 	}
-	if !strings.Contains(e.Error(), "Options.CacheDigests") {
+	if e.Damaged != (class == CorruptCache) {
+		t.Errorf("%s error with Damaged %v: %v", class, e.Damaged, e)
+	}
+	hint := map[Class]string{CorruptCache: "Options.CacheDigests", MissingCache: "still writes its digest"}[class]
+	if !strings.Contains(e.Error(), hint) || !strings.Contains(e.Error(), "read without it") {
 		t.Errorf("the message does not say what to do: %v", e)
 	}
 	return e
@@ -125,8 +132,8 @@ func TestDirHandsOutAFreshEnginesDigestAndReadsItAgainOnlyWhenItsVersionMoves(t 
 		if e.Status != Fresh || e.Cache != nil {
 			t.Fatalf("damaged digest: %+v", e)
 		}
-		if err := cacheErrorOf(t, errs, "e0"); !err.Damaged || !strings.Contains(err.What, "not strictly ascending") {
-			t.Fatalf("read %d: %v (damaged %v)", i, err, err.Damaged)
+		if err := cacheErrorOf(t, errs, "e0", CorruptCache); !strings.Contains(err.What, "not strictly ascending") {
+			t.Fatalf("read %d: %v", i, err)
 		}
 	}
 
@@ -155,30 +162,32 @@ func TestDirWithoutCacheDigestsReadsNone(t *testing.T) {
 	}
 }
 
-// A digest of another generation, a missing one, one the writer retired:
-// no digest, reported once (the retired one not at all); a digest file put
-// in place of the retired one by rename is read at the next read.
+// A digest of another generation, a missing one, one older than the
+// snapshot names, one the writer retired: no digest, reported once as
+// missing_cache (the retired one not at all); a digest file put in place of
+// the retired one by rename is read at the next read.
 func TestDirUsesOnlyAnActiveDigestOfTheEnginesGeneration(t *testing.T) {
 	now := loadManifest(t).NowMonoNs
 	for _, c := range []struct {
-		name, digest string
-		generation   uint64
-		what         string
+		name, digest        string
+		generation, version uint64
+		what                string
 	}{
-		{"other_generation", "cache/file_active.bin", 8, "generation 7 of the engine, not to generation 8"},
-		{"missing", "", 7, "there is no digest file"},
-		{"retired", "cache/file_retired.bin", 7, ""},
+		{"other_generation", "cache/file_active.bin", 8, 3, "generation 7 of the engine, not to generation 8"},
+		{"missing", "", 7, 3, "there is no digest file"},
+		{"older", "cache/file_active.bin", 7, 4, "holds version 3, older than the version 4"},
+		{"retired", "cache/file_retired.bin", 7, 3, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			_, enginePath, digestPath := cacheFixture(t, "e0", c.generation, 3, c.digest)
+			_, enginePath, digestPath := cacheFixture(t, "e0", c.generation, c.version, c.digest)
 			d := openCacheDir(t, filepath.Dir(enginePath), true)
 			e, errs := readOne(t, d, now)
 			if e.Status != Fresh || e.Cache != nil {
 				t.Fatalf("%+v", e)
 			}
 			if c.what != "" {
-				if err := cacheErrorOf(t, errs, "e0"); err.Damaged || !strings.Contains(err.What, c.what) {
-					t.Fatalf("%v (damaged %v), want %q", err, err.Damaged, c.what)
+				if err := cacheErrorOf(t, errs, "e0", MissingCache); !strings.Contains(err.What, c.what) {
+					t.Fatalf("%v, want %q", err, c.what)
 				}
 			} else if len(errs) != 0 {
 				t.Fatalf("errors %v", errs)
@@ -221,7 +230,7 @@ func TestDirRefusesADigestThatIsNoRegularFile(t *testing.T) {
 			if e.Status != Fresh || e.Cache != nil {
 				t.Fatalf("%+v", e)
 			}
-			err := cacheErrorOf(t, errs, "e0")
+			err := cacheErrorOf(t, errs, "e0", CorruptCache)
 			var refused *Error
 			if !errors.As(err.Err, &refused) || refused.Class != RefusedEntry {
 				t.Fatalf("%v: its cause %v is no refused_entry", err, err.Err)

@@ -32,8 +32,9 @@ type cacheSlot struct {
 type cacheFailure struct {
 	version uint64 // the snapshot's cache_version then
 	err     *Error
-	// reported: a missing digest (not Damaged) is reported once per
-	// version; a damaged one at every read while the snapshot names it.
+	// reported: a missing digest (MissingCache, not Damaged) is reported
+	// once per version; a damaged one (CorruptCache) at every read while
+	// the snapshot names it.
 	reported bool
 }
 
@@ -111,7 +112,7 @@ func (s *cacheSlot) read(dir, id string, generation, version uint64) *CacheDiges
 	return s.fail(f.Path(), version, reasonOf(err), true, err)
 }
 
-// reasonOf is an error's message without the name a CorruptCache error
+// reasonOf is an error's message without the name a cache digest error
 // puts in front of it.
 func reasonOf(err error) string {
 	var refused *DigestError
@@ -121,10 +122,15 @@ func reasonOf(err error) string {
 	return err.Error()
 }
 
-// fail remembers that version's digest could not be had, and why.
+// fail remembers that version's digest could not be had, and why: damaged
+// (CorruptCache) or not there for the snapshot (MissingCache).
 func (s *cacheSlot) fail(path string, version uint64, what string, damaged bool, cause error) *CacheDigest {
+	class := MissingCache
+	if damaged {
+		class = CorruptCache
+	}
 	s.failed = &cacheFailure{version: version,
-		err: &Error{Class: CorruptCache, Name: path, What: what, Damaged: damaged, Err: cause}}
+		err: &Error{Class: class, Name: path, What: what, Damaged: damaged, Err: cause}}
 	return nil
 }
 

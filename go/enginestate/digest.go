@@ -311,16 +311,17 @@ func DecodeDigestValue(key string, b []byte) (DigestRecord, error) {
 // for the record it goes with: the record's Generation and the
 // Snapshot.CacheVersion it names. A digest of another generation (another
 // run of the engine) or older than the version named is not returned, nor
-// is a value that is no digest. The error is an *Error of class
-// CorruptCache naming key (its Err the *DigestError, if the value was
-// refused); Damaged on it tells a refused value (report it while the record
-// names this version) from one not there yet (report it once).
+// is a value that is no digest. The error is an *Error naming key: of class
+// CorruptCache (Damaged; its Err the *DigestError, if the value was
+// refused) for a value that is no usable digest (report it while the record
+// names this version), of class MissingCache for one not there for the
+// record: no value, another generation, older (report it once).
 //
 // Fetch only when the record's cache_version is not 0 and differs from the
 // Version of the digest held (NeedsDigest); use the digest only while the
 // engine is Fresh (UsableDigest).
 func DecodeFetchedCache(key string, value []byte, generation, version uint64) (*CacheDigest, error) {
-	notYet := func(what string) error { return &Error{Class: CorruptCache, Name: key, What: what} }
+	notYet := func(what string) error { return &Error{Class: MissingCache, Name: key, What: what} }
 	if len(value) == 0 {
 		return nil, notYet(fmt.Sprintf("the record names digest version %d, but the key holds no value "+
 			"(expired, or not written yet)", version))

@@ -59,10 +59,12 @@ const (
 // digest, read again only when the snapshot's cache_version moves past the
 // version held (a compare per engine otherwise), and opened again when its
 // writer replaced it (retired it), or it is of another generation. A digest
-// that cannot be used is that engine's error (class CorruptCache; the
-// engine's state is still read, with Cache nil): a damaged digest at every
-// read while the snapshot names it, a missing one once. A torn digest read
-// is no error: it is read again once its sequence word changes.
+// that cannot be used is that engine's error (the engine's state is still
+// read, with Cache nil): a damaged one (class CorruptCache) at every read
+// while the snapshot names it; one not there for the snapshot (class
+// MissingCache: no file, of another generation, older than named) once per
+// version. A torn digest read is no error: it is read again once its
+// sequence word changes.
 type Dir struct {
 	path     string
 	opts     Options

@@ -39,9 +39,18 @@ const (
 	// NotDigest: a digest file or value whose first 8 bytes are not "ESDIGEST".
 	NotDigest Class = "not_digest"
 	// CorruptCache: a digest whose header or contents break the format's
-	// rules; as the class of an *Error, an engine's digest that cannot be
-	// used for any reason but a torn read (its state is still read).
+	// rules; as the class of an *Error, an engine's digest that is damaged
+	// (no usable digest: refused, of another layout version, not a regular
+	// file, unreadable), reported at every read while the snapshot names its
+	// version. The engine's state is still read.
 	CorruptCache Class = "corrupt_cache"
+	// MissingCache: the class of an *Error about an engine whose snapshot
+	// (record) names a cache digest that is not there for it: no digest
+	// file or Redis value (yet), one of another run of the engine
+	// (generation), or one older than the version named. A writer between
+	// writes or a restarted engine, not damage: reported once per version.
+	// The engine's state is still read.
+	MissingCache Class = "missing_cache"
 	// TornDigest: no consistent copy of a digest file within the seqlock's
 	// retry bound, or sequence 0; read it again later.
 	TornDigest Class = "torn"
@@ -64,13 +73,15 @@ type Error struct {
 	// What details the problem (CorruptHeader, RefusedEntry, ForeignValue,
 	// NoExpiry) or names the action that failed (IO).
 	What string
-	// Err is the OS error of an IO error, or the *DigestError of a
-	// CorruptCache error whose digest was refused.
+	// Err is the OS error of an IO error, or the cause of a CorruptCache
+	// error (the *DigestError of a refused digest, the *Error of a file
+	// that could not be opened).
 	Err error
-	// Damaged: a CorruptCache error about a digest that is no usable digest
-	// (reported at every read while the snapshot names its version); false:
-	// none is there yet for that version (missing, of another generation,
-	// older than named: reported once).
+	// Damaged: a cache digest error about a digest that is no usable digest
+	// (class CorruptCache, reported at every read while the snapshot names
+	// its version); false: none is there yet for that version (class
+	// MissingCache: missing, of another generation, older than named;
+	// reported once).
 	Damaged bool
 }
 
@@ -111,6 +122,12 @@ func (e *Error) Error() string {
 			"(Cache nil). It is read again when the engine publishes its next digest; if this persists, restart "+
 			"that engine's publisher (it rewrites its digest), remove the digest so it is recreated, or turn "+
 			"digests off in this reader (Options.CacheDigests)", e.Name, e.What)
+	case e.Class == MissingCache:
+		return fmt.Sprintf("%s: this engine's snapshot names a cache digest that is not there for it (%s); its "+
+			"state is read without it (Cache nil). A restarted engine or one between writes puts it in place "+
+			"shortly, and the next version named is read again; if this persists, check that the engine's "+
+			"publisher still writes its digest (on Redis: that this reader may read the <prefix>cache:* keys)",
+			e.Name, e.What)
 	}
 	return fmt.Sprintf("could not %s %s: %v%s", e.What, e.Name, e.Err, ioHint(e))
 }

@@ -83,7 +83,8 @@ impl Reader {
     /// ascending. None when that read did not return the engine, when its
     /// status is not "fresh" (a digest is used only with a fresh state), or
     /// when the engine publishes no digest (`cache_version` 0) or its digest
-    /// could not be read (then `errors` says why; class `corrupt_cache`).
+    /// could not be read (then `errors` says why: class `corrupt_cache` for
+    /// a damaged digest, `missing_cache` for one that is not there).
     /// A digest is read again only when the engine's `cache_version` moved.
     /// ValueError unless the Reader was created with `cache_digests=True`.
     fn read_cache(&self, py: Python<'_>, engine_id: &str) -> PyResult<Option<Vec<u64>>> {
