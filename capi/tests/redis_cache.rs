@@ -16,23 +16,7 @@ use engine_state::{
     EsEngine, EsOptions, EsSource, EsStatus,
 };
 use engine_state_shm_format::blocks::{block_hashes, BLOCK_TOKENS};
-use engine_state_tests::{bin, wait_for, Proc, RedisServer};
-
-/// espublish of engine `id` at `uri`, started (its first line read).
-fn espublish(uri: &str, id: &str, extra: &[&str]) -> Proc {
-    let mut proc = Proc::spawn(
-        Command::new(bin("espublish"))
-            .args(["--uri", uri, "--engine-id", id])
-            .args(extra)
-            .stdout(Stdio::piped()),
-    );
-    let line = proc.first_line();
-    assert!(
-        line.starts_with("espublish: publishing"),
-        "espublish did not start: {line:?}"
-    );
-    proc
-}
+use engine_state_tests::{espublish, wait_for, RedisServer};
 
 fn open(uri: &str) -> *mut EsSource {
     let uri = CString::new(uri).unwrap();

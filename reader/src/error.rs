@@ -110,6 +110,30 @@ impl Error {
         )
     }
 
+    /// A cache digest fault of engine `engine_id` at `location`:
+    /// [`Error::CorruptCache`] when the digest is `damaged`, else
+    /// [`Error::MissingCache`] (the one rule for both sources).
+    pub(crate) fn cache_fault(
+        damaged: bool,
+        engine_id: String,
+        location: String,
+        what: String,
+    ) -> Error {
+        if damaged {
+            Error::CorruptCache {
+                engine_id,
+                location,
+                what,
+            }
+        } else {
+            Error::MissingCache {
+                engine_id,
+                location,
+                what,
+            }
+        }
+    }
+
     /// The engine a cache digest fault is about.
     pub fn cache_engine_id(&self) -> Option<&str> {
         match self {

@@ -66,19 +66,7 @@ fn cache_error(id: &str, fault: CacheFault<'_>) -> EngineError {
         format!("Redis key {:?}", fault.key),
         fault.what.to_owned(),
     );
-    let error = if fault.damaged {
-        Error::CorruptCache {
-            engine_id,
-            location,
-            what,
-        }
-    } else {
-        Error::MissingCache {
-            engine_id,
-            location,
-            what,
-        }
-    };
+    let error = Error::cache_fault(fault.damaged, engine_id, location, what);
     EngineError::new(id, error)
 }
 

@@ -10,7 +10,7 @@ use std::process::{Command, Output, Stdio};
 use engine_state_shm_format::blocks::{block_hashes, BLOCK_TOKENS};
 use engine_state_shm_format::cache_dir;
 use engine_state_shm_format::digest_layout::DIGEST_ENTRIES_OFFSET;
-use engine_state_tests::{bin, esdump_json, wait_for, Proc, RedisServer};
+use engine_state_tests::{bin, esdump_json, espublish, wait_for, Proc, RedisServer};
 
 /// What esdump must print for `--cache-blocks n`: the hashes, ascending, as hex.
 fn expected_blocks(n: usize) -> Vec<String> {
@@ -19,22 +19,6 @@ fn expected_blocks(n: usize) -> Vec<String> {
     assert_eq!(hashes.len(), n);
     hashes.sort_unstable();
     hashes.iter().map(|h| format!("{h:016x}")).collect()
-}
-
-/// espublish of engine `id` at `uri`, started (its first line read).
-fn espublish(uri: &str, id: &str, extra: &[&str]) -> Proc {
-    let mut proc = Proc::spawn(
-        Command::new(bin("espublish"))
-            .args(["--uri", uri, "--engine-id", id])
-            .args(extra)
-            .stdout(Stdio::piped()),
-    );
-    let line = proc.first_line();
-    assert!(
-        line.starts_with("espublish: publishing"),
-        "espublish did not start: {line:?}"
-    );
-    proc
 }
 
 fn esdump(args: &[&str]) -> Output {

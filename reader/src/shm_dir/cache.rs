@@ -186,19 +186,7 @@ impl CacheSlot {
         let (engine_id, location) = (id.to_owned(), path.display().to_string());
         // A damaged digest is reported at every read; one that is not there
         // (yet) is not damage, and is said once.
-        let error = if every_read {
-            Error::CorruptCache {
-                engine_id,
-                location,
-                what,
-            }
-        } else {
-            Error::MissingCache {
-                engine_id,
-                location,
-                what,
-            }
-        };
+        let error = Error::cache_fault(every_read, engine_id, location, what);
         self.failed = Some(Failed {
             version,
             error: EngineError::new(id, error),
