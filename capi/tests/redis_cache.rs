@@ -8,7 +8,6 @@
 #![allow(clippy::undocumented_unsafe_blocks)]
 
 use std::ffi::CString;
-use std::process::{Command, Stdio};
 use std::ptr::null_mut;
 
 use engine_state::{

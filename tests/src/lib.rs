@@ -285,6 +285,23 @@ pub fn publishing_running(
     publisher
 }
 
+/// espublish of engine `id` at `uri` with `extra` flags, started (its first
+/// line read: it is publishing).
+pub fn espublish(uri: &str, id: &str, extra: &[&str]) -> Proc {
+    let mut proc = Proc::spawn(
+        Command::new(bin("espublish"))
+            .args(["--uri", uri, "--engine-id", id])
+            .args(extra)
+            .stdout(Stdio::piped()),
+    );
+    let line = proc.first_line();
+    assert!(
+        line.starts_with("espublish: publishing"),
+        "espublish did not start: {line:?}"
+    );
+    proc
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -308,21 +325,4 @@ mod tests {
         });
         assert_eq!((owned.len(), sum), (3, 6));
     }
-}
-
-/// espublish of engine `id` at `uri` with `extra` flags, started (its first
-/// line read: it is publishing).
-pub fn espublish(uri: &str, id: &str, extra: &[&str]) -> Proc {
-    let mut proc = Proc::spawn(
-        Command::new(bin("espublish"))
-            .args(["--uri", uri, "--engine-id", id])
-            .args(extra)
-            .stdout(Stdio::piped()),
-    );
-    let line = proc.first_line();
-    assert!(
-        line.starts_with("espublish: publishing"),
-        "espublish did not start: {line:?}"
-    );
-    proc
 }

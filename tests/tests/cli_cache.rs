@@ -5,12 +5,12 @@
 
 use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 use engine_state_shm_format::blocks::{block_hashes, BLOCK_TOKENS};
 use engine_state_shm_format::cache_dir;
 use engine_state_shm_format::digest_layout::DIGEST_ENTRIES_OFFSET;
-use engine_state_tests::{bin, esdump_json, espublish, wait_for, Proc, RedisServer};
+use engine_state_tests::{bin, esdump_json, espublish, wait_for, RedisServer};
 
 /// What esdump must print for `--cache-blocks n`: the hashes, ascending, as hex.
 fn expected_blocks(n: usize) -> Vec<String> {
