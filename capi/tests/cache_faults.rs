@@ -8,13 +8,15 @@
 //! sizes given with them: the SAFETY argument is made once here.
 #![allow(clippy::undocumented_unsafe_blocks)]
 
+mod common;
+
 use std::ffi::{CStr, CString};
 use std::path::Path;
 use std::ptr::null_mut;
 
 use engine_state::{
-    es_close, es_code_name, es_last_error, es_open, es_options_init_sized, es_read, es_read_cache,
-    EsCacheDigest, EsCode, EsEngine, EsOptions, EsSource,
+    es_close, es_code_name, es_last_error, es_read, es_read_cache, EsCacheDigest, EsCode, EsEngine,
+    EsOptions, EsSource,
 };
 use engine_state_shm_format::{
     cache_dir, monotonic_ns, CacheDigest, DigestOptions, DigestWriter, EngineId, ShmWriter,
@@ -22,17 +24,8 @@ use engine_state_shm_format::{
 };
 
 fn open(dir: &Path) -> *mut EsSource {
-    let uri = CString::new(format!("file://{}", dir.display())).unwrap();
-    let mut options = EsOptions::default();
-    let code = unsafe { es_options_init_sized(&mut options, std::mem::size_of::<EsOptions>()) };
-    assert_eq!(code, EsCode::Ok);
-    options.read_cache_digests = 1;
-    let mut source = null_mut();
-    assert_eq!(
-        unsafe { es_open(uri.as_ptr(), &options, &mut source) },
-        EsCode::Ok
-    );
-    source
+    let size = std::mem::size_of::<EsOptions>();
+    common::open_source(&format!("file://{}", dir.display()), true, size)
 }
 
 fn naming(version: u64) -> Snapshot {

@@ -6,14 +6,16 @@
 //! the sizes given with them: the SAFETY argument is made once here.
 #![allow(clippy::undocumented_unsafe_blocks)]
 
+mod common;
+
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::ptr::null_mut;
 
 use engine_state::{
-    es_block_hashes, es_close, es_decode_cache_value, es_open, es_options_init_sized,
-    es_read_cache, es_read_cache_file, EsCacheDigest, EsCacheState, EsCode, EsEngine, EsOptions,
-    EsSource, EsStatus, ES_OPTIONS_V1_SIZE,
+    es_block_hashes, es_close, es_decode_cache_value, es_open, es_read_cache, es_read_cache_file,
+    EsCacheDigest, EsCacheState, EsCode, EsEngine, EsOptions, EsSource, EsStatus,
+    ES_OPTIONS_V1_SIZE,
 };
 use engine_state_shm_format::{
     monotonic_ns, CacheDigest, DigestOptions, DigestWriter, EngineId, ShmWriter, Snapshot,
@@ -153,19 +155,7 @@ fn block_hashes_json_is_reproduced() {
 }
 
 fn open(dir: &Path, digests: bool, struct_size: usize) -> *mut EsSource {
-    let uri = CString::new(format!("file://{}", dir.display())).unwrap();
-    let mut options = EsOptions::default();
-    // SAFETY: a writable EsOptions of its size.
-    let code = unsafe { es_options_init_sized(&mut options, std::mem::size_of::<EsOptions>()) };
-    assert_eq!(code, EsCode::Ok);
-    options.read_cache_digests = u32::from(digests);
-    options.struct_size = struct_size;
-    let mut source = null_mut();
-    assert_eq!(
-        unsafe { es_open(uri.as_ptr(), &options, &mut source) },
-        EsCode::Ok
-    );
-    source
+    common::open_source(&format!("file://{}", dir.display()), digests, struct_size)
 }
 
 #[test]

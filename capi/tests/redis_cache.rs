@@ -7,28 +7,20 @@
 //! sizes given with them: the SAFETY argument is made once here.
 #![allow(clippy::undocumented_unsafe_blocks)]
 
+mod common;
+
 use std::ffi::CString;
 use std::ptr::null_mut;
 
 use engine_state::{
-    es_close, es_open, es_options_init_sized, es_read_cache, EsCacheDigest, EsCacheState, EsCode,
-    EsEngine, EsOptions, EsSource, EsStatus,
+    es_close, es_read_cache, EsCacheDigest, EsCacheState, EsCode, EsEngine, EsOptions, EsSource,
+    EsStatus,
 };
 use engine_state_shm_format::blocks::{block_hashes, BLOCK_TOKENS};
 use engine_state_tests::{espublish, wait_for, RedisServer};
 
 fn open(uri: &str) -> *mut EsSource {
-    let uri = CString::new(uri).unwrap();
-    let mut options = EsOptions::default();
-    let code = unsafe { es_options_init_sized(&mut options, std::mem::size_of::<EsOptions>()) };
-    assert_eq!(code, EsCode::Ok);
-    options.read_cache_digests = 1;
-    let mut source = null_mut();
-    assert_eq!(
-        unsafe { es_open(uri.as_ptr(), &options, &mut source) },
-        EsCode::Ok
-    );
-    source
+    common::open_source(uri, true, std::mem::size_of::<EsOptions>())
 }
 
 #[test]
