@@ -54,6 +54,7 @@ impl Shared {
         // A removed instance is gone with its counters: nothing to update.
         if let Some(position) = state.position_of_uid(uid, hint) {
             f(&mut state.instances[position].shadow);
+            state.publish(position);
         }
     }
 
@@ -76,6 +77,7 @@ impl Shared {
             let instance = &mut state.instances[position];
             f(&mut instance.shadow);
             instance.forget_request(request_key);
+            state.publish(position);
         }
     }
 }
@@ -105,7 +107,10 @@ pub struct InstanceView {
     pub instance_id: String,
     /// The router's own counters.
     pub shadow: ShadowCounters,
-    /// `max(shadow, real)` with the stored real state if it is fresh now.
+    /// The sum of fresh peer replicas' reservations here
+    /// ([`Router::update_peer_reservations`]; zero without peers).
+    pub peers: ShadowCounters,
+    /// `max(shadow + peers, real)` with the stored real state if it is fresh now.
     pub effective: EffectiveState,
     /// Prefix blocks in its shadow cache.
     pub cached_blocks: usize,
@@ -238,13 +243,15 @@ impl Router {
     /// Every instance's counters and effective state, in tie-break order.
     pub fn instances(&self) -> Vec<InstanceView> {
         let now_ns = self.shared.clock.now_ns();
-        let state = self.shared.lock();
+        let mut state = self.shared.lock();
+        state.refresh_peers(now_ns);
         (0..state.instances.len())
             .map(|position| {
                 let instance = &state.instances[position];
                 InstanceView {
                     instance_id: instance.id.clone(),
                     shadow: instance.shadow.counters(),
+                    peers: *instance.peers.sum(),
                     effective: state.effective(
                         position,
                         true,

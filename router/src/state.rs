@@ -13,6 +13,7 @@ use engine_state_shm_format::CacheDigest;
 use crate::effective::{EffectiveState, RealLoad, RealState};
 use crate::error::Error;
 use crate::lru::Lru;
+use crate::peers::{plus, PeerLoad, ReservationSink};
 use crate::policy::{Candidate, RoundRobin};
 use crate::reservation::HeldReservation;
 use crate::settings::{CacheKnowledge, RouterSettings};
@@ -40,6 +41,9 @@ pub(crate) struct Instance {
     /// instance, so that a question asked by instance name about a request
     /// reserved here (which would count it against itself) is refused.
     reserved_requests: HashMap<u64, u32, BuildHasherDefault<KeyHasher>>,
+    /// Fresh peer replicas' reservations here (docs/ROUTING.md, "Shared
+    /// reservations"), added to the shadow before the merge.
+    pub peers: PeerLoad,
 }
 
 /// The keys of `Instance::reserved_requests` are already hashes
@@ -158,15 +162,17 @@ impl Instance {
         self.effective_with(&self.shadow.counters(), consult_real, now_ns, expiry)
     }
 
-    /// The same with the given shadow counters.
+    /// The same with the given shadow counters (the peers' reservations
+    /// added: [`RouterState::refresh_peers`] keeps their sum current).
     #[inline]
     fn effective_with(
         &self,
-        shadow: &ShadowCounters,
+        own: &ShadowCounters,
         consult_real: bool,
         now_ns: u64,
         expiry: Duration,
     ) -> EffectiveState {
+        let shadow = &plus(own, self.peers.sum());
         match &self.real {
             Some(real) if consult_real => match real.since_read(now_ns, expiry) {
                 Some(since) => {
@@ -206,6 +212,8 @@ pub(crate) struct RouterState {
     /// shadow counters alone (`Router::set_shadow_comparison`).
     pub compare_shadow: bool,
     pub counts: Counts,
+    /// Where this replica publishes its own reservations, if it shares them.
+    pub sink: Option<Box<dyn ReservationSink>>,
 }
 
 /// Session ids are kept as 64-bit hashes: fixed-size keys, no per-binding
@@ -236,6 +244,7 @@ impl RouterState {
             logging: false,
             compare_shadow: false,
             counts: Counts::default(),
+            sink: None,
         }
     }
 
@@ -270,6 +279,7 @@ impl RouterState {
             real: None,
             shutting_down: false,
             reserved_requests: HashMap::default(),
+            peers: PeerLoad::new(),
         });
         self.next_uid += 1;
         Ok(())
@@ -280,6 +290,9 @@ impl RouterState {
     pub(crate) fn remove_instance(&mut self, id: &str) -> Result<(), Error> {
         let position = self.position(id)?;
         self.instances.remove(position);
+        if let Some(sink) = &mut self.sink {
+            sink.instance_removed(id);
+        }
         self.positions.clear();
         for (position, instance) in self.instances.iter().enumerate() {
             self.positions.insert(instance.id.clone(), position);
@@ -343,6 +356,28 @@ impl RouterState {
         instance.shadow.release(held.load, held.decoding);
         instance.forget_request(held.request_key);
         self.counts.migrated += 1;
+        self.publish(position);
+    }
+
+    /// Hand the instance's own counters to the sink, if this replica shares
+    /// its reservations: after every change to them.
+    #[inline]
+    pub(crate) fn publish(&mut self, position: usize) {
+        if let Some(sink) = &mut self.sink {
+            let instance = &self.instances[position];
+            sink.reservations_changed(&instance.id, &instance.shadow.counters());
+        }
+    }
+
+    /// Redo the peers' sum of every instance where one of its entries
+    /// expired by `now_ns`: once per decision or view, before any is read.
+    #[inline]
+    pub(crate) fn refresh_peers(&mut self, now_ns: u64) {
+        for instance in &mut self.instances {
+            if instance.peers.expired(now_ns) {
+                instance.peers.refresh(now_ns);
+            }
+        }
     }
 
     /// Fill `candidates` for one decision. Cache hits are only found when
@@ -358,6 +393,7 @@ impl RouterState {
         now_ns: u64,
         expiry: Duration,
     ) {
+        self.refresh_peers(now_ns);
         self.candidates.clear();
         self.candidates
             .extend(self.instances.iter().map(|instance| {
@@ -400,5 +436,6 @@ impl RouterState {
         instance.shadow.reserve(load);
         instance.shadow.remember_prefix(blocks);
         *instance.reserved_requests.entry(request_key).or_insert(0) += 1;
+        self.publish(position);
     }
 }
