@@ -10,7 +10,10 @@ use engine_state_shm_format::Snapshot;
 
 /// A sink that keeps the last counters published per instance.
 #[derive(Debug, Default, Clone)]
-struct Recorder(Arc<Mutex<Vec<(String, Option<ShadowCounters>)>>>);
+struct Recorder(Arc<Mutex<Vec<Published>>>);
+
+/// An instance and its counters as published (`None`: removed).
+type Published = (String, Option<ShadowCounters>);
 
 impl Recorder {
     fn last(&self, id: &str) -> Option<Option<ShadowCounters>> {
@@ -249,7 +252,7 @@ fn replicas_sharing_reservations_place_like_one_router() {
     let mut held_one = Vec::new();
     let mut held_many = Vec::new();
     for i in 0..16 {
-        let request = Request::from_tokens(&i.to_string(), vec![i; 600 + 100 * i as usize]);
+        let request = Request::from_tokens(i.to_string(), vec![i; 600 + 100 * i as usize]);
         let (d, h) = one.pick(&request).unwrap();
         held_one.push(h);
         let replica = i as usize % 4;
