@@ -16,6 +16,12 @@
 //! of the history it holds, `cache_knowledge = engine`) against the router's
 //! own estimate (`estimated`, no digests): issue 21's target, ≤ 50 µs.
 //!
+//! `decide_peers/unified`: the scenario at 8 instances and 2k tokens (the
+//! cheapest pick, so the largest ratio) without peers, with 16 peer
+//! replicas' reservations on every instance merged (issue 22's target: ≤ 2×
+//! the pick without), and the same with a sink that takes this router's own
+//! changes (a pick and its release each publish once).
+//!
 //! Run: `cargo bench -p engine-state-router --bench decide`; medians are in
 //! `target/criterion/<group>/<case>/new/estimates.json`.
 
@@ -24,7 +30,8 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use engine_state_router::{
-    CacheKnowledge, Policy, RealState, Request, Reservation, Router, RouterSettings, BLOCK_TOKENS,
+    CacheKnowledge, PeerReservations, Policy, RealState, Request, Reservation, ReservationSink,
+    Router, RouterSettings, ShadowCounters, BLOCK_TOKENS,
 };
 use engine_state_shm_format::{CacheDigest, Snapshot};
 
@@ -169,6 +176,68 @@ fn decide_knowledge(c: &mut Criterion) {
     group.finish();
 }
 
+/// A sink that only keeps the last counters it was given (what a
+/// shared-memory sink's map lookup and stores cost is the publisher's bench).
+#[derive(Debug, Default)]
+struct LastCounters(ShadowCounters, u64);
+
+impl ReservationSink for LastCounters {
+    fn reservations_changed(&mut self, _instance_id: &str, counters: &ShadowCounters) {
+        self.0 = *counters;
+        self.1 += 1;
+    }
+    fn instance_removed(&mut self, _instance_id: &str) {}
+}
+
+fn decide_peers(c: &mut Criterion) {
+    let mut group = c.benchmark_group("decide_peers/unified");
+    for (case, peers, sink) in [
+        ("none", 0, false),
+        ("16peers", 16, false),
+        ("16peers+sink", 16, true),
+    ] {
+        let (router, _held, request) = scenario(Policy::Unified, 8, 2_000);
+        let ids = router.instance_ids();
+        let peers: Vec<PeerReservations> = (0..peers)
+            .map(|p| {
+                let engines = ids
+                    .iter()
+                    .enumerate()
+                    .map(|(i, id)| {
+                        let n = ((p + i) % 4) as u64 + 1;
+                        let counters = ShadowCounters {
+                            num_requests: n,
+                            ongoing_tokens: 3_000 * n,
+                            pending_prefill_tokens: 1_000 * n,
+                            ongoing_decode_tokens: 2_000 * n,
+                            num_prefilling: n,
+                            max_prefill_remaining: 1_000,
+                        };
+                        (id.as_str().into(), counters)
+                    })
+                    .collect();
+                PeerReservations::fresh(&format!("peer-{p}"), engines)
+            })
+            .collect();
+        assert_eq!(
+            router.update_peer_reservations(&peers),
+            peers.len() * ids.len()
+        );
+        if sink {
+            router.set_reservation_sink(Some(Box::new(LastCounters::default())));
+        }
+        group.throughput(Throughput::Elements(1));
+        group.bench_function(format!("{case}/2000tok/8inst"), |b| {
+            b.iter(|| {
+                let (decision, reservation) = router.pick(black_box(&request)).unwrap();
+                drop(reservation);
+                decision
+            })
+        });
+    }
+    group.finish();
+}
+
 fn hashing(c: &mut Criterion) {
     let mut group = c.benchmark_group("block_hashes");
     for prompt_tokens in [2_000, 32_000, 200_000] {
@@ -184,6 +253,6 @@ fn hashing(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
-    targets = hashing, decide, decide_knowledge
+    targets = hashing, decide, decide_knowledge, decide_peers
 }
 criterion_main!(benches);
