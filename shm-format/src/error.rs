@@ -146,6 +146,20 @@ pub enum Error {
         /// What is wrong with it.
         error: RouterError,
     },
+    /// Another live process already writes this router replica's file.
+    #[error(
+        "router replica id {replica_id:?} is already used by a live process (pid {pid} in its \
+         namespace) at {}; give this router another replica id or stop the other router",
+        path.display()
+    )]
+    ReplicaInUse {
+        /// The contested replica id.
+        replica_id: String,
+        /// The live file.
+        path: PathBuf,
+        /// The other writer's pid, as recorded in its header (0: unreadable).
+        pid: u32,
+    },
     /// A router replica's writer was asked to hold reservations on more
     /// engines than its file's capacity.
     #[error(

@@ -29,7 +29,8 @@
 //! - Shared reservations (docs/FORMAT.md, "Shared reservations"): a router
 //!   replica's [`Reservations`] per engine, in its 128-byte slot
 //!   ([`encode_reservation_slot`], [`decode_reservation_slot`], shared with
-//!   the Redis value); its file in [`routers_dir`] ([`router_layout`]).
+//!   the Redis value); its file in [`routers_dir`] ([`router_layout`]),
+//!   written by a [`RouterFileWriter`] and read through a [`RouterFile`].
 //!
 //! ```
 //! use engine_state_shm_format::{EngineId, ShmFile, ShmWriter, Snapshot, WriterOptions};
@@ -73,7 +74,11 @@ pub mod layout;
 #[cfg(not(loom))]
 mod mapping;
 mod reservations;
+#[cfg(not(loom))]
+mod router_file;
 pub mod router_layout;
+#[cfg(not(loom))]
+mod router_writer;
 pub mod seqlock;
 #[cfg(not(loom))]
 mod shm_file;
@@ -101,13 +106,17 @@ pub use crate::error::{DigestError, Error, RouterError};
 pub use crate::fork::fork_generation;
 pub use crate::layout::{Header, FILE_SIZE, LAYOUT_VERSION};
 pub use crate::reservations::{
-    decode_reservation_slot, encode_reservation_slot, Reservations, RESERVATION_SLOT_SIZE,
-    RESERVATION_WORDS,
+    decode_reservation_slot, decode_reservation_slots, encode_reservation_slot, Reservations,
+    RESERVATION_SLOT_SIZE, RESERVATION_WORDS,
 };
+#[cfg(not(loom))]
+pub use crate::router_file::{RouterFile, RouterRecord};
 pub use crate::router_layout::{
     router_file_size, routers_dir, RouterHeader, MAX_ROUTER_ENGINES, ROUTERS_DIR_SUFFIX,
     ROUTER_FILE_SIZE, ROUTER_LAYOUT_VERSION,
 };
+#[cfg(not(loom))]
+pub use crate::router_writer::{RouterFileWriter, RouterHeartbeat, RouterWriterOptions};
 pub use crate::seqlock::Torn;
 #[cfg(not(loom))]
 pub use crate::shm_file::ShmFile;
@@ -123,3 +132,5 @@ mod digest_tests;
 mod file_tests;
 #[cfg(all(test, not(loom)))]
 mod hostile_tests;
+#[cfg(all(test, not(loom)))]
+mod router_tests;

@@ -140,6 +140,39 @@ pub fn decode_reservation_slot(
     Ok((engine_id, Reservations::from_words(words)))
 }
 
+/// The engine ids and counters of consecutive slots (`slots` is `count ×`
+/// [`RESERVATION_SLOT_SIZE`] bytes: a file's live slots, a Redis value's
+/// slots): each slot as [`decode_reservation_slot`], and no engine twice
+/// (else [`RouterError::Corrupt`] naming the slots).
+pub fn decode_reservation_slots(
+    slots: &[u8],
+) -> Result<Vec<(EngineId, Reservations)>, RouterError> {
+    if slots.len() % RESERVATION_SLOT_SIZE != 0 {
+        return Err(RouterError::corrupt(format!(
+            "{} bytes of slots is not a whole number of {RESERVATION_SLOT_SIZE}-byte slots",
+            slots.len()
+        )));
+    }
+    let mut engines = Vec::with_capacity(slots.len() / RESERVATION_SLOT_SIZE);
+    let mut seen = std::collections::HashMap::with_capacity(engines.capacity());
+    for (index, slot) in slots.chunks_exact(RESERVATION_SLOT_SIZE).enumerate() {
+        let slot = slot
+            .try_into()
+            .expect("chunks_exact(RESERVATION_SLOT_SIZE)");
+        let (engine_id, counters) = decode_reservation_slot(slot).map_err(|error| match error {
+            RouterError::Corrupt { what } => RouterError::corrupt(format!("slot {index}: {what}")),
+            other => other,
+        })?;
+        if let Some(first) = seen.insert(engine_id.clone(), index) {
+            return Err(RouterError::corrupt(format!(
+                "engine {engine_id} is in slots {first} and {index}"
+            )));
+        }
+        engines.push((engine_id, counters));
+    }
+    Ok(engines)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,6 +227,29 @@ mod tests {
         let (id, counters) = decode_reservation_slot(&slot).unwrap();
         assert_eq!(id.as_str(), "e-1");
         assert_eq!(counters, sample());
+    }
+
+    #[test]
+    fn slots_decode_in_order_and_refuse_a_duplicate() {
+        let a = encode_reservation_slot(&EngineId::new("a").unwrap(), &sample());
+        let b = encode_reservation_slot(&EngineId::new("b").unwrap(), &Reservations::default());
+        let engines = decode_reservation_slots(&[a, b].concat()).unwrap();
+        assert_eq!(engines.len(), 2);
+        assert_eq!((engines[0].0.as_str(), engines[0].1), ("a", sample()));
+        assert_eq!(engines[1].0.as_str(), "b");
+        assert_eq!(decode_reservation_slots(&[]).unwrap(), []);
+        let err = decode_reservation_slots(&[a, b, a].concat()).unwrap_err();
+        assert_eq!(err.kind(), "corrupt_router");
+        assert!(
+            err.to_string().contains("engine a is in slots 0 and 2"),
+            "{err}"
+        );
+        let mut bad = b;
+        bad[120] = 9;
+        let err = decode_reservation_slots(&[a, bad].concat()).unwrap_err();
+        assert!(err.to_string().contains("slot 1: the padding"), "{err}");
+        let err = decode_reservation_slots(&a[..100]).unwrap_err();
+        assert!(err.to_string().contains("not a whole number"), "{err}");
     }
 
     #[test]

@@ -85,6 +85,11 @@ pub const fn router_file_size(capacity: usize) -> usize {
     ROUTER_SLOTS_OFFSET + RESERVATION_SLOT_SIZE * capacity
 }
 
+/// Offset of slot `index`.
+pub const fn router_slot_offset(index: usize) -> usize {
+    ROUTER_SLOTS_OFFSET + RESERVATION_SLOT_SIZE * index
+}
+
 /// Cache line 0 of a router file, as plain data.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
