@@ -2,29 +2,25 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
-
 use crate::lru::Lru;
 use engine_state_shm_format::blocks::BLOCK_TOKENS;
 
 /// The router's own counters for one instance (docs/ROUTING.md, "Shadow
 /// accounting"), kept from the requests it reserved there and has not yet
-/// seen complete, fail or drop.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct ShadowCounters {
-    /// Reserved requests not yet released.
-    pub num_requests: u64,
-    /// Prompt tokens of those requests.
-    pub ongoing_tokens: u64,
-    /// Prefill still to do: `input_len - cache hit` of requests before `prefill_done`.
-    pub pending_prefill_tokens: u64,
-    /// Prompt tokens of requests after `prefill_done` (their decode context).
-    pub ongoing_decode_tokens: u64,
-    /// Requests before `prefill_done`.
-    pub num_prefilling: u64,
-    /// Largest pending prefill of one request before `prefill_done`.
-    pub max_prefill_remaining: u64,
-}
+/// seen complete, fail or drop: shm-format's `Reservations`, the record a
+/// replica shares with its peers (docs/FORMAT.md, "Shared reservations"),
+/// so that the counters and their order live in one place.
+///
+/// - `num_requests`: reserved requests not yet released;
+/// - `ongoing_tokens`: prompt tokens of those requests;
+/// - `pending_prefill_tokens`: prefill still to do, `input_len - cache hit`
+///   of requests before `prefill_done`;
+/// - `ongoing_decode_tokens`: prompt tokens of requests after
+///   `prefill_done` (their decode context);
+/// - `num_prefilling`: requests before `prefill_done`;
+/// - `max_prefill_remaining`: largest pending prefill of one request before
+///   `prefill_done`.
+pub type ShadowCounters = engine_state_shm_format::Reservations;
 
 /// What one reservation added to an instance's counters, so that releasing it
 /// takes back exactly that (never a recomputed amount).
