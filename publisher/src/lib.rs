@@ -31,6 +31,7 @@ mod heartbeat;
 mod publisher;
 mod recreate;
 mod redis_backend;
+mod replica;
 mod shm_backend;
 mod stamp;
 mod validate;
@@ -41,6 +42,7 @@ pub use crate::config::{
 pub use crate::error::Error;
 pub use crate::publisher::Publisher;
 pub use crate::recreate::PublisherStats;
+pub use crate::replica::{ReplicaOptions, ReplicaPublisher, ReplicaStats};
 /// The counters of [`Publisher::redis_stats`].
 pub use engine_state_redis::SinkStats;
 

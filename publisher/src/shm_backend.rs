@@ -194,7 +194,9 @@ impl ShmBackend {
     }
 }
 
-fn create_dir(dir: &Path) -> Result<(), Error> {
+/// Creates the engine-state directory when missing (publishers of engines
+/// and of router replicas).
+pub(crate) fn create_dir(dir: &Path) -> Result<(), Error> {
     // A missing directory that cannot be created, and something that exists
     // but is not a directory (a regular file, refused by `ShmWriter::create`)
     // are not bad settings but bad directories: I/O errors

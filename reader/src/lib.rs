@@ -78,6 +78,7 @@ mod printable;
 mod redis_fetch;
 #[cfg(feature = "redis")]
 mod redis_source;
+mod replicas;
 mod shm_dir;
 mod source;
 mod state;
@@ -94,6 +95,9 @@ pub use crate::printable::printable;
 pub use crate::redis_fetch::{record_state, state_at_fetch};
 #[cfg(feature = "redis")]
 pub use crate::redis_source::RedisSource;
+pub use crate::replicas::{
+    open_replicas, ReplicaReading, ReplicaSource, ReplicaState, ShmReplicas,
+};
 pub use crate::shm_dir::ShmDir;
 pub use crate::source::{open, ReaderOptions, Source};
 pub use crate::state::{millis, EngineState, Reading, Writer, JSON_KEYS};

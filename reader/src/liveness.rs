@@ -7,6 +7,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use engine_state_shm_format::router_layout::RouterHeader;
 use engine_state_shm_format::{heartbeat, pid_namespace, Header};
 use nix::errno::Errno;
 use nix::sys::signal::kill;
@@ -20,6 +21,41 @@ const PID_CHECK_INTERVAL_NS: u64 = 10_000_000;
 /// formatting, so not at every pid check; a zombie is still dead within
 /// two periods plus 100 ms, long before `stale_after`.
 const ZOMBIE_CHECK_INTERVAL_NS: u64 = 100_000_000;
+
+/// What liveness reads of a file's header: an engine's, or a router
+/// replica's (the same words at the same offsets).
+pub(crate) trait WriterHeader {
+    /// The writer's pid, in its own pid namespace.
+    fn writer_pid(&self) -> u32;
+    /// Inode of the writer's pid namespace (0: unknown).
+    fn writer_pid_ns(&self) -> u64;
+    /// The writer's heartbeat period, in µs.
+    fn period_us(&self) -> u32;
+}
+
+impl WriterHeader for Header {
+    fn writer_pid(&self) -> u32 {
+        self.writer_pid
+    }
+    fn writer_pid_ns(&self) -> u64 {
+        self.writer_pid_ns
+    }
+    fn period_us(&self) -> u32 {
+        self.publish_period_us
+    }
+}
+
+impl WriterHeader for RouterHeader {
+    fn writer_pid(&self) -> u32 {
+        self.writer_pid
+    }
+    fn writer_pid_ns(&self) -> u64 {
+        self.writer_pid_ns
+    }
+    fn period_us(&self) -> u32 {
+        self.heartbeat_period_us
+    }
+}
 
 /// When a reader asks whether one file's writer lives, and the last answer.
 ///
@@ -43,8 +79,8 @@ pub(crate) struct WriterCheck {
 impl WriterCheck {
     /// The check of the writer of a file just opened (asked at once), whose
     /// heartbeat word holds `heartbeat_mono_ns`.
-    pub(crate) fn new(header: &Header, heartbeat_mono_ns: u64, now: u64) -> WriterCheck {
-        let period = Duration::from_micros(u64::from(header.publish_period_us));
+    pub(crate) fn new(header: &impl WriterHeader, heartbeat_mono_ns: u64, now: u64) -> WriterCheck {
+        let period = Duration::from_micros(u64::from(header.period_us()));
         let late_after = heartbeat::late_after(period, Duration::from_nanos(PID_CHECK_INTERVAL_NS));
         let mut check = WriterCheck {
             alive: None,
@@ -77,7 +113,12 @@ impl WriterCheck {
     /// answers `ESRCH`. The `/proc` lookup keeps its 100 ms interval here
     /// too, so a listing with many late writers does not read `/proc` for
     /// each of them every time.
-    pub(crate) fn at_listing(&mut self, header: &Header, heartbeat_mono_ns: u64, now: u64) {
+    pub(crate) fn at_listing(
+        &mut self,
+        header: &impl WriterHeader,
+        heartbeat_mono_ns: u64,
+        now: u64,
+    ) {
         if self.alive == Some(false) {
             return;
         }
@@ -92,14 +133,14 @@ impl WriterCheck {
     /// A read at `now` found the heartbeat `late`: asks again if the writer
     /// was alive and the last pid check is 10 ms old.
     #[inline]
-    pub(crate) fn on_read(&mut self, header: &Header, late: bool, now: u64) {
+    pub(crate) fn on_read(&mut self, header: &impl WriterHeader, late: bool, now: u64) {
         if late && self.alive == Some(true) && now >= self.next_pid_check_ns {
             self.check_late(header, now);
         }
     }
 
     #[cold]
-    fn check_late(&mut self, header: &Header, now: u64) {
+    fn check_late(&mut self, header: &impl WriterHeader, now: u64) {
         let zombie_check = now >= self.next_zombie_check_ns;
         self.alive = writer_alive(header, zombie_check);
         self.next_pid_check_ns = now + PID_CHECK_INTERVAL_NS;
@@ -122,11 +163,12 @@ impl WriterCheck {
 /// finds is also looked up in `/proc`, and a zombie is gone. A writer whose
 /// heartbeat is on time is not a zombie, and costs one system call, not
 /// three (this runs for every engine at every directory listing).
-pub(crate) fn writer_alive(header: &Header, heartbeat_late: bool) -> Option<bool> {
-    if header.writer_pid_ns == 0 || header.writer_pid_ns != pid_namespace() {
+pub(crate) fn writer_alive(header: &impl WriterHeader, heartbeat_late: bool) -> Option<bool> {
+    let pid_ns = header.writer_pid_ns();
+    if pid_ns == 0 || pid_ns != pid_namespace() {
         return None;
     }
-    let pid = match i32::try_from(header.writer_pid) {
+    let pid = match i32::try_from(header.writer_pid()) {
         Ok(pid) if pid > 0 => pid,
         _ => return None,
     };

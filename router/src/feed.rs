@@ -1,10 +1,24 @@
 //! Feeding the router from an engine-state reader: the one place the reader's
 //! status becomes the router's `fresh` flag.
 
-use engine_state_reader::{EngineState, Reading, Status};
+use engine_state_reader::{EngineState, Reading, ReplicaReading, ReplicaState, Status};
 
 use crate::effective::RealState;
+use crate::peers::PeerReservations;
 use crate::router::Router;
+
+impl From<&ReplicaState> for PeerReservations {
+    /// Only [`Status::Fresh`] is fresh, as for an engine.
+    fn from(state: &ReplicaState) -> PeerReservations {
+        PeerReservations {
+            replica_id: state.replica_id.clone(),
+            fresh: state.status == Status::Fresh,
+            heartbeat_age: state.heartbeat_age,
+            read_mono_ns: state.read_mono_ns,
+            engines: state.engines.clone(),
+        }
+    }
+}
 
 impl From<&EngineState> for RealState {
     /// Only [`Status::Fresh`] is fresh; stale, dead and torn state is stored
@@ -32,6 +46,19 @@ impl Router {
                 .iter()
                 .map(|e| (&*e.engine_id, RealState::from(e))),
         )
+    }
+
+    /// Replaces the peers' reservations with every replica in `reading`
+    /// (docs/ROUTING.md, "Shared reservations"; the reader leaves this
+    /// router's own record out). Returns how many (replica, engine) entries
+    /// were stored. Call it after each poll of the replicas.
+    pub fn update_from_replicas(&self, reading: &ReplicaReading) -> usize {
+        let peers: Vec<PeerReservations> = reading
+            .replicas
+            .iter()
+            .map(PeerReservations::from)
+            .collect();
+        self.update_peer_reservations(&peers)
     }
 }
 
