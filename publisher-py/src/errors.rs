@@ -32,7 +32,8 @@ pub(crate) fn publisher_error(error: engine_state_publisher::Error) -> PyErr {
         E::AlreadyPublished { .. }
         | E::Shm(
             engine_state_shm_format::Error::AlreadyPublished { .. }
-            | engine_state_shm_format::Error::LiveFileWrongSize { .. },
+            | engine_state_shm_format::Error::LiveFileWrongSize { .. }
+            | engine_state_shm_format::Error::ReplicaInUse { .. },
         ) => EngineIdInUse::new_err(error.to_string()),
         _ => EngineStateError::new_err(error.to_string()),
     }
