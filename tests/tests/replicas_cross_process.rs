@@ -111,6 +111,35 @@ fn four_replicas_see_each_others_reservations_on_shared_memory() {
         assert_eq!(peers(view).iter().sum::<u64>() + own, total);
         assert!(view["errors"].as_array().unwrap().is_empty(), "{view}");
     }
+    // `esdump --replicas` shows the same, from outside every router.
+    let dump = Command::new(bin("esdump"))
+        .args(["--uri", &uri, "--replicas", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        dump.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dump.stderr)
+    );
+    let listed: Value = serde_json::from_slice(&dump.stdout).unwrap();
+    let listed = listed.as_array().unwrap();
+    assert_eq!(listed.len(), 4, "{listed:?}");
+    let dumped: u64 = listed
+        .iter()
+        .flat_map(|r| r["engines"].as_object().unwrap().values())
+        .map(|e| e["num_requests"].as_u64().unwrap())
+        .sum();
+    assert_eq!(dumped, total);
+    let table = Command::new(bin("esdump"))
+        .args(["--uri", &uri, "--replicas"])
+        .output()
+        .unwrap();
+    let table = String::from_utf8(table.stdout).unwrap();
+    assert!(
+        table.starts_with("REPLICA") && table.contains("router-3"),
+        "{table}"
+    );
+
     // Picks spread over the fleet as one router's would: with 18 requests
     // on 8 engines no engine holds more than 3 (LoadOnly over the sum).
     let fleet: Vec<u64> = (0..8)
