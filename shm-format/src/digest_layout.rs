@@ -222,9 +222,16 @@ pub const fn digest_size(capacity: usize) -> usize {
 /// a digest for an engine's file. Trailing slashes of `state_dir` are
 /// dropped first.
 pub fn cache_dir(state_dir: &Path) -> PathBuf {
+    sibling_dir(state_dir, CACHE_DIR_SUFFIX)
+}
+
+/// `state_dir`'s path, trailing slashes dropped, with `suffix` appended: the
+/// sibling directories [`cache_dir`] and
+/// [`routers_dir`](crate::routers_dir).
+pub(crate) fn sibling_dir(state_dir: &Path, suffix: &str) -> PathBuf {
     let trimmed = state_dir.components().as_path();
     let mut name = OsString::from(trimmed.as_os_str());
-    name.push(CACHE_DIR_SUFFIX);
+    name.push(suffix);
     PathBuf::from(name)
 }
 

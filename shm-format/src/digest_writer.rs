@@ -363,6 +363,14 @@ fn check_fits(count: usize, capacity: usize) -> Result<(), Error> {
 /// `state_dir`'s permission bits (whoever may list the engines may list
 /// their digests).
 fn ensure_cache_dir(state_dir: &Path) -> Result<PathBuf, Error> {
+    ensure_sibling_dir(state_dir, cache_dir(state_dir))
+}
+
+/// `sibling` (a directory next to `state_dir`: [`cache_dir`],
+/// [`crate::routers_dir`]), created when missing with `state_dir`'s
+/// permission bits (whoever may list the engines may list it); both must be
+/// directories.
+pub(crate) fn ensure_sibling_dir(state_dir: &Path, sibling: PathBuf) -> Result<PathBuf, Error> {
     let meta =
         std::fs::metadata(state_dir).map_err(|e| Error::io("read directory", state_dir, e))?;
     if !meta.is_dir() {
@@ -372,7 +380,7 @@ fn ensure_cache_dir(state_dir: &Path) -> Result<PathBuf, Error> {
             io::Error::other("not a directory"),
         ));
     }
-    let dir = cache_dir(state_dir);
+    let dir = sibling;
     match std::fs::DirBuilder::new()
         .mode(meta.permissions().mode() & 0o7777)
         .create(&dir)
@@ -381,8 +389,8 @@ fn ensure_cache_dir(state_dir: &Path) -> Result<PathBuf, Error> {
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(Error::io("create directory", &dir, e)),
     }
-    let cache = std::fs::metadata(&dir).map_err(|e| Error::io("read directory", &dir, e))?;
-    if !cache.is_dir() {
+    let made = std::fs::metadata(&dir).map_err(|e| Error::io("read directory", &dir, e))?;
+    if !made.is_dir() {
         return Err(Error::io(
             "use as a directory",
             &dir,

@@ -136,6 +136,45 @@ pub enum Error {
         /// What is wrong with it.
         error: DigestError,
     },
+    /// A router replica's reservations file that cannot be used
+    /// (docs/FORMAT.md, "Shared reservations"); [`RouterError::kind`]
+    /// classifies it.
+    #[error("router reservations {}: {error}", path.display())]
+    Router {
+        /// The replica's file.
+        path: PathBuf,
+        /// What is wrong with it.
+        error: RouterError,
+    },
+    /// Another live process already writes this router replica's file.
+    #[error(
+        "router replica id {replica_id:?} is already used by a live process (pid {pid} in its \
+         namespace) at {}; give this router another replica id or stop the other router",
+        path.display()
+    )]
+    ReplicaInUse {
+        /// The contested replica id.
+        replica_id: String,
+        /// The live file.
+        path: PathBuf,
+        /// The other writer's pid, as recorded in its header (0: unreadable).
+        pid: u32,
+    },
+    /// A router replica's writer was asked to hold reservations on more
+    /// engines than its file's capacity.
+    #[error(
+        "router replica {replica_id:?} cannot hold reservations on engine {engine_id:?}: its file \
+         already holds {capacity} engines, the most it can (MAX_ROUTER_ENGINES); remove \
+         engines the router no longer uses, or split the engines among more routers"
+    )]
+    RouterCapacity {
+        /// The replica.
+        replica_id: String,
+        /// The engine that did not fit.
+        engine_id: String,
+        /// The file's capacity.
+        capacity: usize,
+    },
     /// A digest writer was asked for more entries than its capacity or the
     /// format's limit.
     #[error(
@@ -208,6 +247,75 @@ impl DigestError {
             DigestError::WrongSize { .. } => "wrong_size",
             DigestError::Corrupt { .. } => "corrupt_cache",
             DigestError::Torn(_) => "torn",
+        }
+    }
+}
+
+/// What is wrong with a router replica's reservations (docs/FORMAT.md,
+/// "Shared reservations"), read from its file or decoded from its Redis
+/// value: a per-peer error. [`RouterError::kind`] is its error class.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RouterError {
+    /// The first 8 bytes are not `ESROUTER` (or there are fewer than 8).
+    #[error("not a router reservations file (bad magic); remove it from the routers directory")]
+    NotRouter,
+    /// A reservations layout version this build does not know.
+    #[error(
+        "router reservations layout version {found}, but this build reads version {supported}; \
+         upgrade engine-state on this side (or downgrade that router) so both use the same layout",
+        supported = crate::router_layout::ROUTER_LAYOUT_VERSION
+    )]
+    UnknownVersion {
+        /// The version found.
+        found: u32,
+    },
+    /// A file or value whose size does not match its header (or too short to
+    /// hold one).
+    #[error(
+        "{size} bytes, but its header says {expected} (truncated, or not a router reservations \
+         file); remove it (a restarted router creates a new one)"
+    )]
+    WrongSize {
+        /// Its size.
+        size: u64,
+        /// The size its header implies.
+        expected: u64,
+    },
+    /// A header or contents that break the format's rules (sizes, state,
+    /// capacity, replica id, `count > capacity`, an invalid or duplicate
+    /// engine id in a live slot, nonzero padding).
+    #[error(
+        "corrupt router reservations ({what}); ignore this replica until its router restarts \
+         (remove the file if no router runs under that id)"
+    )]
+    Corrupt {
+        /// What is wrong.
+        what: String,
+    },
+    /// No consistent copy within the seqlock's retry bound (a write was in
+    /// progress at every attempt, or the writer died in one): try again later.
+    #[error(
+        "router reservations torn (a write was in progress, sequence {}); read them again later",
+        .0.last_seq
+    )]
+    Torn(crate::seqlock::Torn),
+}
+
+impl RouterError {
+    pub(crate) fn corrupt(what: String) -> RouterError {
+        RouterError::Corrupt { what }
+    }
+
+    /// The error class: `not_router`, `unknown_version`, `wrong_size`,
+    /// `corrupt_router` or `torn`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            RouterError::NotRouter => "not_router",
+            RouterError::UnknownVersion { .. } => "unknown_version",
+            RouterError::WrongSize { .. } => "wrong_size",
+            RouterError::Corrupt { .. } => "corrupt_router",
+            RouterError::Torn(_) => "torn",
         }
     }
 }

@@ -26,6 +26,11 @@
 //!   [`DigestFile`]; its Redis value ([`encode_digest_value`],
 //!   [`decode_digest_value`]); its capacity ([`default_cache_capacity`])
 //!   and overflow rule ([`cut_prefix_closed`]).
+//! - Shared reservations (docs/FORMAT.md, "Shared reservations"): a router
+//!   replica's [`Reservations`] per engine, in its 128-byte slot
+//!   ([`encode_reservation_slot`], [`decode_reservation_slot`], shared with
+//!   the Redis value); its file in [`routers_dir`] ([`router_layout`]),
+//!   written by a [`RouterFileWriter`] and read through a [`RouterFile`].
 //!
 //! ```
 //! use engine_state_shm_format::{EngineId, ShmFile, ShmWriter, Snapshot, WriterOptions};
@@ -68,6 +73,12 @@ pub mod layout;
 // a mapping, and the model checks `seqlock` alone.
 #[cfg(not(loom))]
 mod mapping;
+mod reservations;
+#[cfg(not(loom))]
+mod router_file;
+pub mod router_layout;
+#[cfg(not(loom))]
+mod router_writer;
 pub mod seqlock;
 #[cfg(not(loom))]
 mod shm_file;
@@ -91,9 +102,21 @@ pub use crate::digest_value::{decode_digest_value, encode_digest_value, DigestRe
 #[cfg(not(loom))]
 pub use crate::digest_writer::{DigestOptions, DigestWriter};
 pub use crate::engine_id::{EngineId, MAX_ENGINE_ID_LEN};
-pub use crate::error::{DigestError, Error};
+pub use crate::error::{DigestError, Error, RouterError};
 pub use crate::fork::fork_generation;
 pub use crate::layout::{Header, FILE_SIZE, LAYOUT_VERSION};
+pub use crate::reservations::{
+    decode_reservation_slot, decode_reservation_slots, encode_reservation_slot, Reservations,
+    RESERVATION_SLOT_SIZE, RESERVATION_WORDS,
+};
+#[cfg(not(loom))]
+pub use crate::router_file::{RouterFile, RouterRecord};
+pub use crate::router_layout::{
+    router_file_size, routers_dir, RouterHeader, MAX_ROUTER_ENGINES, ROUTERS_DIR_SUFFIX,
+    ROUTER_FILE_SIZE, ROUTER_LAYOUT_VERSION,
+};
+#[cfg(not(loom))]
+pub use crate::router_writer::{RouterFileWriter, RouterHeartbeat, RouterWriterOptions};
 pub use crate::seqlock::Torn;
 #[cfg(not(loom))]
 pub use crate::shm_file::ShmFile;
@@ -109,3 +132,5 @@ mod digest_tests;
 mod file_tests;
 #[cfg(all(test, not(loom)))]
 mod hostile_tests;
+#[cfg(all(test, not(loom)))]
+mod router_tests;
