@@ -136,7 +136,10 @@ impl ReplicaSink {
             Ok(con) => {
                 writer.con = Some(con);
                 match writer.write(&shared.stats) {
-                    Ok(Written::Yes) => writer.last_write = Some(Instant::now()),
+                    Ok(Written::Yes) => {
+                        writer.settle(&Written::Yes, &shared.stats);
+                        writer.last_write = Some(Instant::now());
+                    }
                     Ok(Written::Refused(holder_pid)) => {
                         return Err(Error::ReplicaInUse {
                             replica_id: replica_id.to_string(),
@@ -385,7 +388,10 @@ impl Writer {
             let mut pending = lock(&shared.pending);
             pending.busy = false;
             match result {
-                Ok(_) => self.last_write = Some(Instant::now()),
+                Ok(written) => {
+                    self.settle(&written, &shared.stats);
+                    self.last_write = Some(Instant::now());
+                }
                 Err(error) => {
                     // Written again once reconnected (the latest counters).
                     pending.dirty |= was_dirty;
@@ -416,8 +422,12 @@ impl Writer {
         self.value.heartbeat_mono_ns = monotonic_ns();
         let bytes = self.value.encode();
         let con = self.con.as_mut().expect("connected above");
-        let (key, registry, ttl_ms, id) =
-            (&self.key, &self.registry, self.ttl_ms, &self.replica_id);
+        let (key, registry, ttl_ms, id) = (
+            &self.key,
+            &self.registry,
+            self.ttl_ms,
+            self.replica_id.as_str(),
+        );
         let run = |con: &mut redis::Connection, command: &str, script: &str| {
             redis::cmd(command)
                 .arg(script)
@@ -426,7 +436,7 @@ impl Writer {
                 .arg(registry)
                 .arg(&bytes[..])
                 .arg(ttl_ms)
-                .arg(id.as_str())
+                .arg(id)
                 .query::<Value>(con)
         };
         let reply = if self.eval_only {
@@ -446,15 +456,21 @@ impl Writer {
         .map_err(|e| self.target.error("cannot write the router replica", &e))?;
         self.backoff.succeeded();
         stats.succeeded();
-        let written = match reply {
+        Ok(match reply {
             Value::BulkString(header) => Written::Refused(holder_pid(&header)),
             Value::Int(2) => {
                 self.registry_refused(stats);
                 Written::Yes
             }
             _ => Written::Yes,
-        };
-        match written {
+        })
+    }
+
+    /// Counts a write of the thread, and says once on stderr when another
+    /// writer starts or stops holding the key.
+    fn settle(&mut self, written: &Written, stats: &SinkStats) {
+        let id = self.replica_id.as_str();
+        match *written {
             Written::Yes => {
                 stats.written.fetch_add(1, Ordering::Relaxed);
                 if std::mem::take(&mut self.refused) {
@@ -480,7 +496,6 @@ impl Writer {
                 }
             }
         }
-        Ok(written)
     }
 
     /// The registry key is not a set: counted, logged once.
@@ -490,7 +505,9 @@ impl Writer {
                 "engine-state: Redis at {}: the router registry key {:?} is not a set; router \
                  replica {:?} is written but not registered, so other routers will not find \
                  it. Delete that key, or give this fleet its own ?prefix= in the URI",
-                self.target, self.registry, self.replica_id
+                self.target,
+                self.registry,
+                self.replica_id.as_str()
             ));
         }
     }
