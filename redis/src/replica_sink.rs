@@ -103,7 +103,7 @@ struct Pending {
     /// Per engine its counters, in slot order.
     slots: Vec<(EngineId, Reservations)>,
     /// Engine id → index in `slots`.
-    index: HashMap<String, usize>,
+    index: HashMap<String, usize, foldhash::fast::RandomState>,
     /// Changed since the thread last took `slots`.
     dirty: bool,
     /// The thread sleeps on `wake` (only then is a notify worth it).
@@ -515,6 +515,11 @@ impl Writer {
     /// A clean close: the key and the registration go, unless another
     /// writer holds the key (one attempt).
     fn delete(&mut self, stats: &SinkStats) {
+        if self.con.is_none() && Instant::now() < self.retry_at {
+            // The last attempt failed just now: a close does not wait for
+            // another connection timeout; the key expires in `ttl_ms`.
+            return;
+        }
         if self.con.is_none() {
             match self.target.connect() {
                 Ok(con) => self.con = Some(con),
