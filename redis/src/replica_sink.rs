@@ -154,12 +154,13 @@ impl ReplicaSink {
             Err(e) if e.is_auth_error() => return Err(e),
             Err(e) => writer.failed(&shared.stats, &e),
         }
+        let uri = writer.target.to_string();
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("es-rep-{replica_id}").chars().take(15).collect())
             .spawn(move || writer.run(&thread_shared))
             .map_err(|e| Error::Redis {
-                uri: String::new(),
+                uri,
                 error: format!("cannot start the replica sink thread: {e}"),
                 hint: "check the process's thread limit (ulimit -u)",
             })?;

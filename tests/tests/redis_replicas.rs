@@ -656,3 +656,68 @@ fn a_rewritten_heartbeat_ages_and_a_gone_replica_is_pruned() {
     let reading = replicas.read(Instant::now()).unwrap();
     assert!(reading.gone.is_empty() && reading.replicas.is_empty());
 }
+
+/// 20 000 junk members in the replica registry (half not replica ids, half
+/// valid ids without a key): every read lists exactly the two real
+/// replicas, and a read stays cheap (the registry is scanned a step per
+/// read, as the engines').
+#[test]
+fn a_registry_flood_costs_a_read_little() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let registry = router_registry_key("flood:");
+    for chunk in 0..20 {
+        let members: Vec<String> = (0..1000)
+            .map(|i| {
+                let n = chunk * 1000 + i;
+                if n % 2 == 0 {
+                    format!("bad id {n}")
+                } else {
+                    format!("junk-{n}")
+                }
+            })
+            .collect();
+        redis::cmd("SADD")
+            .arg(&registry)
+            .arg(&members)
+            .query::<()>(&mut con)
+            .unwrap();
+    }
+    let sinks: Vec<ReplicaSink> = ["r0", "r1"]
+        .iter()
+        .map(|r| sink(&server, "?prefix=flood:", r, ReplicaSinkOptions::default()))
+        .collect();
+    for sink in &sinks {
+        sink.set("e0", &counters(1)).unwrap();
+        assert!(sink.flush(Duration::from_secs(2)));
+    }
+    let mut replicas =
+        RedisReplicas::open(RedisTarget::parse(&server.uri("?prefix=flood:")).unwrap()).unwrap();
+    replicas.set_rescan_interval(Duration::ZERO);
+    let mut times = Vec::new();
+    let mut last = None;
+    // Past one whole scan (20 steps of 1000), so every member was seen.
+    for _ in 0..60 {
+        let started = Instant::now();
+        let reading = replicas.read(started).unwrap();
+        times.push(started.elapsed());
+        let ids: Vec<&str> = reading.replicas.iter().map(|(id, _)| &**id).collect();
+        // A real replica is listed once the scan reached it.
+        assert!(ids.iter().all(|id| ["r0", "r1"].contains(id)), "{ids:?}");
+        assert!(reading.replicas.iter().all(|(_, v)| v.is_ok()));
+        last = Some(reading);
+    }
+    let last = last.unwrap();
+    let ids: Vec<&str> = last.replicas.iter().map(|(id, _)| &**id).collect();
+    assert_eq!(ids, ["r0", "r1"]);
+    assert_eq!(last.unkeyed_members, 10_000);
+    let invalid = last.invalid_members.unwrap().to_string();
+    assert!(invalid.contains("10000 member(s)"), "{invalid}");
+    times.sort();
+    let p99 = times[times.len() * 99 / 100];
+    eprintln!(
+        "reads under a flood: p50 {:?}, p99 {p99:?}",
+        times[times.len() / 2]
+    );
+    assert!(p99 < Duration::from_millis(100), "p99 {p99:?}");
+}
