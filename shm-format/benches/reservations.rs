@@ -9,8 +9,8 @@ use std::path::Path;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use engine_state_shm_format::{
-    EngineId, Reservations, RouterFile, RouterFileWriter, RouterWriterOptions, ShmWriter,
-    Snapshot, WriterOptions,
+    EngineId, Reservations, RouterFile, RouterFileWriter, RouterWriterOptions, ShmWriter, Snapshot,
+    WriterOptions,
 };
 
 /// A scratch directory on shared memory when the host has it (what a
@@ -88,11 +88,27 @@ fn publish(c: &mut Criterion) {
             router.set(black_box(&engines[3]), &c).unwrap()
         })
     });
+    // The same with the caller's clock reading (`set_at`).
+    group.bench_function("router set_at, six counters changed", |b| {
+        b.iter(|| {
+            n += 1;
+            let engine = &engines[(n & 15) as usize];
+            router.set_at(black_box(engine), &counters(n), n).unwrap()
+        })
+    });
     group.finish();
 
     let reader = RouterFile::open(router.path()).unwrap();
     c.bench_function("router read, 16 engines", |b| {
         b.iter(|| black_box(reader.read().unwrap()))
+    });
+    // A poller's read: the same engines as last time, their ids kept.
+    let mut record = reader.read().unwrap();
+    c.bench_function("router read_into, 16 engines", |b| {
+        b.iter(|| {
+            reader.read_into(&mut record).unwrap();
+            black_box(&record);
+        })
     });
 }
 
