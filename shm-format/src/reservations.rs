@@ -378,7 +378,8 @@ mod tests {
     #[test]
     fn malformed_slots_are_corrupt() {
         let good = encode_reservation_slot(&EngineId::new("e-1").unwrap(), &sample());
-        let cases: [(&str, fn(&mut [u8; RESERVATION_SLOT_SIZE])); 5] = [
+        type Damage = fn(&mut [u8; RESERVATION_SLOT_SIZE]);
+        let cases: [(&str, Damage); 5] = [
             ("empty", |s| s[..3].fill(0)),
             ("outside [A-Za-z0-9._-]", |s| s[1] = b'/'),
             ("no NUL", |s| s[..64].fill(b'a')),
