@@ -13,6 +13,8 @@ use crate::layout::ENGINE_ID_FIELD_SIZE;
 pub const RESERVATION_WORDS: usize = 6;
 /// Bytes of one slot: engine id (64), the six counters (48), zero (16).
 pub const RESERVATION_SLOT_SIZE: usize = 128;
+/// Words of one slot.
+pub(crate) const SLOT_WORDS: usize = RESERVATION_SLOT_SIZE / 8;
 /// Offset of the counters inside a slot.
 pub const SLOT_COUNTERS_OFFSET: usize = ENGINE_ID_FIELD_SIZE;
 /// Offset of the zero padding inside a slot.
@@ -214,9 +216,6 @@ fn decode_into(
     }
     Ok(())
 }
-
-/// Words of one slot.
-const SLOT_WORDS: usize = RESERVATION_SLOT_SIZE / 8;
 
 /// Whether the slot's engine id field is exactly `engine_id`, NUL padded
 /// (compared as words: the hot path of a poller's read).

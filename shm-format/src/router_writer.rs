@@ -27,16 +27,12 @@ use crate::heartbeat::DEFAULT_PUBLISH_PERIOD;
 use crate::layout::{STATE_ACTIVE, STATE_RETIRED};
 use crate::mapping::Mapping;
 use crate::reservations::{
-    encode_reservation_slot, Reservations, RESERVATION_SLOT_SIZE, RESERVATION_WORDS,
-    SLOT_COUNTERS_OFFSET,
+    encode_reservation_slot, Reservations, RESERVATION_WORDS, SLOT_COUNTERS_OFFSET, SLOT_WORDS,
 };
 use crate::router_layout::*;
 use crate::seqlock;
 use crate::writer::create::{create_reserved, place, take_over_with, tmp_path, TakeOver};
 use crate::writer::DEFAULT_FILE_MODE;
-
-/// Words of one slot.
-const SLOT_WORDS: usize = RESERVATION_SLOT_SIZE / 8;
 
 /// How a [`RouterFileWriter`] creates its file.
 #[derive(Clone, Debug)]
