@@ -173,7 +173,7 @@ miri:
 	    rustup component add --toolchain nightly miri rust-src >/dev/null 2>&1 || true; \
 	fi
 	@if $(CARGO) +nightly miri --version >/dev/null 2>&1; then \
-	    $(CARGO) +nightly miri test -p engine-state-shm-format --lib -- seqlock:: snapshot:: layout::; \
+	    $(CARGO) +nightly miri test -p engine-state-shm-format --lib -- seqlock:: snapshot:: layout:: reservations::; \
 	else \
 	    echo "make miri: no nightly toolchain with miri here (rustup toolchain install nightly --component miri rust-src);"; \
 	    echo "the seqlock model is still checked by loom: make test-loom"; \

@@ -103,7 +103,7 @@ struct Pending {
     /// Per engine its counters, in slot order.
     slots: Vec<(EngineId, Reservations)>,
     /// Engine id → index in `slots`.
-    index: HashMap<String, usize>,
+    index: HashMap<String, usize, foldhash::fast::RandomState>,
     /// Changed since the thread last took `slots`.
     dirty: bool,
     /// The thread sleeps on `wake` (only then is a notify worth it).
@@ -154,12 +154,13 @@ impl ReplicaSink {
             Err(e) if e.is_auth_error() => return Err(e),
             Err(e) => writer.failed(&shared.stats, &e),
         }
+        let uri = writer.target.to_string();
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("es-rep-{replica_id}").chars().take(15).collect())
             .spawn(move || writer.run(&thread_shared))
             .map_err(|e| Error::Redis {
-                uri: String::new(),
+                uri,
                 error: format!("cannot start the replica sink thread: {e}"),
                 hint: "check the process's thread limit (ulimit -u)",
             })?;
@@ -515,6 +516,11 @@ impl Writer {
     /// A clean close: the key and the registration go, unless another
     /// writer holds the key (one attempt).
     fn delete(&mut self, stats: &SinkStats) {
+        if self.con.is_none() && Instant::now() < self.retry_at {
+            // The last attempt failed just now: a close does not wait for
+            // another connection timeout; the key expires in `ttl_ms`.
+            return;
+        }
         if self.con.is_none() {
             match self.target.connect() {
                 Ok(con) => self.con = Some(con),

@@ -539,3 +539,185 @@ fn the_sink_writes_again_after_a_server_restart() {
         "cleared by the success: {last_error:?}"
     );
 }
+
+/// The ACL REDIS.md advises for writers (`+eval`, not `+evalsha`) and a
+/// flushed script cache: the sink writes all the same, through `EVAL`.
+#[test]
+fn a_user_granted_eval_alone_and_a_flushed_script_cache_still_write() {
+    let server = RedisServer::start();
+    let mut admin = server.connection();
+    redis::cmd("ACL")
+        .arg(
+            &[
+                "SETUSER", "rtr", "on", ">pw", "~*", "+ping", "+@read", "+@write", "+eval",
+            ][..],
+        )
+        .query::<()>(&mut admin)
+        .unwrap();
+    let uri = format!("redis://rtr:pw@127.0.0.1:{}/0?prefix=acl:", server.port());
+    let sink = ReplicaSink::start(
+        RedisTarget::parse(&uri).unwrap(),
+        &id("r0"),
+        ReplicaSinkOptions::default(),
+    )
+    .unwrap();
+    let mut full = self::sink(&server, "?prefix=acl:", "r1", ReplicaSinkOptions::default());
+    for n in 1..=3 {
+        redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query::<()>(&mut admin)
+            .unwrap();
+        sink.set("e0", &counters(n)).unwrap();
+        full.set("e0", &counters(n)).unwrap();
+        assert!(sink.flush(Duration::from_secs(2)) && full.flush(Duration::from_secs(2)));
+        for replica in ["r0", "r1"] {
+            let value = value_at(&mut admin, &router_key("acl:", replica)).unwrap();
+            assert_eq!(counters_of(&value, "e0"), Some(counters(n)), "{replica}");
+        }
+    }
+    assert_eq!(sink.stats().errors.load(Ordering::Relaxed), 0);
+    assert_eq!(full.stats().errors.load(Ordering::Relaxed), 0);
+    full.close();
+}
+
+/// A wrong password is an error at start that does not show the password.
+#[test]
+fn a_wrong_password_is_an_error_without_the_password() {
+    let server = RedisServer::start_with(Some("right-pw"));
+    let uri = format!(
+        "redis://:s3cret-wrong@127.0.0.1:{}/0?prefix=pw:",
+        server.port()
+    );
+    let error = ReplicaSink::start(
+        RedisTarget::parse(&uri).unwrap(),
+        &id("r0"),
+        ReplicaSinkOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(error.contains("check the user and password"), "{error}");
+    assert!(!error.contains("s3cret-wrong"), "{error}");
+}
+
+/// A value rewritten with the same heartbeat (by hand: no live writer does
+/// that) ages on the reader's clock instead of reading as new; a replica
+/// whose key is gone is pruned from the registry after `PRUNE_AFTER`.
+#[test]
+fn a_rewritten_heartbeat_ages_and_a_gone_replica_is_pruned() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let uri = server.uri("?prefix=age:");
+    let key = router_key("age:", "r0");
+    let value = RouterValue {
+        state: STATE_ACTIVE,
+        ttl_ms: 10_000,
+        heartbeat_seq: 7,
+        engines: vec![(id("e0"), counters(1))],
+        ..RouterValue::default()
+    }
+    .encode();
+    let set = |con: &mut redis::Connection| {
+        redis::cmd("SET")
+            .arg(&key)
+            .arg(&value[..])
+            .arg("PX")
+            .arg(10_000)
+            .query::<()>(con)
+            .unwrap();
+    };
+    set(&mut con);
+    redis::cmd("SADD")
+        .arg(router_registry_key("age:"))
+        .arg("r0")
+        .query::<()>(&mut con)
+        .unwrap();
+    let mut replicas = RedisReplicas::open(RedisTarget::parse(&uri).unwrap()).unwrap();
+    replicas.set_prune_after(Duration::ZERO);
+    replicas.set_rescan_interval(Duration::ZERO);
+    let first = Instant::now();
+    let age = |reading: &engine_state_redis::ReplicaReading| {
+        reading.replicas[0].1.as_ref().unwrap().heartbeat_age
+    };
+    assert!(age(&replicas.read(first).unwrap()) < Duration::from_millis(100));
+    set(&mut con);
+    let later = first + Duration::from_secs(3);
+    let aged = age(&replicas.read(later).unwrap());
+    assert!(aged >= Duration::from_secs(3), "{aged:?}");
+
+    redis::cmd("DEL").arg(&key).query::<()>(&mut con).unwrap();
+    let reading = replicas.read(Instant::now()).unwrap();
+    assert_eq!(reading.gone, [std::sync::Arc::<str>::from("r0")]);
+    // Missing for PRUNE_AFTER (zero here): the next read SREMs it.
+    replicas.read(Instant::now()).unwrap();
+    wait_for(
+        || !is_member(&mut con, &router_registry_key("age:"), "r0"),
+        "the gone replica pruned",
+    );
+    let reading = replicas.read(Instant::now()).unwrap();
+    assert!(reading.gone.is_empty() && reading.replicas.is_empty());
+}
+
+/// 20 000 junk members in the replica registry (half not replica ids, half
+/// valid ids without a key): every read lists exactly the two real
+/// replicas, and a read stays cheap (the registry is scanned a step per
+/// read, as the engines').
+#[test]
+fn a_registry_flood_costs_a_read_little() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let registry = router_registry_key("flood:");
+    for chunk in 0..20 {
+        let members: Vec<String> = (0..1000)
+            .map(|i| {
+                let n = chunk * 1000 + i;
+                if n % 2 == 0 {
+                    format!("bad id {n}")
+                } else {
+                    format!("junk-{n}")
+                }
+            })
+            .collect();
+        redis::cmd("SADD")
+            .arg(&registry)
+            .arg(&members)
+            .query::<()>(&mut con)
+            .unwrap();
+    }
+    let sinks: Vec<ReplicaSink> = ["r0", "r1"]
+        .iter()
+        .map(|r| sink(&server, "?prefix=flood:", r, ReplicaSinkOptions::default()))
+        .collect();
+    for sink in &sinks {
+        sink.set("e0", &counters(1)).unwrap();
+        assert!(sink.flush(Duration::from_secs(2)));
+    }
+    let mut replicas =
+        RedisReplicas::open(RedisTarget::parse(&server.uri("?prefix=flood:")).unwrap()).unwrap();
+    replicas.set_rescan_interval(Duration::ZERO);
+    let mut times = Vec::new();
+    let mut last = None;
+    // Past one whole scan (20 steps of 1000), so every member was seen.
+    for _ in 0..60 {
+        let started = Instant::now();
+        let reading = replicas.read(started).unwrap();
+        times.push(started.elapsed());
+        let ids: Vec<&str> = reading.replicas.iter().map(|(id, _)| &**id).collect();
+        // A real replica is listed once the scan reached it.
+        assert!(ids.iter().all(|id| ["r0", "r1"].contains(id)), "{ids:?}");
+        assert!(reading.replicas.iter().all(|(_, v)| v.is_ok()));
+        last = Some(reading);
+    }
+    let last = last.unwrap();
+    let ids: Vec<&str> = last.replicas.iter().map(|(id, _)| &**id).collect();
+    assert_eq!(ids, ["r0", "r1"]);
+    assert_eq!(last.unkeyed_members, 10_000);
+    let invalid = last.invalid_members.unwrap().to_string();
+    assert!(invalid.contains("10000 member(s)"), "{invalid}");
+    times.sort();
+    let p99 = times[times.len() * 99 / 100];
+    eprintln!(
+        "reads under a flood: p50 {:?}, p99 {p99:?}",
+        times[times.len() / 2]
+    );
+    assert!(p99 < Duration::from_millis(100), "p99 {p99:?}");
+}
