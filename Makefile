@@ -187,6 +187,7 @@ miri:
 fuzz:
 	PROPTEST_CASES=$${PROPTEST_CASES:-100000} $(CARGO) test --release -p engine-state-shm-format --test fuzz_file
 	PROPTEST_CASES=$${PROPTEST_CASES:-100000} $(CARGO) test --release -p engine-state-shm-format --test fuzz_digest
+	PROPTEST_CASES=$${PROPTEST_CASES:-100000} $(CARGO) test --release -p engine-state-shm-format --test fuzz_router
 	PROPTEST_CASES=$${PROPTEST_CASES:-100000} $(CARGO) test --release -p engine-state-reader --lib redis_schema::tests::fuzz
 
 # ---- demo --------------------------------------------------------------------

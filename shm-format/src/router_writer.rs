@@ -293,6 +293,7 @@ impl RouterFileWriter {
         let map = Arc::clone(&self.map);
         let now = self.options.clock.now_ns();
         seqlock::write_with_after(map.word(ROUTER_SEQ_OFFSET), self.seq, || {
+            // Relaxed stores between the seqlock's fences (see `seqlock`).
             for (index, (engine_id, counters)) in slots.iter().enumerate() {
                 store_slot(slot_words(&map, index), engine_id, counters);
             }
@@ -424,6 +425,9 @@ impl RouterFileWriter {
         let now = self.options.clock.now_ns();
         let moved = (index != last).then(|| self.slots[last].clone());
         seqlock::write_with_after(map.word(ROUTER_SEQ_OFFSET), self.seq, || {
+            // Relaxed stores between the seqlock's fences: a reader sees the
+            // moved slot, the zeroed one and the new count together, or the
+            // file as it was (loom: `a_removal_moving_the_last_slot_is_copied_whole`).
             if let Some((engine_id, counters)) = &moved {
                 store_slot(slot_words(&map, index), engine_id, counters);
             }
