@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use engine_state_reader::{Reading, Status};
 use engine_state_router::{
-    CacheKnowledge, Clock, DecisionLog, Policy, RealStateUse, Reason, Request, Reservation, Router,
+    CacheKnowledge, Clock, DecisionLog, Policy, Reason, Request, Reservation, Router,
     RouterSettings, RouterStats, ShadowCounters,
 };
 use serde::{Deserialize, Serialize};
@@ -109,8 +109,7 @@ impl RunConfig {
         if !self.label.is_empty() {
             return self.label.clone();
         }
-        let digests = matches!(self.feed, FeedSpec::Periodic { .. })
-            && self.router.real_state_use != RealStateUse::Never;
+        let digests = matches!(self.feed, FeedSpec::Periodic { .. });
         let knowledge = match digests {
             true => format!("/{}", self.router.cache_knowledge),
             false => String::new(),
@@ -134,12 +133,11 @@ impl RunConfig {
     }
 
     /// Whether the engines' cache digests reach the routers and are read:
-    /// a periodic feed (as the vLLM hook publishes them), real state used,
-    /// `cache_knowledge = engine`.
+    /// a periodic feed (as the vLLM hook publishes them) and `cache_knowledge
+    /// = engine`, whatever `real_state_use` says (it is about load).
     pub fn reads_digests(&self) -> bool {
         matches!(self.feed, FeedSpec::Periodic { .. })
             && self.router.cache_knowledge == CacheKnowledge::Engine
-            && self.router.real_state_use != RealStateUse::Never
     }
 
     /// The cache knowledge the routers work with: `engine` only where

@@ -232,17 +232,36 @@ impl Sweep {
                         false => self.real_state_uses.clone(),
                     };
                     for real_state_use in uses {
-                        let run_feeds = match real_state_use {
-                            RealStateUse::Never => vec![FeedSpec::None],
-                            _ => feeds.clone(),
-                        };
-                        for feed in run_feeds {
-                            let digests = matches!(feed, FeedSpec::Periodic { .. })
-                                && real_state_use != RealStateUse::Never;
-                            let knowledge = match digests {
-                                true => self.cache_knowledge.clone(),
-                                false => vec![CacheKnowledge::Estimated],
-                            };
+                        // (feed, cache knowledge) pairs: digests come with a
+                        // periodic feed (as the hook publishes them) and are
+                        // read whatever `real_state_use` says; under `never` a
+                        // feed only carries digests, so it runs only with them.
+                        let mut combos: Vec<(FeedSpec, CacheKnowledge)> = Vec::new();
+                        match real_state_use {
+                            RealStateUse::Never => {
+                                combos.push((FeedSpec::None, CacheKnowledge::Estimated));
+                                if self.cache_knowledge.contains(&CacheKnowledge::Engine) {
+                                    combos.extend(
+                                        feeds
+                                            .iter()
+                                            .filter(|f| matches!(f, FeedSpec::Periodic { .. }))
+                                            .map(|&f| (f, CacheKnowledge::Engine)),
+                                    );
+                                }
+                            }
+                            _ => {
+                                for &feed in &feeds {
+                                    match feed {
+                                        FeedSpec::Periodic { .. } => combos.extend(
+                                            self.cache_knowledge.iter().map(|&k| (feed, k)),
+                                        ),
+                                        _ => combos.push((feed, CacheKnowledge::Estimated)),
+                                    }
+                                }
+                            }
+                        }
+                        for (feed, knowledge) in combos {
+                            let knowledge = vec![knowledge];
                             for (cache_knowledge, &share_delay_ns) in knowledge
                                 .into_iter()
                                 .flat_map(|k| run_shares.iter().map(move |s| (k, s)))
@@ -394,11 +413,14 @@ mod tests {
         )
         .unwrap();
         let runs = sweep.runs().unwrap();
-        // 2 replicas × 2 policies × (1 never + 2 feeds).
-        assert_eq!(runs.len(), 12);
+        // 2 replicas × 2 policies × (never without a feed, never with the
+        // periodic feed's digests (cache knowledge `engine`, the default),
+        // and 2 feeds).
+        assert_eq!(runs.len(), 16);
         assert_eq!(runs[0].config.name(), "sticky/never/none/r1");
+        assert_eq!(runs[1].config.name(), "sticky/never/periodic:50/engine/r1");
         assert_eq!(
-            runs[5].config.name(),
+            runs[7].config.name(),
             "unified(1.3,0)/always/scraped:30000/r1"
         );
         let sweep = Sweep::from_toml(
@@ -418,11 +440,13 @@ mod tests {
             .iter()
             .map(|run| run.config.name())
             .collect();
-        // Digests are read only with a periodic feed: the rest run once.
+        // Digests are read only with a periodic feed: the rest run once;
+        // under `never` a feed runs only to carry digests.
         assert_eq!(
             names,
             [
                 "unified/never/none/r1",
+                "unified/never/periodic:50/engine/r1",
                 "unified/placement/periodic:50/estimated/r1",
                 "unified/placement/periodic:50/engine/r1",
                 "unified/placement/scraped:30000/r1",
@@ -467,16 +491,20 @@ mod tests {
             [
                 "unified/placement/periodic:50/engine/r1",
                 "lmetric/never/none/r1",
+                "lmetric/never/periodic:50/engine/r1",
                 "unified/placement/periodic:50/engine/r4",
                 "unified/placement/periodic:50/engine/r4/share:0",
                 "unified/placement/periodic:50/engine/r4/share:10",
                 "lmetric/never/none/r4",
                 "lmetric/never/none/r4/share:0",
                 "lmetric/never/none/r4/share:10",
+                "lmetric/never/periodic:50/engine/r4",
+                "lmetric/never/periodic:50/engine/r4/share:0",
+                "lmetric/never/periodic:50/engine/r4/share:10",
             ]
         );
         let runs = sweep.runs().unwrap();
-        assert_eq!(runs[4].config.share_delay_ns, Some(10_000_000));
+        assert_eq!(runs[5].config.share_delay_ns, Some(10_000_000));
         assert_eq!(runs[0].config.share_delay_ns, None);
         for bad in ["[\"fast\"]", "[\"-1\"]", "[]"] {
             let err = Sweep::from_toml(&format!("share_reservations = {bad}"))
