@@ -11,7 +11,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use engine_state_shm_format::{monotonic_ns, routers_dir, RouterFile, RouterRecord};
+use engine_state_shm_format::{
+    monotonic_ns, routers_dir, Reservations, RouterError, RouterFile, RouterRecord,
+};
+
+/// No consistent read yet (odd, so never a published sequence).
+const NOT_SEEN: u64 = u64::MAX;
 
 use super::{replica_status, ReplicaEvidence, ReplicaReading, ReplicaSource, ReplicaState};
 use crate::error::{EngineError, Error, FormatError};
@@ -26,9 +31,13 @@ struct Entry {
     file: RouterFile,
     writer_check: WriterCheck,
     max_ahead_ns: u64,
-    /// The engine ids of the last read, reused while the same engines are
-    /// listed (a read then allocates nothing per engine but the `Vec`).
-    engine_ids: Vec<Arc<str>>,
+    /// The last consistent read (its engine ids reused by the next:
+    /// `RouterFile::read_into`), and the engines as handed out, with the
+    /// sequence they were read under: a file whose sequence has not moved
+    /// since is not read again (one load), its engines handed out anew.
+    record: Option<RouterRecord>,
+    engines: Vec<(Arc<str>, Reservations)>,
+    seen_seq: u64,
 }
 
 impl Entry {
@@ -40,7 +49,9 @@ impl Entry {
             writer_check: WriterCheck::new(&header, file.heartbeat_mono_ns(), monotonic_ns()),
             max_ahead_ns: max_ahead(period).as_nanos() as u64,
             file,
-            engine_ids: Vec::new(),
+            record: None,
+            engines: Vec::new(),
+            seen_seq: NOT_SEEN,
         }
     }
 
@@ -48,21 +59,51 @@ impl Entry {
     /// per-replica error (the state is then torn, with no engines).
     fn read(&mut self, now: u64, options: &ReaderOptions) -> (ReplicaState, Option<FormatError>) {
         let retired = self.file.is_retired();
-        let (record, error) = match self.file.read() {
-            Ok(record) => (Some(record), None),
-            Err(engine_state_shm_format::RouterError::Torn(_)) => (None, None),
-            Err(error) => (
-                None,
-                Some(FormatError::Router {
-                    path: self.file.path().to_owned(),
-                    error,
-                }),
-            ),
-        };
-        let heartbeat_mono_ns = record
-            .as_ref()
-            .map_or_else(|| self.file.heartbeat_mono_ns(), |r| r.heartbeat_mono_ns);
-        let changed_mono_ns = record.as_ref().map_or(0, |r| r.changed_mono_ns);
+        let mut torn = false;
+        let mut error = None;
+        // An even sequence equal to the last consistent read's: nothing
+        // changed (a writer's next change moves it before it stores).
+        if self.file.seq() != self.seen_seq {
+            let record = self.record.get_or_insert_with(|| RouterRecord {
+                replica_id: self.file.replica_id().clone(),
+                generation: 0,
+                seq: NOT_SEEN,
+                changed_mono_ns: 0,
+                heartbeat_mono_ns: 0,
+                engines: Vec::new(),
+            });
+            match self.file.read_into(record) {
+                Ok(()) => {
+                    self.seen_seq = record.seq;
+                    let old = std::mem::take(&mut self.engines);
+                    self.engines = record
+                        .engines
+                        .iter()
+                        .enumerate()
+                        .map(|(i, (engine_id, counters))| {
+                            let id = match old.get(i) {
+                                Some((id, _)) if &**id == engine_id.as_str() => id.clone(),
+                                _ => Arc::from(engine_id.as_str()),
+                            };
+                            (id, *counters)
+                        })
+                        .collect();
+                }
+                Err(failed) => {
+                    self.seen_seq = NOT_SEEN;
+                    self.engines.clear();
+                    torn = true;
+                    if !matches!(failed, RouterError::Torn(_)) {
+                        error = Some(FormatError::Router {
+                            path: self.file.path().to_owned(),
+                            error: failed,
+                        });
+                    }
+                }
+            }
+        }
+        let heartbeat_mono_ns = self.file.heartbeat_mono_ns();
+        let changed_mono_ns = self.record.as_ref().map_or(0, |r| r.changed_mono_ns);
         let ages = Ages::at(now, heartbeat_mono_ns, changed_mono_ns, self.max_ahead_ns);
         let late = self
             .writer_check
@@ -71,48 +112,27 @@ impl Entry {
         let status = replica_status(
             options,
             ReplicaEvidence {
-                torn: record.is_none(),
+                torn,
                 retired,
                 writer_alive: self.writer_check.alive(),
                 heartbeat_age: ages.heartbeat_age,
                 clock_ahead: ages.clock_ahead,
             },
         );
-        let engines = match record {
-            Some(RouterRecord { engines, .. }) => engines
-                .into_iter()
-                .enumerate()
-                .map(|(i, (engine_id, counters))| (self.engine_id(i, engine_id.as_str()), counters))
-                .collect(),
-            None => Vec::new(),
-        };
         let state = ReplicaState {
             replica_id: self.id.clone(),
             status,
             heartbeat_age: ages.heartbeat_age,
-            changed_age: (changed_mono_ns != 0).then_some(ages.capture_age),
+            changed_age: (changed_mono_ns != 0 && !torn).then_some(ages.capture_age),
             generation: self.file.generation(),
             read_mono_ns: now,
             writer_pid: self.file.header().writer_pid,
-            engines,
+            engines: match torn {
+                true => Vec::new(),
+                false => self.engines.clone(),
+            },
         };
         (state, error)
-    }
-
-    /// The shared id of the `i`-th slot's engine, reusing the last read's.
-    fn engine_id(&mut self, i: usize, engine_id: &str) -> Arc<str> {
-        match self.engine_ids.get(i) {
-            Some(id) if &**id == engine_id => id.clone(),
-            _ => {
-                let id: Arc<str> = Arc::from(engine_id);
-                if i < self.engine_ids.len() {
-                    self.engine_ids[i] = id.clone();
-                } else {
-                    self.engine_ids.push(id.clone());
-                }
-                id
-            }
-        }
     }
 }
 
