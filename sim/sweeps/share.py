@@ -70,21 +70,15 @@ print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
 for policy, use, rate in groups:
     cells = []
     for knowledge, sharing in columns:
-        if use == "never" and knowledge == "engine":
-            # No feed: the routers read no digest, so `engine` is the estimate.
-            knowledge = "estimated"
-            if not sharing:
-                cells.append("(= estimated)")
-                continue
         cells.append(spread(cell(knowledge, sharing, rate, policy, use)))
     print(f"| `{policy}` / {use} | {float(rate):g}× | " + " | ".join(cells) + " |")
 
 print(f"\nMedians over {len(seeds)} seeds: TTFT p90 s, engines per session, prefix-hit rate;"
-      " 1 router → 4 replicas not sharing → sharing at 0 / 50 ms (`engine`, or the estimate under `never`)\n")
+      " 1 router → 4 replicas not sharing → sharing at 0 / 50 ms (`engine`)\n")
 print("| policy / use | rate | TTFT p90 s | engines / session | prefix hit |")
 print("|---|---|---|---|---|")
 for policy, use, rate in groups:
-    knowledge = "estimated" if use == "never" else "engine"
+    knowledge = "engine"
     out = []
     for field, fmt in [("ttft_p90_s", "{:.2f}"), ("engines_per_session_mean", "{:.2f}"), ("prefix_hit_rate", "{:.2f}")]:
         one = statistics.median(
