@@ -21,10 +21,17 @@ use engine_state_shm_format::digest_layout::{
     DIGEST_SEQ_OFFSET,
 };
 use engine_state_shm_format::layout::*;
+use engine_state_shm_format::router_layout::{
+    RouterHeader, REPLICA_ID_FIELD_SIZE, REPLICA_ID_OFFSET, ROUTER_CHANGED_OFFSET,
+    ROUTER_COUNT_OFFSET, ROUTER_HEADER_SIZE, ROUTER_HEARTBEAT_OFFSET, ROUTER_MAGIC,
+    ROUTER_SEQ_OFFSET, ROUTER_SLOTS_OFFSET,
+};
 use engine_state_shm_format::seqlock::{READ_SPINS, READ_YIELDS};
 use engine_state_shm_format::{
-    Header, Snapshot, WriterOptions, DIGEST_HEADER_SIZE, DIGEST_LAYOUT_VERSION, FLAG_IDLE,
-    FLAG_SHUTTING_DOWN, MAX_DIGEST_ENTRIES, MAX_ENGINE_ID_LEN, SNAPSHOT_WORDS,
+    Header, Reservations, Snapshot, WriterOptions, DIGEST_HEADER_SIZE, DIGEST_LAYOUT_VERSION,
+    FLAG_IDLE, FLAG_SHUTTING_DOWN, MAX_DIGEST_ENTRIES, MAX_ENGINE_ID_LEN, MAX_ROUTER_ENGINES,
+    RESERVATION_SLOT_SIZE, RESERVATION_WORDS, ROUTERS_DIR_SUFFIX, ROUTER_FILE_SIZE,
+    ROUTER_LAYOUT_VERSION, SLOT_COUNTERS_OFFSET, SLOT_PADDING_OFFSET, SNAPSHOT_WORDS,
 };
 
 fn format_md() -> String {
@@ -296,6 +303,16 @@ fn the_constants_table_is_the_code() {
         ("MAX_DIGEST_ENTRIES", MAX_DIGEST_ENTRIES.to_string()),
         ("BLOCK_TOKENS", BLOCK_TOKENS.to_string()),
         ("CACHE_DIR_SUFFIX", CACHE_DIR_SUFFIX.to_owned()),
+        (
+            "ROUTER_MAGIC",
+            String::from_utf8(ROUTER_MAGIC.to_le_bytes().to_vec()).unwrap(),
+        ),
+        ("ROUTER_LAYOUT_VERSION", ROUTER_LAYOUT_VERSION.to_string()),
+        ("ROUTER_HEADER_SIZE", ROUTER_HEADER_SIZE.to_string()),
+        ("RESERVATION_SLOT_SIZE", RESERVATION_SLOT_SIZE.to_string()),
+        ("MAX_ROUTER_ENGINES", MAX_ROUTER_ENGINES.to_string()),
+        ("ROUTER_FILE_SIZE", ROUTER_FILE_SIZE.to_string()),
+        ("ROUTERS_DIR_SUFFIX", ROUTERS_DIR_SUFFIX.to_owned()),
     ];
     let documented: Vec<(&str, String)> =
         rows.iter().map(|r| (r[0].as_str(), r[1].clone())).collect();
@@ -308,6 +325,8 @@ fn the_constants_table_is_the_code() {
     assert!(rows[0][2].contains(&format!("0x{MAGIC:016x}")));
     let digest_magic = rows.iter().find(|r| r[0] == "DIGEST_MAGIC").unwrap();
     assert!(digest_magic[2].contains(&format!("0x{DIGEST_MAGIC:016x}")));
+    let router_magic = rows.iter().find(|r| r[0] == "ROUTER_MAGIC").unwrap();
+    assert!(router_magic[2].contains(&format!("0x{ROUTER_MAGIC:016x}")));
 }
 
 fn size_of_digest_field<F>(_: fn(&DigestHeader) -> &F) -> usize {
@@ -389,6 +408,143 @@ fn the_digest_table_is_the_layout() {
     ] {
         let in_record = record.iter().find(|(_, _, f)| f == field).unwrap();
         assert_eq!(in_record.0, offset, "{field}: digest vs Redis record");
+    }
+}
+
+/// The reservation counters' table ("Shared reservations") is the word
+/// order of `Reservations` (its field list, `Reservations::FIELD_NAMES`).
+#[test]
+fn the_reservations_table_is_the_word_order() {
+    let rows = table(&format_md(), "reservations");
+    let documented: Vec<(usize, usize, &str)> = rows
+        .iter()
+        .map(|r| (number(&r[0]), number(&r[1]), r[2].as_str()))
+        .collect();
+    let expected: Vec<(usize, usize, &str)> = Reservations::FIELD_NAMES
+        .iter()
+        .enumerate()
+        .map(|(word, name)| (word, word * 8, *name))
+        .collect();
+    assert_eq!(
+        documented, expected,
+        "docs/FORMAT.md reservations table vs reservations.rs"
+    );
+    assert_eq!(size_of::<Reservations>(), RESERVATION_WORDS * 8);
+}
+
+/// The slot's table is where `encode_reservation_slot` puts the engine id,
+/// the counters and the padding.
+#[test]
+fn the_reservation_slot_table_is_the_encoder() {
+    let rows = layout(&format_md(), "reservation-slot");
+    assert_contiguous(&rows, RESERVATION_SLOT_SIZE, "reservation-slot");
+    let expected = [
+        ("engine_id", 0, SLOT_COUNTERS_OFFSET),
+        (
+            "counters",
+            SLOT_COUNTERS_OFFSET,
+            SLOT_PADDING_OFFSET - SLOT_COUNTERS_OFFSET,
+        ),
+        (
+            "reserved",
+            SLOT_PADDING_OFFSET,
+            RESERVATION_SLOT_SIZE - SLOT_PADDING_OFFSET,
+        ),
+    ];
+    let documented: Vec<(&str, usize, usize)> = rows
+        .iter()
+        .map(|(offset, size, field)| (field.as_str(), *offset, *size))
+        .collect();
+    assert_eq!(
+        documented, expected,
+        "docs/FORMAT.md reservation-slot table vs reservations.rs"
+    );
+    let id = engine_state_shm_format::EngineId::new("e-1").unwrap();
+    let counters = Reservations::from_words(core::array::from_fn(|i| 0x0101 * (i as u64 + 1)));
+    let slot = engine_state_shm_format::encode_reservation_slot(&id, &counters);
+    assert_eq!(&slot[..3], b"e-1");
+    assert!(slot[3..SLOT_COUNTERS_OFFSET].iter().all(|b| *b == 0));
+    for (word, value) in counters.to_words().into_iter().enumerate() {
+        let at = SLOT_COUNTERS_OFFSET + 8 * word;
+        assert_eq!(slot[at..at + 8], value.to_le_bytes(), "word {word}");
+    }
+    assert!(slot[SLOT_PADDING_OFFSET..].iter().all(|b| *b == 0));
+}
+
+fn size_of_router_field<F>(_: fn(&RouterHeader) -> &F) -> usize {
+    size_of::<F>()
+}
+
+/// The router file's table ("Shared reservations") is router_layout.rs:
+/// the header by `offset_of!`, the control words and the replica id by
+/// their offsets, then the slots (`128 × capacity` bytes).
+#[test]
+fn the_routers_table_is_the_layout() {
+    let rows = table(&format_md(), "routers");
+    let (slots, fixed) = rows.split_last().expect("rows");
+    assert_eq!(
+        (slots[0].as_str(), slots[1].as_str(), slots[2].as_str()),
+        ("192", "128 × capacity", "slots")
+    );
+    assert_eq!(number(&slots[0]), ROUTER_SLOTS_OFFSET);
+    assert_eq!(RESERVATION_SLOT_SIZE, 128);
+    let fixed: Vec<(usize, usize, String)> = fixed
+        .iter()
+        .map(|r| (number(&r[0]), number(&r[1]), r[2].clone()))
+        .collect();
+    assert_contiguous(&fixed, ROUTER_SLOTS_OFFSET, "routers");
+    macro_rules! header_field {
+        ($f:ident) => {
+            (
+                stringify!($f),
+                offset_of!(RouterHeader, $f),
+                size_of_router_field(|h| &h.$f),
+            )
+        };
+    }
+    let expected = [
+        header_field!(magic),
+        header_field!(layout_version),
+        header_field!(header_size),
+        header_field!(slot_size),
+        header_field!(writer_pid),
+        header_field!(heartbeat_period_us),
+        header_field!(state),
+        header_field!(writer_pid_ns),
+        header_field!(created_unix_ns),
+        header_field!(generation),
+        header_field!(capacity),
+        header_field!(reserved),
+        ("seq", ROUTER_SEQ_OFFSET, 8),
+        ("heartbeat_mono_ns", ROUTER_HEARTBEAT_OFFSET, 8),
+        ("count", ROUTER_COUNT_OFFSET, 8),
+        ("changed_mono_ns", ROUTER_CHANGED_OFFSET, 8),
+        (
+            "reserved",
+            ROUTER_CHANGED_OFFSET + 8,
+            REPLICA_ID_OFFSET - ROUTER_CHANGED_OFFSET - 8,
+        ),
+        ("replica_id", REPLICA_ID_OFFSET, REPLICA_ID_FIELD_SIZE),
+    ];
+    let documented: Vec<(&str, usize, usize)> = fixed
+        .iter()
+        .map(|(offset, size, field)| (field.as_str(), *offset, *size))
+        .collect();
+    assert_eq!(
+        documented, expected,
+        "docs/FORMAT.md routers table vs router_layout.rs"
+    );
+    assert_eq!(size_of::<RouterHeader>(), ROUTER_HEADER_SIZE);
+    // Creation and liveness share these words with the engine file's header.
+    let file = layout(&format_md(), "file");
+    for (field, offset) in [
+        ("writer_pid", offset_of!(RouterHeader, writer_pid)),
+        ("state", offset_of!(RouterHeader, state)),
+        ("writer_pid_ns", offset_of!(RouterHeader, writer_pid_ns)),
+        ("generation", offset_of!(RouterHeader, generation)),
+    ] {
+        let in_file = file.iter().find(|(_, _, f)| f == field).unwrap();
+        assert_eq!(in_file.0, offset, "{field}: router file vs engine file");
     }
 }
 

@@ -106,8 +106,9 @@ pub use crate::error::{DigestError, Error, RouterError};
 pub use crate::fork::fork_generation;
 pub use crate::layout::{Header, FILE_SIZE, LAYOUT_VERSION};
 pub use crate::reservations::{
-    decode_reservation_slot, decode_reservation_slots, encode_reservation_slot, Reservations,
-    RESERVATION_SLOT_SIZE, RESERVATION_WORDS,
+    decode_reservation_slot, decode_reservation_slots, decode_reservation_slots_into,
+    encode_reservation_slot, Reservations, RESERVATION_SLOT_SIZE, RESERVATION_WORDS,
+    SLOT_COUNTERS_OFFSET, SLOT_PADDING_OFFSET,
 };
 #[cfg(not(loom))]
 pub use crate::router_file::{RouterFile, RouterRecord};

@@ -125,19 +125,9 @@ pub fn decode_reservation_slot(
     }
     let engine_id = EngineId::from_field(field)
         .map_err(|err| RouterError::corrupt(format!("a slot holds an invalid engine id: {err}")))?;
-    if slot[SLOT_PADDING_OFFSET..].iter().any(|b| *b != 0) {
-        return Err(RouterError::corrupt(format!(
-            "the padding of engine {engine_id}'s slot (bytes {SLOT_PADDING_OFFSET}..{RESERVATION_SLOT_SIZE}) is not zero"
-        )));
-    }
-    let mut words = [0u64; RESERVATION_WORDS];
-    for (word, chunk) in words
-        .iter_mut()
-        .zip(slot[SLOT_COUNTERS_OFFSET..SLOT_PADDING_OFFSET].chunks_exact(8))
-    {
-        *word = u64::from_le_bytes(chunk.try_into().expect("chunks_exact(8)"));
-    }
-    Ok((engine_id, Reservations::from_words(words)))
+    let counters =
+        decode_counters(&bytemuck::cast(*slot), &engine_id).map_err(RouterError::corrupt)?;
+    Ok((engine_id, counters))
 }
 
 /// The engine ids and counters of consecutive slots (`slots` is `count ×`
@@ -147,30 +137,114 @@ pub fn decode_reservation_slot(
 pub fn decode_reservation_slots(
     slots: &[u8],
 ) -> Result<Vec<(EngineId, Reservations)>, RouterError> {
+    let mut engines = Vec::new();
+    decode_reservation_slots_into(slots, &mut engines)?;
+    Ok(engines)
+}
+
+/// [`decode_reservation_slots`] into `engines`, reusing it: a slot whose
+/// engine id field holds the id `engines` already has at that index keeps
+/// it (no validation, no allocation: it was validated when it was
+/// decoded), so reading a replica again costs little more than its loads
+/// while its engines stay the same. On error `engines` is empty.
+pub fn decode_reservation_slots_into(
+    slots: &[u8],
+    engines: &mut Vec<(EngineId, Reservations)>,
+) -> Result<(), RouterError> {
+    let decoded = decode_into(slots, engines);
+    if decoded.is_err() {
+        engines.clear();
+    }
+    decoded
+}
+
+fn decode_into(
+    slots: &[u8],
+    engines: &mut Vec<(EngineId, Reservations)>,
+) -> Result<(), RouterError> {
     if slots.len() % RESERVATION_SLOT_SIZE != 0 {
         return Err(RouterError::corrupt(format!(
             "{} bytes of slots is not a whole number of {RESERVATION_SLOT_SIZE}-byte slots",
             slots.len()
         )));
     }
-    let mut engines = Vec::with_capacity(slots.len() / RESERVATION_SLOT_SIZE);
-    let mut seen = std::collections::HashMap::with_capacity(engines.capacity());
+    engines.truncate(slots.len() / RESERVATION_SLOT_SIZE);
+    // A prefix of a list without duplicates has none: only a new id needs
+    // the check.
+    let mut new_ids = false;
     for (index, slot) in slots.chunks_exact(RESERVATION_SLOT_SIZE).enumerate() {
-        let slot = slot
+        let slot: &[u8; RESERVATION_SLOT_SIZE] = slot
             .try_into()
             .expect("chunks_exact(RESERVATION_SLOT_SIZE)");
-        let (engine_id, counters) = decode_reservation_slot(slot).map_err(|error| match error {
-            RouterError::Corrupt { what } => RouterError::corrupt(format!("slot {index}: {what}")),
-            other => other,
-        })?;
-        if let Some(first) = seen.insert(engine_id.clone(), index) {
+        match engines.get_mut(index) {
+            Some((engine_id, counters)) if holds_id(&bytemuck::cast(*slot), engine_id) => {
+                *counters = decode_counters(&bytemuck::cast(*slot), engine_id)
+                    .map_err(|what| RouterError::corrupt(format!("slot {index}: {what}")))?;
+            }
+            known => {
+                let decoded = decode_reservation_slot(slot).map_err(|error| match error {
+                    RouterError::Corrupt { what } => {
+                        RouterError::corrupt(format!("slot {index}: {what}"))
+                    }
+                    other => other,
+                })?;
+                match known {
+                    Some(entry) => *entry = decoded,
+                    None => engines.push(decoded),
+                }
+                new_ids = true;
+            }
+        }
+    }
+    if new_ids {
+        // No engine twice: sorted by (id, slot), a duplicate is a
+        // neighbour (no hashing, no copy of an id).
+        let mut order: Vec<(&str, usize)> = engines
+            .iter()
+            .enumerate()
+            .map(|(index, (engine_id, _))| (engine_id.as_str(), index))
+            .collect();
+        order.sort_unstable();
+        if let Some(pair) = order.windows(2).find(|pair| pair[0].0 == pair[1].0) {
             return Err(RouterError::corrupt(format!(
-                "engine {engine_id} is in slots {first} and {index}"
+                "engine {} is in slots {} and {}",
+                pair[0].0, pair[0].1, pair[1].1
             )));
         }
-        engines.push((engine_id, counters));
     }
-    Ok(engines)
+    Ok(())
+}
+
+/// Words of one slot.
+const SLOT_WORDS: usize = RESERVATION_SLOT_SIZE / 8;
+
+/// Whether the slot's engine id field is exactly `engine_id`, NUL padded
+/// (compared as words: the hot path of a poller's read).
+#[inline]
+fn holds_id(words: &[u64; SLOT_WORDS], engine_id: &EngineId) -> bool {
+    let expected: [u64; ENGINE_ID_FIELD_SIZE / 8] = bytemuck::cast(engine_id.to_field());
+    words[..ENGINE_ID_FIELD_SIZE / 8] == expected
+}
+
+/// The counters of a slot (as little-endian words) whose engine id is
+/// `engine_id`, its padding checked.
+#[inline]
+fn decode_counters(
+    words: &[u64; SLOT_WORDS],
+    engine_id: &EngineId,
+) -> Result<Reservations, String> {
+    const FIRST: usize = SLOT_COUNTERS_OFFSET / 8;
+    const PADDING: usize = SLOT_PADDING_OFFSET / 8;
+    if words[PADDING..].iter().any(|w| *w != 0) {
+        return Err(format!(
+            "the padding of engine {engine_id}'s slot (bytes \
+             {SLOT_PADDING_OFFSET}..{RESERVATION_SLOT_SIZE}) is not zero"
+        ));
+    }
+    // Little-endian host (lib.rs refuses others): the words are the values.
+    Ok(Reservations::from_words(
+        words[FIRST..PADDING].try_into().expect("six words"),
+    ))
 }
 
 #[cfg(test)]
@@ -250,6 +324,55 @@ mod tests {
         assert!(err.to_string().contains("slot 1: the padding"), "{err}");
         let err = decode_reservation_slots(&a[..100]).unwrap_err();
         assert!(err.to_string().contains("not a whole number"), "{err}");
+    }
+
+    #[test]
+    fn decoding_into_reuses_known_ids_and_still_checks_new_ones() {
+        let slot =
+            |id: &str, n| encode_reservation_slot(&EngineId::new(id).unwrap(), &counters_n(n));
+        let mut engines = Vec::new();
+        decode_reservation_slots_into(&[slot("a", 1), slot("b", 2)].concat(), &mut engines)
+            .unwrap();
+        let first = engines[0].0.as_str().as_ptr();
+        decode_reservation_slots_into(&[slot("a", 3), slot("c", 4)].concat(), &mut engines)
+            .unwrap();
+        assert_eq!(engines[0], (EngineId::new("a").unwrap(), counters_n(3)));
+        assert_eq!(
+            engines[0].0.as_str().as_ptr(),
+            first,
+            "the known id was kept"
+        );
+        assert_eq!(engines[1], (EngineId::new("c").unwrap(), counters_n(4)));
+        // Fewer slots: the list is cut; a new id that repeats a kept one is refused.
+        decode_reservation_slots_into(&slot("a", 5), &mut engines).unwrap();
+        assert_eq!(engines.len(), 1);
+        let err =
+            decode_reservation_slots_into(&[slot("a", 1), slot("a", 1)].concat(), &mut engines)
+                .unwrap_err();
+        assert!(
+            err.to_string().contains("engine a is in slots 0 and 1"),
+            "{err}"
+        );
+        assert!(engines.is_empty(), "emptied on error");
+        // A kept id's padding is still checked.
+        decode_reservation_slots_into(&slot("a", 1), &mut engines).unwrap();
+        let mut bad = slot("a", 1);
+        bad[127] = 1;
+        let err = decode_reservation_slots_into(&bad, &mut engines).unwrap_err();
+        assert!(
+            err.to_string().contains("slot 0: the padding of engine a"),
+            "{err}"
+        );
+        // An id with a byte after its NUL is not the kept one.
+        decode_reservation_slots_into(&slot("a", 1), &mut engines).unwrap();
+        let mut after = slot("a", 1);
+        after[5] = b'z';
+        let err = decode_reservation_slots_into(&after, &mut engines).unwrap_err();
+        assert!(err.to_string().contains("bytes after its NUL"), "{err}");
+    }
+
+    fn counters_n(n: u64) -> Reservations {
+        Reservations::from_words([n; RESERVATION_WORDS])
     }
 
     #[test]

@@ -14,7 +14,7 @@ use crate::engine_id::EngineId;
 use crate::error::{Error, RouterError};
 use crate::layout::STATE_RETIRED;
 use crate::mapping::Mapping;
-use crate::reservations::{decode_reservation_slots, Reservations, RESERVATION_SLOT_SIZE};
+use crate::reservations::{decode_reservation_slots_into, Reservations, RESERVATION_SLOT_SIZE};
 use crate::router_layout::*;
 use crate::seqlock::{self, Torn};
 use crate::shm_file::open_regular;
@@ -114,6 +114,56 @@ impl RouterFile {
     /// be had within the seqlock's retry bound, or the file was truncated
     /// or zeroed under the mapping.
     pub fn read(&self) -> Result<RouterRecord, RouterError> {
+        let mut engines = Vec::new();
+        let (seq, changed_mono_ns) = self.read_engines(&mut engines)?;
+        Ok(self.record(seq, changed_mono_ns, engines))
+    }
+
+    /// [`RouterFile::read`] into `record`, reusing its engine list: the
+    /// engine ids it already holds at the same slots are kept (see
+    /// [`crate::decode_reservation_slots_into`]), so a poller that reads a
+    /// replica again and again allocates only when its engines change.
+    /// After an error `record.engines` is empty, its other fields unchanged.
+    pub fn read_into(&self, record: &mut RouterRecord) -> Result<(), RouterError> {
+        let mut engines = std::mem::take(&mut record.engines);
+        let read = self.read_engines(&mut engines);
+        match read {
+            Ok((seq, changed_mono_ns)) => {
+                *record = self.record(seq, changed_mono_ns, engines);
+                Ok(())
+            }
+            Err(error) => {
+                engines.clear();
+                record.engines = engines;
+                Err(error)
+            }
+        }
+    }
+
+    fn record(
+        &self,
+        seq: u64,
+        changed_mono_ns: u64,
+        engines: Vec<(EngineId, Reservations)>,
+    ) -> RouterRecord {
+        RouterRecord {
+            replica_id: self.replica_id.clone(),
+            generation: self.header.generation,
+            seq,
+            changed_mono_ns,
+            // Relaxed, after the seqlock read: the stamp carries no other
+            // data; a reader only ages it.
+            heartbeat_mono_ns: self.heartbeat_mono_ns(),
+            engines,
+        }
+    }
+
+    /// The seqlock read, decoded into `engines`: the sequence and
+    /// `changed_mono_ns`.
+    fn read_engines(
+        &self,
+        engines: &mut Vec<(EngineId, Reservations)>,
+    ) -> Result<(u64, u64), RouterError> {
         let capacity = self.header.capacity as usize;
         let count_word = self.map.word(ROUTER_COUNT_OFFSET);
         let changed_word = self.map.word(ROUTER_CHANGED_OFFSET);
@@ -124,7 +174,8 @@ impl RouterFile {
         // The seqlock read (docs/FORMAT.md, "The seqlock protocol") over
         // count, changed_mono_ns and the first `count` slots: Relaxed loads
         // between `read_with`'s fences, which pair with the writer's (the
-        // counted-words protocol loom checks).
+        // counted-words protocol loom checks:
+        // `seqlock::loom_tests::counted_words_are_copied_whole`).
         let ((count, changed_mono_ns), seq) =
             seqlock::read_with(self.map.word(ROUTER_SEQ_OFFSET), || {
                 let count = count_word.load(Ordering::Relaxed);
@@ -146,17 +197,8 @@ impl RouterFile {
                 "count {count} is above the file's capacity of {capacity} slots"
             )));
         }
-        let engines = decode_reservation_slots(bytemuck::cast_slice(&words))?;
-        // Relaxed: the stamp carries no other data; a reader only ages it.
-        let heartbeat_mono_ns = self.heartbeat_mono_ns();
-        Ok(RouterRecord {
-            replica_id: self.replica_id.clone(),
-            generation: self.header.generation,
-            seq,
-            changed_mono_ns,
-            heartbeat_mono_ns,
-            engines,
-        })
+        decode_reservation_slots_into(bytemuck::cast_slice(&words), engines)?;
+        Ok((seq, changed_mono_ns))
     }
 
     /// The last heartbeat stamp (one Relaxed load).

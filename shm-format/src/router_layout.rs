@@ -116,7 +116,7 @@ pub struct RouterHeader {
     pub generation: u64,
     /// Slots in the file.
     pub capacity: u32,
-    /// Zero.
+    /// Zero (not validated).
     pub reserved: u32,
 }
 
@@ -185,7 +185,8 @@ impl RouterHeader {
 
     /// Validation (docs/FORMAT.md, "Shared reservations"): magic first,
     /// then version (they decide which error a foreign or future file
-    /// gets), sizes, state, capacity bound.
+    /// gets), sizes, state, capacity bound. `reserved` is not validated (a
+    /// later version may give it a meaning).
     pub(crate) fn check(&self) -> Result<(), RouterError> {
         if self.magic != ROUTER_MAGIC {
             return Err(RouterError::NotRouter);
@@ -210,12 +211,6 @@ impl RouterHeader {
             return Err(RouterError::corrupt(format!(
                 "capacity {} is above the limit of {MAX_ROUTER_ENGINES} engines",
                 self.capacity
-            )));
-        }
-        if self.reserved != 0 {
-            return Err(RouterError::corrupt(format!(
-                "reserved header word {:#x} is not zero",
-                self.reserved
             )));
         }
         Ok(())
@@ -265,13 +260,12 @@ mod tests {
     #[test]
     fn header_checks_name_what_is_wrong() {
         let good = RouterHeader::new(1, 0, 50_000, 0, 1, 256);
-        let cases: [(fn(&mut RouterHeader), &str); 6] = [
+        let cases: [(fn(&mut RouterHeader), &str); 5] = [
             (|h| h.magic = crate::layout::MAGIC, "not_router"),
             (|h| h.layout_version = 2, "unknown_version"),
             (|h| h.slot_size = 64, "corrupt_router"),
             (|h| h.state = 0, "corrupt_router"),
             (|h| h.capacity = 257, "corrupt_router"),
-            (|h| h.reserved = 1, "corrupt_router"),
         ];
         for (damage, kind) in cases {
             let mut header = good;

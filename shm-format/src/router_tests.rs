@@ -125,6 +125,35 @@ fn set_update_remove_as_readers_see_them() {
 }
 
 #[test]
+fn read_into_follows_every_change_and_empties_on_an_error() {
+    let state = tempfile::tempdir().unwrap();
+    let mut writer = create(state.path(), "r");
+    writer.set("a", &counters(1)).unwrap();
+    writer.set("b", &counters(2)).unwrap();
+    let reader = RouterFile::open(writer.path()).unwrap();
+    let mut record = reader.read().unwrap();
+    writer.set("b", &counters(3)).unwrap();
+    writer.remove("a").unwrap();
+    writer.set("c", &counters(4)).unwrap();
+    reader.read_into(&mut record).unwrap();
+    assert_eq!(record, reader.read().unwrap());
+    assert_eq!(
+        pairs(&record.engines),
+        [("b", counters(3)), ("c", counters(4))]
+    );
+    poke(writer.path(), router_slot_offset(1) as u64, b"b\0");
+    let err = reader.read_into(&mut record).unwrap_err();
+    assert!(
+        err.to_string().contains("engine b is in slots 0 and 1"),
+        "{err}"
+    );
+    assert!(record.engines.is_empty());
+    assert_eq!(record.replica_id.as_str(), "r");
+    writer.set("c", &counters(5)).unwrap(); // rewrites only c's counters, not its id
+    assert!(reader.read_into(&mut record).is_err());
+}
+
+#[test]
 fn more_engines_than_capacity_is_an_error_not_a_panic() {
     let state = tempfile::tempdir().unwrap();
     let mut writer = create(state.path(), "r");

@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -102,7 +103,7 @@ pub struct RouterFileWriter {
     /// replacement file is filled with.
     slots: Vec<(EngineId, Reservations)>,
     /// Engine id → index into `slots`.
-    index: HashMap<String, usize>,
+    index: HashMap<String, usize, BuildHasherDefault<IdHasher>>,
     // Held for the writer's life; released (closing the file) on drop.
     _lock: Flock<File>,
     retired: bool,
@@ -264,7 +265,7 @@ impl RouterFileWriter {
                 fork_generation: fork_generation(),
                 seq: 0,
                 slots: Vec::new(),
-                index: HashMap::new(),
+                index: HashMap::default(),
                 _lock: lock,
                 // Not yet in place: dropping it on error removes nothing.
                 retired: true,
@@ -321,28 +322,53 @@ impl RouterFileWriter {
     /// or in a process forked from the creator.
     #[inline]
     pub fn set(&mut self, engine_id: &str, counters: &Reservations) -> Result<(), Error> {
+        self.set_with(engine_id, counters, None)
+    }
+
+    /// [`RouterFileWriter::set`] with `changed_mono_ns`, a reading of the
+    /// writer's clock the caller already holds (a router takes one per
+    /// decision): saves the clock read, a third of a `set`'s cost.
+    #[inline]
+    pub fn set_at(
+        &mut self,
+        engine_id: &str,
+        counters: &Reservations,
+        changed_mono_ns: u64,
+    ) -> Result<(), Error> {
+        self.set_with(engine_id, counters, Some(changed_mono_ns))
+    }
+
+    #[inline]
+    fn set_with(
+        &mut self,
+        engine_id: &str,
+        counters: &Reservations,
+        now: Option<u64>,
+    ) -> Result<(), Error> {
         self.check_usable()?;
         match self.index.get(engine_id) {
             Some(&index) => {
-                self.update(index, counters);
+                self.update(index, counters, now);
                 Ok(())
             }
-            None => self.insert(engine_id, counters),
+            None => self.insert(engine_id, counters, now),
         }
     }
 
     #[inline]
-    fn update(&mut self, index: usize, counters: &Reservations) {
+    fn update(&mut self, index: usize, counters: &Reservations, now: Option<u64>) {
         let old = self.slots[index].1.to_words();
         let new = counters.to_words();
-        if old == new {
+        // Word by word (no `memcmp` call): which words the write stores.
+        let changed_words = old.iter().zip(&new).filter(|(o, n)| o != n).count();
+        if changed_words == 0 {
             return;
         }
         let words: &[AtomicU64; RESERVATION_WORDS] = self
             .map
             .words(router_slot_offset(index) + SLOT_COUNTERS_OFFSET);
         let changed = self.map.word(ROUTER_CHANGED_OFFSET);
-        let now = self.options.clock.now_ns();
+        let now = now.unwrap_or_else(|| self.options.clock.now_ns());
         seqlock::write_with_after(self.map.word(ROUTER_SEQ_OFFSET), self.seq, || {
             // Relaxed stores between the seqlock's fences (see `seqlock`):
             // the same counted-words protocol as a cache digest's, checked
@@ -358,7 +384,12 @@ impl RouterFileWriter {
         self.slots[index].1 = *counters;
     }
 
-    fn insert(&mut self, engine_id: &str, counters: &Reservations) -> Result<(), Error> {
+    fn insert(
+        &mut self,
+        engine_id: &str,
+        counters: &Reservations,
+        now: Option<u64>,
+    ) -> Result<(), Error> {
         let engine_id = EngineId::new(engine_id)?;
         let index = self.slots.len();
         if index >= self.capacity() {
@@ -369,7 +400,7 @@ impl RouterFileWriter {
             });
         }
         let map = Arc::clone(&self.map);
-        let now = self.options.clock.now_ns();
+        let now = now.unwrap_or_else(|| self.options.clock.now_ns());
         seqlock::write_with_after(map.word(ROUTER_SEQ_OFFSET), self.seq, || {
             // The slot and the count that makes it live, in one write: a
             // reader sees both or neither.
@@ -508,6 +539,38 @@ impl RouterFileWriter {
 impl Drop for RouterFileWriter {
     fn drop(&mut self) {
         self.retire();
+    }
+}
+
+/// The hasher of the writer's engine id → slot map: FxHash's mix (a
+/// rotate, an xor and a multiply per 8 bytes), a few ns for an id where
+/// SipHash takes a fifth of a `set`. The ids come from the router's own
+/// configuration, so flooding resistance buys nothing here.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        const K: u64 = 0x517c_c1b7_2722_0a95;
+        let mut chunks = bytes.chunks_exact(8);
+        for chunk in &mut chunks {
+            let word = u64::from_le_bytes(chunk.try_into().expect("chunks_exact(8)"));
+            self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(K);
+        }
+        let mut tail = [0u8; 8];
+        tail[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
+        self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(tail)).wrapping_mul(K);
+    }
+
+    #[inline]
+    fn write_u8(&mut self, byte: u8) {
+        self.0 = (self.0.rotate_left(5) ^ u64::from(byte)).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
     }
 }
 

@@ -12,6 +12,7 @@
 
 mod cache;
 mod cases;
+mod routers;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -121,6 +122,43 @@ fn generate() -> BTreeMap<String, Vec<u8>> {
         files.insert(file, bytes);
         cache_cases.push(entry);
     }
+    // Shared reservations: router replica files, and what a reader makes
+    // of them (their own list, as the cache's).
+    let mut router_cases = Vec::new();
+    for case in routers::router_cases() {
+        let file = format!("routers/{}.bin", case.name);
+        let bytes = routers::router_bytes(&case);
+        let mut entry = json!({
+            "name": case.name,
+            "kind": "router_file",
+            "what": case.what,
+            "file": file,
+            "replica_id": case.name,
+        });
+        match routers::read_case(case.name, &bytes) {
+            Ok(output) => {
+                assert!(
+                    case.error.is_none(),
+                    "{}: read, expected {:?}",
+                    case.name,
+                    case.error
+                );
+                let expect = format!("routers/{}.json", case.name);
+                files.insert(expect.clone(), output.into_bytes());
+                entry["expect"] = json!(expect);
+            }
+            Err((class, found)) => {
+                assert_eq!(Some(class), case.error, "{}", case.name);
+                assert_eq!(found, case.found_version, "{}", case.name);
+                entry["error"] = json!(class);
+                if let Some(found) = found {
+                    entry["found_version"] = json!(found);
+                }
+            }
+        }
+        files.insert(file, bytes);
+        router_cases.push(entry);
+    }
     files.insert(
         "cache/block_hashes.json".to_owned(),
         cache::block_hash_vectors().into_bytes(),
@@ -133,6 +171,7 @@ fn generate() -> BTreeMap<String, Vec<u8>> {
         "placeholder_pid_ns": PLACEHOLDER_PID_NS,
         "cases": cases,
         "cache_cases": cache_cases,
+        "router_cases": router_cases,
         "block_hashes": "cache/block_hashes.json",
     });
     files.insert(
@@ -279,7 +318,7 @@ fn class(error: &Error) -> (&'static str, Option<u32>) {
 }
 
 /// The vector directories the generator owns.
-const VECTOR_DIRS: [&str; 3] = ["shm", "redis", "cache"];
+const VECTOR_DIRS: [&str; 4] = ["shm", "redis", "cache", "routers"];
 
 fn committed(file: &str) -> Vec<u8> {
     let path = vectors_dir().join(file);
@@ -489,6 +528,52 @@ fn the_rust_reader_passes_every_committed_cache_vector() {
         "every digest error class has a vector"
     );
     assert!(cases.len() >= 20, "{} cache cases", cases.len());
+}
+
+#[test]
+fn the_rust_reader_passes_every_committed_router_vector() {
+    if blessing() {
+        return;
+    }
+    let manifest: Value = serde_json::from_slice(&committed("manifest.json")).unwrap();
+    let cases = manifest["router_cases"].as_array().unwrap();
+    let mut classes = std::collections::BTreeSet::new();
+    for case in cases {
+        let text = |k: &str| case[k].as_str().unwrap_or_else(|| panic!("{case}: {k}"));
+        let name = text("name");
+        assert_eq!(text("kind"), "router_file", "{name}");
+        let bytes = committed(text("file"));
+        match (
+            routers::read_case(text("replica_id"), &bytes),
+            case.get("expect"),
+        ) {
+            (Ok(output), Some(expect)) => {
+                let expected = committed(expect.as_str().unwrap());
+                assert_eq!(output.as_bytes(), expected, "{name}");
+            }
+            (Err((class, found)), None) => {
+                assert_eq!(class, text("error"), "{name}");
+                assert_eq!(
+                    found.map(u64::from),
+                    case["found_version"].as_u64(),
+                    "{name}"
+                );
+                classes.insert(class);
+            }
+            (got, _) => panic!("{name}: got {got:?}, manifest {case}"),
+        }
+    }
+    assert_eq!(
+        classes.into_iter().collect::<Vec<_>>(),
+        [
+            "corrupt_router",
+            "not_router",
+            "torn",
+            "unknown_version",
+            "wrong_size"
+        ],
+        "every router error class has a vector"
+    );
 }
 
 #[test]
