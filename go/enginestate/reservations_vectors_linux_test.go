@@ -8,7 +8,9 @@ import (
 	"path/filepath"
 	"reflect"
 	"strconv"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // The shared reservations vectors (format/vectors/routers/, the manifest's
@@ -279,5 +281,71 @@ func TestRouterValueGoldenBytes(t *testing.T) {
 	}
 	if _, err := DecodeFetchedRouter(key, make([]byte, MaxRouterValueSize+1), 1); err == nil {
 		t.Error("an oversized value was accepted")
+	}
+}
+
+// A file truncated under the mapping reads torn (SIGBUS absorbed), then is
+// opened again at the next listing and reported; a FIFO is refused without
+// blocking; a missing routers directory is no replica.
+func TestReplicasSurviveTruncationAndRefuseAFIFO(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state")
+	r, err := OpenReplicas(state, "", DefaultOptions())
+	if err != nil {
+		t.Fatalf("no routers directory: %v", err)
+	}
+	if reading, err := r.Read(); err != nil || len(reading.Replicas)+len(reading.Errors) != 0 {
+		t.Fatalf("no routers directory: %+v, %v", reading, err)
+	}
+	r.Close()
+	dir := RoutersDir(state)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	var active routerCase
+	for _, c := range loadRouterCases(t) {
+		if c.Name == "active" {
+			active = c
+		}
+	}
+	path := writeRouterCase(t, dir, active)
+	if err := syscall.Mkfifo(filepath.Join(dir, "fifo"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts := DefaultOptions()
+	opts.RescanInterval = time.Hour
+	within(t, 5*time.Second, func() { r, err = OpenReplicas(state, "", opts) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	var reading ReplicaReading
+	if err := r.ReadAt(&reading, 1_999_500_000_000); err != nil {
+		t.Fatal(err)
+	}
+	if s, ok := reading.Get("active"); !ok || s.Status != Fresh || len(reading.Errors) != 1 ||
+		reading.Errors[0].Name != "fifo" {
+		t.Fatalf("before: %+v", reading)
+	}
+	// To 0 bytes: the first load faults (a shorter cut leaves page 0
+	// readable, and the zeros after the cut are a corrupt_router error).
+	if err := os.Truncate(path, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.ReadAt(&reading, 1_999_500_000_000); err != nil {
+		t.Fatal(err)
+	}
+	if s, ok := reading.Get("active"); !ok || s.Status != Torn || len(s.Engines) != 0 {
+		t.Fatalf("truncated: %+v", reading)
+	}
+	if err := r.Rescan(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.ReadAt(&reading, 1_999_500_000_000); err != nil {
+		t.Fatal(err)
+	}
+	var e *RouterError
+	if _, ok := reading.Get("active"); ok || len(reading.Errors) != 2 || !errors.As(reading.Errors[0].Err, &e) ||
+		e.Class != WrongSize {
+		t.Fatalf("after the listing: %+v", reading)
 	}
 }
