@@ -73,6 +73,8 @@ mod ffi_call;
 mod options;
 mod record;
 mod replicas;
+mod reservation;
+mod router_file;
 mod source;
 mod source_cache;
 
@@ -88,10 +90,13 @@ pub use crate::options::{
 };
 pub use crate::record::es_decode_record;
 pub use crate::replicas::{
-    es_close_replicas, es_open_replicas, es_read_replicas, es_read_router_file, es_replica_error,
-    es_replica_error_count, EsReplica, EsReplicas, EsReservation, EsReservations, EsRouterFile,
-    EsRouterState, ES_MAX_ROUTER_ENGINES,
+    es_close_replicas, es_open_replicas, es_read_replicas, es_replica_error,
+    es_replica_error_count, EsReplicas,
 };
+pub use crate::reservation::{
+    EsReplica, EsReservation, EsReservations, EsRouterFile, EsRouterState, ES_MAX_ROUTER_ENGINES,
+};
+pub use crate::router_file::es_read_router_file;
 pub use crate::source::{
     es_close, es_engine_error, es_error_count, es_open, es_read, es_read_at, es_read_engine,
     EsSource,
