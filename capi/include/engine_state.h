@@ -637,10 +637,10 @@ void es_close_replicas(struct EsReplicas *replicas);
 // describe them. An error of the whole source is the result.
 //
 // # Safety
-// `source` is a live handle from `es_open_replicas`; `replicas` is null or has `capacity` writable
-// `EsReplica`s; `engines` is null or has `engines_capacity` writable
-// `EsReservation`s; `count` and `engine_count` are null (an error) or
-// writable.
+// `source` is a live handle from `es_open_replicas`; `replicas` is null
+// or has `capacity` writable `EsReplica`s; `engines` is null or has
+// `engines_capacity` writable `EsReservation`s; `count` and
+// `engine_count` are null (an error) or writable.
 EsCode es_read_replicas(struct EsReplicas *source,
                         struct EsReplica *replicas,
                         size_t capacity,

@@ -156,10 +156,10 @@ pub unsafe extern "C" fn es_close_replicas(replicas: *mut EsReplicas) {
 /// describe them. An error of the whole source is the result.
 ///
 /// # Safety
-/// `source` is a live handle from `es_open_replicas`; `replicas` is null or has `capacity` writable
-/// `EsReplica`s; `engines` is null or has `engines_capacity` writable
-/// `EsReservation`s; `count` and `engine_count` are null (an error) or
-/// writable.
+/// `source` is a live handle from `es_open_replicas`; `replicas` is null
+/// or has `capacity` writable `EsReplica`s; `engines` is null or has
+/// `engines_capacity` writable `EsReservation`s; `count` and
+/// `engine_count` are null (an error) or writable.
 #[no_mangle]
 pub unsafe extern "C" fn es_read_replicas(
     source: *mut EsReplicas,
