@@ -91,11 +91,10 @@ func (r *Replicas) ReadAt(out *ReplicaReading, nowMonoNs uint64) error {
 		}
 	}
 	for _, e := range r.entries {
-		state, err := e.read(nowMonoNs, r.opts.Freshness)
-		if err != nil {
+		out.Replicas = append(out.Replicas, ReplicaState{})
+		if err := e.read(nowMonoNs, r.opts.Freshness, &out.Replicas[len(out.Replicas)-1]); err != nil {
 			out.Errors = append(out.Errors, EngineError{e.id, err})
 		}
-		out.Replicas = append(out.Replicas, state)
 	}
 	for _, b := range r.bad {
 		out.Errors = append(out.Errors, b.err)
@@ -209,18 +208,18 @@ func (e *replicaEntry) checkWriter(now uint64) {
 	}
 }
 
-// read reads the file at now and judges it; a malformed record is also a
-// per-replica error (the state is then torn, with no engines).
-func (e *replicaEntry) read(now uint64, f Freshness) (ReplicaState, error) {
-	retired := e.file.IsRetired()
-	err := e.file.ReadInto(&e.record)
+// read reads the file at now into out and judges it; a malformed record is
+// also a per-replica error (the state is then torn, with no engines).
+func (e *replicaEntry) read(now uint64, f Freshness, out *ReplicaState) error {
+	stateWord, heartbeat, err := e.file.read(&e.record)
+	retired := stateWord == StateRetired
 	torn := err != nil
 	if isTornRouter(err) {
 		err = nil
 	}
-	heartbeat, changed := e.file.HeartbeatMonoNs(), uint64(0)
+	changed := uint64(0)
 	if !torn {
-		heartbeat, changed = e.record.HeartbeatMonoNs, e.record.ChangedMonoNs
+		changed = e.record.ChangedMonoNs
 	}
 	heartbeatAge := age(now, heartbeat)
 	if heartbeatAge > e.lateAfter && e.writer == Alive && now >= e.nextPidCheck {
@@ -233,7 +232,7 @@ func (e *replicaEntry) read(now uint64, f Freshness) (ReplicaState, error) {
 		}
 	}
 	stamp, _ := ahead(now, heartbeat, changed, e.maxAhead)
-	state := ReplicaState{
+	*out = ReplicaState{
 		ReplicaID:    e.id,
 		Status:       replicaStatus(f, torn, retired, e.writer, heartbeatAge, stamp != ""),
 		HeartbeatAge: heartbeatAge,
@@ -244,5 +243,5 @@ func (e *replicaEntry) read(now uint64, f Freshness) (ReplicaState, error) {
 		WriterPID:    e.file.Header().WriterPID,
 		Engines:      e.record.Engines,
 	}
-	return state, err
+	return err
 }

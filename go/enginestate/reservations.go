@@ -177,41 +177,50 @@ func corruptRouter(name, what string) error {
 	return &RouterError{Class: CorruptRouter, Name: name, What: what}
 }
 
-// decodeSlot is the engine id and counters of one slot's 16 words; a slot
-// whose id is the one prev holds keeps prev's string (no allocation).
-func decodeSlot(name string, w []uint64, prev string) (EngineReservations, error) {
+// decodeSlot decodes one slot's 16 words into dst, whose EngineID is kept
+// when the slot holds the same id (no allocation, no validation: it was
+// validated when it was decoded). Word by word: the id's NUL is in the
+// first word with a zero byte, and every word after it must be zero.
+func decodeSlot(name string, w []uint64, dst *EngineReservations) error {
+	const idWords = EngineIDFieldSize / 8
+	n := -1 // the id's length: the index of its first NUL
+	for i := 0; i < idWords && n < 0; i++ {
+		for b := 0; b < 8; b++ {
+			if byte(w[i]>>(8*b)) == 0 {
+				n = 8*i + b
+				if w[i]>>(8*b) != 0 {
+					return corruptRouter(name, fmt.Sprintf("a slot's engine id has bytes after its NUL at byte %d", n))
+				}
+				break
+			}
+		}
+	}
+	if n < 0 {
+		return corruptRouter(name, "a slot's engine id fills its 64 bytes (no NUL)")
+	}
+	for i := n/8 + 1; i < idWords; i++ {
+		if w[i] != 0 {
+			return corruptRouter(name, fmt.Sprintf("a slot's engine id has bytes after its NUL at byte %d", n))
+		}
+	}
 	var id [EngineIDFieldSize]byte
-	for i := 0; i < EngineIDFieldSize/8; i++ {
+	for i := 0; i <= n/8 && i < idWords; i++ {
 		binary.LittleEndian.PutUint64(id[8*i:], w[i])
 	}
-	n := 0
-	for n < len(id) && id[n] != 0 {
-		n++
-	}
-	if n == len(id) {
-		return EngineReservations{}, corruptRouter(name, "a slot's engine id fills its 64 bytes (no NUL)")
-	}
-	for _, b := range id[n:] {
-		if b != 0 {
-			return EngineReservations{}, corruptRouter(name,
-				fmt.Sprintf("a slot's engine id has bytes after its NUL at byte %d", n))
-		}
-	}
-	engineID := prev
-	if string(id[:n]) != prev {
-		engineID = string(id[:n])
+	if string(id[:n]) != dst.EngineID {
+		engineID := string(id[:n])
 		if ok, reason := ValidEngineID(engineID); !ok {
-			return EngineReservations{}, corruptRouter(name,
-				fmt.Sprintf("a slot holds an invalid engine id %q: %s", engineID, reason))
+			return corruptRouter(name, fmt.Sprintf("a slot holds an invalid engine id %q: %s", engineID, reason))
 		}
+		dst.EngineID = engineID
 	}
-	var counters [ReservationWords]uint64
-	copy(counters[:], w[slotCountersOffset/8:])
 	if w[slotWords-2] != 0 || w[slotWords-1] != 0 {
-		return EngineReservations{}, corruptRouter(name,
-			fmt.Sprintf("the slot of engine %q has nonzero padding (bytes 112-127)", engineID))
+		return corruptRouter(name,
+			fmt.Sprintf("the slot of engine %q has nonzero padding (bytes 112-127)", dst.EngineID))
 	}
-	return EngineReservations{EngineID: engineID, Reservations: ReservationsFromWords(counters)}, nil
+	c := w[slotCountersOffset/8:]
+	dst.Reservations = Reservations{c[0], c[1], c[2], c[3], c[4], c[5]}
+	return nil
 }
 
 // decodeSlots decodes consecutive slots (16 words each) into out (reused:
@@ -219,18 +228,16 @@ func decodeSlot(name string, w []uint64, prev string) (EngineReservations, error
 // no engine is in two. On error out is empty.
 func decodeSlots(name string, words []uint64, out []EngineReservations) ([]EngineReservations, error) {
 	count := len(words) / slotWords
-	prev := out[:cap(out)]
-	out = out[:0]
-	for i := 0; i < count; i++ {
-		var old string
-		if i < len(prev) {
-			old = prev[i].EngineID
-		}
-		slot, err := decodeSlot(name, words[i*slotWords:(i+1)*slotWords], old)
-		if err != nil {
+	if cap(out) < count {
+		grown := make([]EngineReservations, count)
+		copy(grown, out[:cap(out)])
+		out = grown
+	}
+	out = out[:count]
+	for i := range out {
+		if err := decodeSlot(name, words[i*slotWords:(i+1)*slotWords], &out[i]); err != nil {
 			return out[:0], err
 		}
-		out = append(out, slot)
 	}
 	// Few engines per replica: a quadratic check allocates nothing.
 	for i := range out {

@@ -129,29 +129,37 @@ func (f *RouterFile) Read() (RouterRecord, error) {
 // same slots are kept: a poller allocates only when the engines change).
 // After an error r.Engines is empty.
 func (f *RouterFile) ReadInto(r *RouterRecord) error {
-	var count, changed, seq, state, heartbeat uint64
+	_, _, err := f.read(r)
+	return err
+}
+
+// read is ReadInto, also giving the state and heartbeat words it loaded
+// (whatever the reading: 0 when the mapping faulted), all under one guard
+// (SetPanicOnFault is two runtime calls: once per read, not per word).
+func (f *RouterFile) read(r *RouterRecord) (state, heartbeat uint64, err error) {
+	var count, changed, seq uint64
 	torn := true
 	ok := f.m.guard(func() {
+		// state and heartbeat are single words outside the protocol (FORMAT.md).
 		state = f.m.load(routerStateWord * 8)
 		f.scratch, count, changed, seq, torn = f.m.readRouterSeqlock(int(f.header.Capacity), f.scratch)
 		heartbeat = f.m.load(routerHeartbeatOffset)
 	})
 	r.Engines = r.Engines[:0]
 	if !ok || torn {
-		return &RouterError{Class: TornRouter, Name: f.path, LastSeq: seq}
+		return state, heartbeat, &RouterError{Class: TornRouter, Name: f.path, LastSeq: seq}
 	}
 	if count > uint64(f.header.Capacity) {
-		return corruptRouter(f.path, fmt.Sprintf("count %d is above the file's capacity of %d slots",
-			count, f.header.Capacity))
+		return state, heartbeat, corruptRouter(f.path, fmt.Sprintf(
+			"count %d is above the file's capacity of %d slots", count, f.header.Capacity))
 	}
-	engines, err := decodeSlots(f.path, f.scratch, r.Engines)
-	r.Engines = engines
+	r.Engines, err = decodeSlots(f.path, f.scratch, r.Engines)
 	if err != nil {
-		return err
+		return state, heartbeat, err
 	}
 	r.ReplicaID, r.State, r.Generation = f.replicaID, state, f.header.Generation
 	r.Seq, r.ChangedMonoNs, r.HeartbeatMonoNs = seq, changed, heartbeat
-	return nil
+	return state, heartbeat, nil
 }
 
 // readRouterSeqlock copies count, changed_mono_ns and the first count slots
