@@ -85,10 +85,11 @@
 
 // What a call did. `ES_CODE_OK` is 0; every other value is a failure whose
 // message `es_last_error` returns. Codes from 100 up are also the class of a
-// per-engine error (`es_engine_error`). New codes may be added: a program
-// treats a code it does not know that is 100 or more as that engine's
-// error (its state may still be read), and one below 100 as a failure of
-// the call.
+// per-engine error (`es_engine_error`) or a per-replica one
+// (`es_replica_error`). New codes may be added: a program treats a code it
+// does not know that is 100 or more as that engine's (replica's) error
+// (the others may still be read), and one below 100 as a failure of the
+// call.
 enum EsCode
 #if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
   : int32_t
