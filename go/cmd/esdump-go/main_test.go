@@ -178,3 +178,54 @@ func TestCachePrintsTheDigestHeaderAndOneEntryPerLine(t *testing.T) {
 }
 
 func leftPad(hex string) string { return strings.Repeat("0", 16-len(hex)) + hex }
+
+// -replicas: the router vectors in <dir>.routers, read as replicas (their
+// heartbeats are vector stamps: stale, as a rule), the own id left out, the bad
+// files on stderr.
+func TestReplicasPrintsEachReplicaAndItsEngines(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	routers := dir + ".routers"
+	if err := os.MkdirAll(routers, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	vectors := filepath.Join("..", "..", "..", "format", "vectors", "routers")
+	for _, name := range []string{"active", "empty", "retired", "bad_magic"} {
+		b, err := os.ReadFile(filepath.Join(vectors, name+".bin"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(routers, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	if err := run([]string{"--uri", "file://" + dir, "-replicas", "empty"}, &stdout, &stderr); err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	want := []string{
+		// Stale, unless this host has been up for 1999 s ± 2 s (the vector stamp).
+		`^replica active (stale|fresh) engines 3 generation 1 hb_age_ms [0-9.]+$`,
+		`^  e-c num_requests=3 ongoing_tokens=3017 pending_prefill_tokens=900 ongoing_decode_tokens=2117 ` +
+			`num_prefilling=1 max_prefill_remaining=750$`,
+		`^  e-b num_requests=5 `,
+		`^  e-d num_requests=0 `,
+		`^replica retired dead engines 3 `,
+		`^  e-c `, `^  e-b `, `^  e-d `,
+	}
+	if len(lines) != len(want) {
+		t.Fatalf("got\n%s", stdout.String())
+	}
+	for i, pattern := range want {
+		if !regexp.MustCompile(pattern).MatchString(lines[i]) {
+			t.Errorf("line %d %q does not match %s", i, lines[i], pattern)
+		}
+	}
+	if !strings.Contains(stderr.String(), "bad_magic: not a router reservations file") {
+		t.Errorf("stderr: %s", stderr.String())
+	}
+	if err := run([]string{"--uri", "file://" + dir, "-replicas", "a/b"}, &stdout, &stderr); err == nil ||
+		!strings.Contains(err.Error(), "is not a replica id") {
+		t.Errorf("-replicas a/b: %v", err)
+	}
+}
