@@ -156,3 +156,78 @@ func TestReplicasOfRustProcesses(t *testing.T) {
 		return !ok
 	})
 }
+
+// Every reading of a replica a Rust router changes as fast as it can is
+// one of its writes, never a mix: with every request of 100 tokens, each
+// engine's counters keep ongoing_tokens = 100 × num_requests,
+// pending_prefill_tokens = 100 × num_prefilling and ongoing_decode_tokens
+// = 100 × (num_requests - num_prefilling), which words of two writes break.
+func TestReplicaReadingsAreNeverTorn(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state")
+	if err := os.Mkdir(state, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	r1 := startReplica(t, "file://"+state, "r1")
+	const rounds = 1500
+	go func() {
+		w := bufio.NewWriter(r1.stdin)
+		for i := 0; i < rounds; i++ {
+			fmt.Fprintf(w, "pick %d 100\nprefill\ncomplete\n", 1+i%4)
+		}
+		w.Flush()
+	}()
+	replies := make(chan error, 1)
+	go func() {
+		for i := 0; i < 3*rounds; i++ {
+			if _, err := r1.out.ReadString('\n'); err != nil {
+				replies <- err
+				return
+			}
+		}
+		replies <- nil
+	}()
+	opts := DefaultOptions()
+	opts.RescanInterval = time.Hour
+	r, err := OpenReplicas(state, "", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	var reading ReplicaReading
+	reads, busy := 0, 0
+	deadline := time.After(60 * time.Second)
+	for done := false; !done; {
+		select {
+		case err := <-replies:
+			if err != nil {
+				t.Fatal(err)
+			}
+			done = true
+		case <-deadline:
+			t.Fatal("esreplica did not finish its rounds within 60 s")
+		default:
+		}
+		if err := r.ReadInto(&reading); err != nil {
+			t.Fatal(err)
+		}
+		if len(reading.Errors) != 0 || len(reading.Replicas) != 1 {
+			t.Fatalf("%+v", reading)
+		}
+		reads++
+		for _, e := range reading.Replicas[0].Engines {
+			c := e.Reservations
+			if c.NumPrefilling > c.NumRequests || c.OngoingTokens != 100*c.NumRequests ||
+				c.PendingPrefillTokens != 100*c.NumPrefilling ||
+				c.OngoingDecodeTokens != 100*(c.NumRequests-c.NumPrefilling) {
+				t.Fatalf("read %d of %s: a mixed reading %+v", reads, e.EngineID, c)
+			}
+			if c.NumRequests > 0 {
+				busy++
+			}
+		}
+	}
+	if busy == 0 {
+		t.Errorf("%d reads, none while a request was held", reads)
+	}
+	t.Logf("%d reads, %d engine readings with requests", reads, busy)
+}
