@@ -256,8 +256,9 @@ pub unsafe extern "C" fn es_replica_error_count(
 /// 1`) of the last `es_read_replicas`, as `es_engine_error` does an
 /// engine's: its class in `*class_out` (a per-replica code, 100 or more:
 /// `ES_CODE_NOT_ROUTER`, `ES_CODE_UNKNOWN_VERSION`, `ES_CODE_WRONG_SIZE`,
-/// `ES_CODE_CORRUPT_ROUTER`, `ES_CODE_REFUSED_ENTRY`, `ES_CODE_IO`,
-/// `ES_CODE_CLOCK_AHEAD`, or one this header does not know yet), the
+/// `ES_CODE_CORRUPT_ROUTER`, `ES_CODE_REFUSED_ENTRY`, `ES_CODE_IO`, or one
+/// this header does not know yet; a replica whose reading is torn is no
+/// error, only `ES_STATUS_TORN`), the
 /// replica id or entry name in `name` and the message in `message`, each
 /// NUL-terminated (a buffer may be null with size 0 to skip it; one too
 /// small gets what fits and the result is `ES_CODE_BUFFER_TOO_SMALL`).
