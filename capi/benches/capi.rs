@@ -164,7 +164,7 @@ fn bench_replicas(c: &mut Criterion) {
         ..ReaderOptions::default()
     };
     let uri = StateUri::parse(&format!("file://{}", state.display())).unwrap();
-    let mut rust = open_replicas(&uri, Some("own"), options.clone()).unwrap();
+    let mut rust = open_replicas(&uri, Some("own"), options).unwrap();
     let mut reading = ReplicaReading::default();
     let c_uri = CString::new(format!("file://{}", state.display())).unwrap();
     let own = CString::new("own").unwrap();
