@@ -19,7 +19,7 @@ export ENGINE_STATE_PYTHON := $(PY)
 
 .PHONY: help build bins py venv lint-venv test test-rust test-loom test-py test-go test-capi test-vllm \
         vllm-venv lint lint-rust lint-py lint-shm-only lint-capi capi-header fmt miri bench bench-vllm \
-        demo demo-smoke sim sim-residency clean fuzz
+        demo demo-smoke sim sim-residency sim-share clean fuzz
 
 help:
 	@echo "make demo        four demo engines, live in esdump --watch for DURATION=$(DURATION) s"
@@ -27,6 +27,7 @@ help:
 	@echo "make bench       benchmarks against their baselines (see BENCHMARKS.md)"
 	@echo "make sim         the essim routing sweeps behind docs/ROUTING.md (minutes)"
 	@echo "make sim-residency  the cache-residency sweeps (issue 21; minutes)"
+	@echo "make sim-share   replicas sharing their reservations (issue 22; minutes)"
 	@echo "make lint        cargo fmt --check, clippy -D warnings, ruff, stubtest, the C header is current"
 	@echo "make capi-header regenerate capi/include/engine_state.h (cbindgen) after an ABI change"
 	@echo "make miri        the seqlock module under Miri (needs nightly with miri)"
@@ -173,7 +174,7 @@ miri:
 	    rustup component add --toolchain nightly miri rust-src >/dev/null 2>&1 || true; \
 	fi
 	@if $(CARGO) +nightly miri --version >/dev/null 2>&1; then \
-	    $(CARGO) +nightly miri test -p engine-state-shm-format --lib -- seqlock:: snapshot:: layout::; \
+	    $(CARGO) +nightly miri test -p engine-state-shm-format --lib -- seqlock:: snapshot:: layout:: reservations::; \
 	else \
 	    echo "make miri: no nightly toolchain with miri here (rustup toolchain install nightly --component miri rust-src);"; \
 	    echo "the seqlock model is still checked by loom: make test-loom"; \
@@ -186,6 +187,7 @@ miri:
 fuzz:
 	PROPTEST_CASES=$${PROPTEST_CASES:-100000} $(CARGO) test --release -p engine-state-shm-format --test fuzz_file
 	PROPTEST_CASES=$${PROPTEST_CASES:-100000} $(CARGO) test --release -p engine-state-shm-format --test fuzz_digest
+	PROPTEST_CASES=$${PROPTEST_CASES:-100000} $(CARGO) test --release -p engine-state-shm-format --test fuzz_router
 	PROPTEST_CASES=$${PROPTEST_CASES:-100000} $(CARGO) test --release -p engine-state-reader --lib redis_schema::tests::fuzz
 
 # ---- demo --------------------------------------------------------------------
@@ -270,6 +272,23 @@ sim-residency:
 	  docs/routing/residency-agentic-seed3 docs/routing/residency-agentic-seed4 \
 	  --out docs/routing/residency-agentic-4seeds
 	rm -f docs/routing/residency-*/summary.json  # the CSV holds the same
+
+sim-share:
+	$(CARGO) build --release -p engine-state-sim
+	mkdir -p docs/routing/share-agentic
+	$(BIN)/essim sweep sim/sweeps/share-agentic.toml --out docs/routing/share-agentic --jobs 2 \
+	  > docs/routing/share-agentic/table.md
+	for seed in 2 3 4; do \
+	  sed "s/^seed = 1$$/seed = $$seed/" sim/sweeps/share-agentic.toml > $(TARGET_DIR)/share-agentic-seed$$seed.toml && \
+	  mkdir -p docs/routing/share-agentic-seed$$seed && \
+	  $(BIN)/essim sweep $(TARGET_DIR)/share-agentic-seed$$seed.toml --jobs 2 \
+	    --out docs/routing/share-agentic-seed$$seed > docs/routing/share-agentic-seed$$seed/table.md || exit 1; \
+	  rm -f docs/routing/share-agentic-seed$$seed/*.svg; \
+	done
+	$(BIN)/essim plot docs/routing/share-agentic docs/routing/share-agentic-seed2 \
+	  docs/routing/share-agentic-seed3 docs/routing/share-agentic-seed4 \
+	  --out docs/routing/share-agentic-4seeds
+	rm -f docs/routing/share-agentic*/summary.json  # the CSV holds the same
 
 clean:
 	$(CARGO) clean

@@ -32,8 +32,12 @@ pub(crate) fn publisher_error(error: engine_state_publisher::Error) -> PyErr {
         E::AlreadyPublished { .. }
         | E::Shm(
             engine_state_shm_format::Error::AlreadyPublished { .. }
-            | engine_state_shm_format::Error::LiveFileWrongSize { .. },
-        ) => EngineIdInUse::new_err(error.to_string()),
+            | engine_state_shm_format::Error::LiveFileWrongSize { .. }
+            | engine_state_shm_format::Error::ReplicaInUse { .. },
+        )
+        | E::Redis(engine_state_reader::redis::Error::ReplicaInUse { .. }) => {
+            EngineIdInUse::new_err(error.to_string())
+        }
         _ => EngineStateError::new_err(error.to_string()),
     }
 }

@@ -1,11 +1,16 @@
 //! `engine_state.Router`, `Decision`, `Reservation` and `block_hashes`.
 
+use std::sync::Mutex;
+
+use engine_state_publisher::{ReplicaOptions, ReplicaPublisher};
+use engine_state_reader::{open_replicas, ReaderOptions, ReplicaReading, ReplicaSource, StateUri};
 use engine_state_router::{DecisionLog, Policy, Request, RouterSettings};
+use engine_state_shm_format::EngineId;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyAny, PyDict, PyType};
 
-use crate::errors::EngineStateError;
+use crate::errors::{publisher_error, reader_error, EngineStateError};
 use crate::reader::EngineState;
 
 fn router_error(error: engine_state_router::Error) -> PyErr {
@@ -32,6 +37,8 @@ fn to_python<'py>(py: Python<'py>, value: &impl serde::Serialize) -> PyResult<Bo
 #[pyclass(module = "engine_state._native", name = "Router", frozen)]
 pub(crate) struct Router {
     inner: engine_state_router::Router,
+    /// The peers' reservations, once `share_reservations` was called.
+    peers: Mutex<Option<(Box<dyn ReplicaSource>, ReplicaReading)>>,
 }
 
 #[pymethods]
@@ -101,7 +108,74 @@ impl Router {
         if let Some(path) = decision_log {
             inner.set_decision_log(Some(DecisionLog::append_to(path).map_err(router_error)?));
         }
-        Ok(Router { inner })
+        Ok(Router {
+            inner,
+            peers: Mutex::new(None),
+        })
+    }
+
+    /// Shares this router's reservations with the other router replicas at
+    /// `uri` (the engines' URI; default `AGENTIC_ENGINE_STATE_URI`) under
+    /// `replica_id`, and reads theirs: from now on every pick, prefill_done
+    /// and release is published, and `update_peers()` merges the peers'
+    /// reservations (effective = max(own + peers, real)). Raises
+    /// `EngineIdInUse` when another live router uses the replica id.
+    #[pyo3(signature = (replica_id, uri=None))]
+    fn share_reservations(
+        &self,
+        py: Python<'_>,
+        replica_id: &str,
+        uri: Option<&str>,
+    ) -> PyResult<()> {
+        let uri = StateUri::from_flag_or_env(uri).map_err(|e| reader_error(e.into()))?;
+        let id = EngineId::new(replica_id)
+            .map_err(|e| publisher_error(engine_state_publisher::Error::Shm(e)))?;
+        let (publisher, source) = py.detach(|| {
+            let publisher = ReplicaPublisher::start(&uri, &id, ReplicaOptions::default())
+                .map_err(publisher_error)?;
+            let source = open_replicas(&uri, Some(replica_id), ReaderOptions::default())
+                .map_err(reader_error)?;
+            Ok::<_, PyErr>((publisher, source))
+        })?;
+        self.inner.set_reservation_sink(Some(Box::new(publisher)));
+        *self.peers.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((source, ReplicaReading::default()));
+        Ok(())
+    }
+
+    /// Reads every peer replica's reservations now and merges them; returns
+    /// how many (replica, engine) entries were stored. Call it before picks
+    /// (each read is a few hundred ns per peer on shared memory). Raises
+    /// `RuntimeError` before `share_reservations`.
+    fn update_peers(&self, py: Python<'_>) -> PyResult<usize> {
+        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        let (source, reading) = peers.as_mut().ok_or_else(|| {
+            PyRuntimeError::new_err("call share_reservations(replica_id) before update_peers()")
+        })?;
+        py.detach(|| source.read_into(reading))
+            .map_err(reader_error)?;
+        Ok(self.inner.update_from_replicas(reading))
+    }
+
+    /// The per-replica errors of the last `update_peers()` (bad records in
+    /// the routers' directory, foreign keys), as `"name: message"` strings.
+    fn peer_errors(&self) -> Vec<String> {
+        let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        peers.as_ref().map_or_else(Vec::new, |(_, reading)| {
+            reading
+                .errors
+                .iter()
+                .map(|e| format!("{}: {}", e.name, e.error))
+                .collect()
+        })
+    }
+
+    /// Stops sharing: the replica's record is removed (its peers drop its
+    /// reservations at their next read) and the peers' are forgotten.
+    fn stop_sharing(&self) {
+        self.inner.set_reservation_sink(None);
+        self.inner.clear_peer_reservations();
+        *self.peers.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
     /// Chooses an instance for a request and reserves it there, in one step.

@@ -393,3 +393,39 @@ def test_reader_and_publisher_durations_at_their_extremes_are_not_panics(tmp_pat
             Reader(uri=uri, stale_after_ms=bad)
         with pytest.raises(OverflowError):
             Publisher(uri=uri, engine_id="p", period_ms=bad)
+
+
+def test_two_routers_share_their_reservations(uri, state_dir):
+    a = Router(["e0", "e1"], policy="load_only")
+    b = Router(["e0", "e1"], policy="load_only")
+    with pytest.raises(RuntimeError, match="share_reservations"):
+        a.update_peers()
+    a.share_reservations("router-a", uri=uri)
+    b.share_reservations("router-b", uri=uri)
+    assert (state_dir.parent / "state.routers" / "router-a").exists()
+    held = [a.pick(f"r{i}", tokens=PROMPT)[1] for i in range(2)]
+    assert b.update_peers() == 2, "a's record lists both engines"
+    peers = {i["instance_id"]: i["peers"]["num_requests"] for i in b.instances()}
+    assert peers == {"e0": 1, "e1": 1}
+    # b sees a's load: its pick goes where a has least (both 1), its own
+    # view counts 2 on the engine it chose.
+    decision, mine = b.pick("b1", tokens=PROMPT)
+    effective = {i["instance_id"]: i["effective"]["num_requests"] for i in b.instances()}
+    assert effective[decision.instance_id] == 2
+    # a opened its peers before b existed: b is found at a's next listing
+    # (every 250 ms).
+    wait_until(lambda: a.update_peers() == 2, "b listed by a")
+    assert sum(i["peers"]["num_requests"] for i in a.instances()) == 1
+    for r in held:
+        r.complete()
+    b.update_peers()
+    assert all(i["peers"]["num_requests"] == 0 for i in b.instances())
+    assert b.peer_errors() == []
+    # A second router cannot take a live replica id.
+    from engine_state import EngineIdInUse
+
+    with pytest.raises(EngineIdInUse):
+        Router(["e0"]).share_reservations("router-a", uri=uri)
+    a.stop_sharing()
+    assert not (state_dir.parent / "state.routers" / "router-a").exists()
+    mine.complete()

@@ -1,16 +1,19 @@
 //! A router replica's shared reservations (docs/FORMAT.md, "Shared
-//! reservations"; docs/ROUTING.md, "Shared reservations"): the replica's
-//! file in `<dir>.routers` and the heartbeat thread that stamps it and puts
-//! it back when another process removed it. The router hands it every
-//! change through [`ReservationSink`]: a seqlock write of the changed words
-//! under the router's lock.
+//! reservations"; docs/ROUTING.md, "Shared reservations"). On shared
+//! memory: the replica's file in `<dir>.routers` and the heartbeat thread
+//! that stamps it and puts it back when another process removed it; the
+//! router hands it every change through [`ReservationSink`], a seqlock
+//! write of the changed words under the router's lock. On Redis:
+//! `engine_state_redis::ReplicaSink`, whose thread writes the replica's
+//! value batched (on change, at most every 5 ms; every heartbeat period
+//! otherwise), owner-checked (docs/REDIS.md).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use engine_state_redis::StateUri;
+use engine_state_redis::{ReplicaSink, ReplicaSinkOptions, StateUri};
 use engine_state_router::{ReservationSink, ShadowCounters};
 use engine_state_shm_format::{EngineId, Reservations, RouterFileWriter, RouterWriterOptions};
 
@@ -114,74 +117,50 @@ impl ReplicaStats {
 #[derive(Debug)]
 pub struct ReplicaPublisher {
     replica_id: EngineId,
-    writer: Arc<Mutex<RouterFileWriter>>,
-    path: PathBuf,
-    heartbeat: Option<HeartbeatThread>,
+    backend: Backend,
     stats: Arc<ReplicaStats>,
+}
+
+#[derive(Debug)]
+enum Backend {
+    Shm {
+        writer: Arc<Mutex<RouterFileWriter>>,
+        path: PathBuf,
+        heartbeat: Option<HeartbeatThread>,
+    },
+    Redis(ReplicaSink),
 }
 
 impl ReplicaPublisher {
     /// Starts publishing replica `replica_id`'s reservations at `uri` (the
     /// engines' URI: on shared memory the file is
     /// `<dir>.routers/<replica_id>`; the state directory is created when
-    /// missing). Fails when another live process publishes the same
-    /// replica id.
+    /// missing; on Redis the key `<prefix>router:<replica_id>`). Fails when
+    /// another live process publishes the same replica id, and on Redis for
+    /// bad credentials (an unreachable server is not an error: the sink
+    /// connects with backoff and claims the key with its first write).
     pub fn start(
         uri: &StateUri,
         replica_id: &EngineId,
         options: ReplicaOptions,
     ) -> Result<ReplicaPublisher, Error> {
-        let dir = match uri {
-            StateUri::Shm { dir } => dir,
-            StateUri::Redis { .. } => {
-                return Err(Error::Config {
-                    what: "shared reservations over Redis are not available in this build yet; \
-                           use a file:// URI (routers on one host)"
-                        .to_owned(),
-                })
-            }
-        };
-        create_dir(dir)?;
-        let writer_options = RouterWriterOptions {
-            mode: options.file_mode,
-            heartbeat_period: options.heartbeat_period,
-            ..RouterWriterOptions::default()
-        };
-        let writer = RouterFileWriter::create(dir, replica_id, &writer_options)?;
-        let path = writer.path().to_owned();
-        let writer = Arc::new(Mutex::new(writer));
         let stats = Arc::new(ReplicaStats::default());
-        let heartbeat = {
-            let writer = writer.clone();
-            let stats = stats.clone();
-            let mut beat = lock(&writer).heartbeat();
-            let mut ticks = 0u64;
-            HeartbeatThread::spawn(
-                move || {
-                    ticks += 1;
-                    // One `lstat` every 20 beats (a second at 50 ms): a file
-                    // another process removed or damaged is put back.
-                    if ticks % 20 == 0 && !beat.in_place() {
-                        let mut writer = lock(&writer);
-                        match writer.replace() {
-                            Ok(()) => {
-                                stats.recreated.fetch_add(1, Ordering::Relaxed);
-                                beat = writer.heartbeat();
-                            }
-                            Err(error) => stats.failed(&error),
-                        }
-                    }
-                    beat.beat()
-                },
-                Ticks::Every(options.heartbeat_period),
-                replica_id,
-            )?
+        let backend = match uri {
+            StateUri::Shm { dir } => start_shm(dir, replica_id, options, &stats)?,
+            StateUri::Redis { target } => {
+                let sink_options = ReplicaSinkOptions {
+                    heartbeat_period: options.heartbeat_period,
+                    ..ReplicaSinkOptions::default()
+                };
+                Backend::Redis(
+                    ReplicaSink::start(target.clone(), replica_id, sink_options)
+                        .map_err(Error::Redis)?,
+                )
+            }
         };
         Ok(ReplicaPublisher {
             replica_id: replica_id.clone(),
-            writer,
-            path,
-            heartbeat: Some(heartbeat),
+            backend,
             stats,
         })
     }
@@ -191,9 +170,29 @@ impl ReplicaPublisher {
         self.replica_id.as_str()
     }
 
-    /// The replica's file.
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// The replica's file (shared memory; `None` on Redis).
+    pub fn path(&self) -> Option<&Path> {
+        match &self.backend {
+            Backend::Shm { path, .. } => Some(path),
+            Backend::Redis(_) => None,
+        }
+    }
+
+    /// The Redis sink's counters (`None` on shared memory).
+    pub fn redis_stats(&self) -> Option<&engine_state_redis::SinkStats> {
+        match &self.backend {
+            Backend::Shm { .. } => None,
+            Backend::Redis(sink) => Some(sink.stats()),
+        }
+    }
+
+    /// Waits until every change so far is written, at most `timeout` (Redis:
+    /// the sink thread's writes; shared memory writes at once: true).
+    pub fn flush(&self, timeout: Duration) -> bool {
+        match &self.backend {
+            Backend::Shm { .. } => true,
+            Backend::Redis(sink) => sink.flush(timeout),
+        }
     }
 
     /// Its counters, shared: keep a handle before giving the publisher to
@@ -208,7 +207,11 @@ impl ReplicaPublisher {
     /// calls this under its lock, and routing goes on without sharing.
     #[inline]
     pub fn set(&self, engine_id: &str, counters: &Reservations) {
-        match lock(&self.writer).set(engine_id, counters) {
+        let done = match &self.backend {
+            Backend::Shm { writer, .. } => lock(writer).set(engine_id, counters),
+            Backend::Redis(sink) => sink.set(engine_id, counters),
+        };
+        match done {
             Ok(()) => {
                 self.stats.published.fetch_add(1, Ordering::Relaxed);
             }
@@ -218,20 +221,35 @@ impl ReplicaPublisher {
 
     /// Removes `engine_id` from the record (the router no longer routes to it).
     pub fn remove(&self, engine_id: &str) {
-        match lock(&self.writer).remove(engine_id) {
-            Ok(_) => {
+        let done = match &self.backend {
+            Backend::Shm { writer, .. } => lock(writer).remove(engine_id).map(drop),
+            Backend::Redis(sink) => {
+                sink.remove(engine_id);
+                Ok(())
+            }
+        };
+        match done {
+            Ok(()) => {
                 self.stats.published.fetch_add(1, Ordering::Relaxed);
             }
             Err(error) => self.stats.failed(&error),
         }
     }
 
-    /// Stops the heartbeat, retires and removes the file. Idempotent.
+    /// Stops the heartbeat, retires and removes the file (Redis: deletes
+    /// the replica's key, owner-checked). Idempotent.
     pub fn close(&mut self) {
-        if let Some(heartbeat) = self.heartbeat.take() {
-            heartbeat.stop();
+        match &mut self.backend {
+            Backend::Shm {
+                writer, heartbeat, ..
+            } => {
+                if let Some(heartbeat) = heartbeat.take() {
+                    heartbeat.stop();
+                }
+                lock(writer).retire();
+            }
+            Backend::Redis(sink) => sink.close(),
         }
-        lock(&self.writer).retire();
     }
 }
 
@@ -250,6 +268,55 @@ impl Drop for ReplicaPublisher {
     fn drop(&mut self) {
         self.close();
     }
+}
+
+/// The shared-memory backend: the replica's file and its heartbeat thread.
+fn start_shm(
+    dir: &Path,
+    replica_id: &EngineId,
+    options: ReplicaOptions,
+    stats: &Arc<ReplicaStats>,
+) -> Result<Backend, Error> {
+    create_dir(dir)?;
+    let writer_options = RouterWriterOptions {
+        mode: options.file_mode,
+        heartbeat_period: options.heartbeat_period,
+        ..RouterWriterOptions::default()
+    };
+    let writer = RouterFileWriter::create(dir, replica_id, &writer_options)?;
+    let path = writer.path().to_owned();
+    let writer = Arc::new(Mutex::new(writer));
+    let heartbeat = {
+        let writer = writer.clone();
+        let stats = stats.clone();
+        let mut beat = lock(&writer).heartbeat();
+        let mut ticks = 0u64;
+        HeartbeatThread::spawn(
+            move || {
+                ticks += 1;
+                // One `lstat` every 20 beats (a second at 50 ms): a file
+                // another process removed or damaged is put back.
+                if ticks % 20 == 0 && !beat.in_place() {
+                    let mut writer = lock(&writer);
+                    match writer.replace() {
+                        Ok(()) => {
+                            stats.recreated.fetch_add(1, Ordering::Relaxed);
+                            beat = writer.heartbeat();
+                        }
+                        Err(error) => stats.failed(&error),
+                    }
+                }
+                beat.beat()
+            },
+            Ticks::Every(options.heartbeat_period),
+            replica_id,
+        )?
+    };
+    Ok(Backend::Shm {
+        writer,
+        path,
+        heartbeat: Some(heartbeat),
+    })
 }
 
 /// The writer, whoever panicked while holding it: its state is still

@@ -95,6 +95,8 @@ pub use crate::printable::printable;
 pub use crate::redis_fetch::{record_state, state_at_fetch};
 #[cfg(feature = "redis")]
 pub use crate::redis_source::RedisSource;
+#[cfg(feature = "redis")]
+pub use crate::replicas::RedisReplicaSource;
 pub use crate::replicas::{
     open_replicas, ReplicaReading, ReplicaSource, ReplicaState, ShmReplicas,
 };

@@ -7,6 +7,8 @@
 //! reader's own replica id is left out of every read, so a router that both
 //! publishes and reads never counts its own reservations twice.
 
+#[cfg(feature = "redis")]
+mod redis;
 mod shm;
 
 use std::sync::Arc;
@@ -22,6 +24,8 @@ use crate::source::ReaderOptions;
 use crate::state::millis;
 use crate::uri::StateUri;
 
+#[cfg(feature = "redis")]
+pub use self::redis::RedisReplicaSource;
 pub use self::shm::ShmReplicas;
 
 /// One peer replica's reservations as read.
@@ -137,10 +141,11 @@ pub fn open_replicas(
     match uri {
         StateUri::Shm { dir } => Ok(Box::new(ShmReplicas::open(dir, own_replica_id, options)?)),
         #[cfg(feature = "redis")]
-        StateUri::Redis { target } => Err(Error::BadUri {
-            uri: target.to_string(),
-            reason: "shared reservations over Redis are not readable by this build yet".to_owned(),
-        }),
+        StateUri::Redis { target } => Ok(Box::new(RedisReplicaSource::open(
+            target.clone(),
+            own_replica_id,
+            options,
+        )?)),
         #[cfg(not(feature = "redis"))]
         StateUri::Redis { target } => match *target {},
     }

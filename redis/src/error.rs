@@ -61,6 +61,33 @@ pub enum Error {
         /// The version this build supports.
         supported: u32,
     },
+    /// A router replica's value whose contents break the format's rules (a
+    /// bad state, too many slots, an invalid or duplicate engine id, nonzero
+    /// padding): that replica's error.
+    #[error(
+        "Redis key {key:?} holds corrupt router reservations ({what}); this replica is ignored \
+         until its router writes a good value (delete the key if no router runs under that id)"
+    )]
+    CorruptRouter {
+        /// The key.
+        key: String,
+        /// What is wrong with the value.
+        what: String,
+    },
+    /// Another live writer holds this router replica's key.
+    #[error(
+        "router replica id {replica_id:?} is already used by a live process (pid {holder_pid} on \
+         its host) at Redis key {key:?}; give this router another replica id or stop the other \
+         router (a killed router's key expires ttl_ms after its last write)"
+    )]
+    ReplicaInUse {
+        /// The contested replica id.
+        replica_id: String,
+        /// The replica's key.
+        key: String,
+        /// The holder's pid on its host, from its value.
+        holder_pid: u32,
+    },
 }
 
 impl Error {

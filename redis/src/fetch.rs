@@ -12,6 +12,7 @@ use std::time::Duration;
 use engine_state_shm_format::{decode_digest_value, CacheDigest, MAX_DIGEST_SIZE};
 
 use crate::error::Error;
+use crate::router_value::{RouterValue, MAX_ROUTER_VALUE_SIZE};
 use crate::schema::RedisRecord;
 
 /// The last byte a reader fetches of a cache digest key:
@@ -114,6 +115,47 @@ pub fn heartbeat_age_at_fetch(record: &RedisRecord, pttl_ms: i64) -> Duration {
     Duration::from_millis(since_write_ms) + Duration::from_micros(u64::from(record.write_delay_us))
 }
 
+/// [`decode_fetched`] for a router replica's value (the bytes of a
+/// `GETRANGE key 0` [`crate::MAX_ROUTER_VALUE_SIZE`], and the key's `PTTL`):
+/// a value larger than the largest one is [`Error::ForeignValue`], a key
+/// without expiry or with a longer one than its value says
+/// [`Error::NoExpiry`].
+pub fn decode_fetched_router(key: &str, bytes: &[u8], pttl_ms: i64) -> Result<RouterValue, Error> {
+    if bytes.len() > MAX_ROUTER_VALUE_SIZE {
+        return Err(Error::ForeignValue {
+            key: key.to_owned(),
+            what: format!(
+                "a value larger than the largest router value ({MAX_ROUTER_VALUE_SIZE} bytes; \
+                 only its first {} were read)",
+                MAX_ROUTER_VALUE_SIZE + 1
+            ),
+        });
+    }
+    let value = RouterValue::decode(key, bytes)?;
+    let what = if pttl_ms < 0 {
+        "the key has no expiry (PTTL -1; PERSISTed, copied or written without PX)".to_owned()
+    } else if pttl_ms as u64 > u64::from(value.ttl_ms) {
+        format!(
+            "the key expires in {pttl_ms} ms but its value says it was written with PX {} \
+             (re-expired or written by hand)",
+            value.ttl_ms
+        )
+    } else {
+        return Ok(value);
+    };
+    Err(Error::NoExpiry {
+        key: key.to_owned(),
+        what,
+    })
+}
+
+/// A router value's heartbeat age when fetched: the time since the write by
+/// the server's clock (`ttl_ms - PTTL`; the writer stamps its heartbeat as
+/// it sends the value). `pttl_ms` as [`decode_fetched_router`] accepted it.
+pub fn router_heartbeat_age_at_fetch(value: &RouterValue, pttl_ms: i64) -> Duration {
+    Duration::from_millis(u64::from(value.ttl_ms).saturating_sub(pttl_ms.max(0) as u64))
+}
+
 #[cfg(test)]
 mod tests {
     use engine_state_shm_format::Snapshot;
@@ -139,6 +181,35 @@ mod tests {
         assert_eq!(
             heartbeat_age_at_fetch(&record(), 1500),
             Duration::from_micros(500_250)
+        );
+    }
+
+    #[test]
+    fn a_router_value_is_checked_against_its_keys_expiry() {
+        let value = RouterValue {
+            state: crate::STATE_ACTIVE,
+            ttl_ms: 2000,
+            ..RouterValue::default()
+        };
+        let bytes = value.encode();
+        assert_eq!(decode_fetched_router("k", &bytes, 1500).unwrap(), value);
+        assert_eq!(
+            router_heartbeat_age_at_fetch(&value, 1500),
+            Duration::from_millis(500)
+        );
+        for (pttl, says) in [(-1, "no expiry"), (2001, "expires in 2001 ms")] {
+            let err = decode_fetched_router("k", &bytes, pttl)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(says), "{err}");
+        }
+        let huge = vec![0u8; MAX_ROUTER_VALUE_SIZE + 1];
+        let err = decode_fetched_router("k", &huge, 100)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("larger than the largest router value"),
+            "{err}"
         );
     }
 

@@ -18,6 +18,10 @@
 //!   cache digest value). Both count in [`SinkStats`].
 //! - [`RedisSource`]: reads every engine of a prefix in one round trip per
 //!   read; the reader crate turns what it saw into engine states.
+//! - Router replicas' reservations ([`router_key`], [`router_registry_key`]):
+//!   [`RouterValue`] is a value's bytes, [`ReplicaSink`] a thread that writes
+//!   one replica's value (owner-checked, batched), [`RedisReplicas`] reads
+//!   every replica's in one round trip per read.
 
 mod backoff;
 mod claim;
@@ -29,7 +33,10 @@ mod log;
 mod mailbox;
 mod ops;
 mod redact;
+mod replica_sink;
+mod replica_source;
 mod replies;
+mod router_value;
 mod schema;
 mod sink;
 mod source;
@@ -40,17 +47,28 @@ pub use crate::backoff::{Backoff, RECONNECT_CAP, RECONNECT_FIRST};
 pub use crate::claim::{claim, Claim};
 pub use crate::error::Error;
 pub use crate::fetch::{
-    decode_fetched, decode_fetched_cache, heartbeat_age_at_fetch, CacheRefused, CACHE_FETCH_END,
+    decode_fetched, decode_fetched_cache, decode_fetched_router, heartbeat_age_at_fetch,
+    router_heartbeat_age_at_fetch, CacheRefused, CACHE_FETCH_END,
 };
 pub use crate::inline_sink::InlineSink;
 pub use crate::mailbox::SinkHandle;
 pub use crate::ops::{AckLagObserver, RelayWrite, SinkOp};
 pub use crate::redact::{is_secret_parameter, redact};
+pub use crate::replica_sink::{ReplicaSink, ReplicaSinkOptions, DEFAULT_FLUSH_INTERVAL};
+pub use crate::replica_source::{
+    RedisReplicas, ReplicaReading, ReplicaValue, DEFAULT_RESCAN_INTERVAL,
+};
 pub use crate::replies::holder_pid;
+pub use crate::router_value::{
+    RouterValue, RouterValueHeader, DELETE_ROUTER_IF_OWNER_SCRIPT, MAX_ROUTER_VALUE_SIZE,
+    ROUTER_VALUE_HEADER_SIZE, ROUTER_VALUE_MAGIC, SET_ROUTER_IF_OWNER_SCRIPT,
+    SET_ROUTER_IF_OWNER_SCRIPT_SHA1,
+};
 pub use crate::schema::{
-    cache_key, engine_key, registry_key, RecordHeader, RecordWriter, RedisRecord,
-    DELETE_CACHE_IF_OWNER_SCRIPT, DELETE_IF_OWNER_SCRIPT, RECORD_HEADER_SIZE, RECORD_MAGIC,
-    RECORD_SIZE, SET_CACHE_IF_OWNER_SCRIPT, SET_IF_OWNER_SCRIPT, SET_IF_OWNER_SCRIPT_SHA1,
+    cache_key, engine_key, registry_key, router_key, router_registry_key, RecordHeader,
+    RecordWriter, RedisRecord, DELETE_CACHE_IF_OWNER_SCRIPT, DELETE_IF_OWNER_SCRIPT,
+    RECORD_HEADER_SIZE, RECORD_MAGIC, RECORD_SIZE, SET_CACHE_IF_OWNER_SCRIPT, SET_IF_OWNER_SCRIPT,
+    SET_IF_OWNER_SCRIPT_SHA1,
 };
 pub use crate::sink::RedisSink;
 pub use crate::source::{CacheFault, EngineView, RedisSource, PRUNE_AFTER};

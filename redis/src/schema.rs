@@ -12,6 +12,9 @@
 //!                            "Cache residency"), SET ... PX <ttl_ms> on
 //!                            change, PEXPIREd with every record (by
 //!                            SET_IF_OWNER_SCRIPT when owner-checked)
+//! <prefix>routers            SET of router replica ids
+//! <prefix>router:<id>        one replica's reservations (crate::RouterValue),
+//!                            SET ... PX <ttl_ms> by SET_ROUTER_IF_OWNER_SCRIPT
 //!
 //! record (192 bytes, little-endian)
 //! offset size
@@ -204,6 +207,18 @@ pub fn registry_key(prefix: &str) -> String {
 /// The key of one engine's record.
 pub fn engine_key(prefix: &str, engine_id: &str) -> String {
     format!("{prefix}engine:{engine_id}")
+}
+
+/// The key of the router replica registry: a SET of replica ids
+/// (discovery without KEYS; docs/REDIS.md, "Router replicas' reservations").
+pub fn router_registry_key(prefix: &str) -> String {
+    format!("{prefix}routers")
+}
+
+/// The key of one router replica's reservations ([`crate::RouterValue`]).
+/// Replica ids follow engine-id rules (shm-format's `EngineId`).
+pub fn router_key(prefix: &str, replica_id: &str) -> String {
+    format!("{prefix}router:{replica_id}")
 }
 
 /// The key of one engine's cache digest (outside `engine:*` and the

@@ -115,19 +115,42 @@ fn an_engine_without_a_fresh_digest_falls_back_to_the_estimate() {
     assert_eq!(hit("stale"), (3, CacheKnowledge::Estimated));
 }
 
+/// `real_state_use = never` is about load: the engines' load is never
+/// merged, but with `cache_knowledge = engine` their digests still give
+/// the cache hits; with `estimated` nothing of the engines is read.
 #[test]
-fn real_state_use_never_leaves_digests_unread() {
+fn real_state_use_never_reads_digests_but_never_load() {
     let prompt = tokens(3, 2 * BLOCK_TOKENS);
     let blocks = block_hashes(&prompt);
-    let settings = RouterSettings {
-        real_state_use: RealStateUse::Never,
-        ..settings(Policy::Unified, CacheKnowledge::Engine)
-    };
-    let (r, now) = router(settings, &["a", "b"]);
-    r.update_real_state([("b", with_digest(&now, &blocks))]);
-    let (d, _held) = r.pick(&Request::from_tokens("r", prompt)).unwrap();
-    assert_eq!((d.instance_id.as_str(), d.cache_hit_tokens), ("a", 0));
-    assert_eq!(d.cache_knowledge, CacheKnowledge::Estimated);
+    for (knowledge, want) in [
+        (CacheKnowledge::Engine, ("b", 2 * BLOCK_TOKENS as u64)),
+        (CacheKnowledge::Estimated, ("a", 0)),
+    ] {
+        let settings = RouterSettings {
+            real_state_use: RealStateUse::Never,
+            ..settings(Policy::Unified, knowledge)
+        };
+        let (r, now) = router(settings, &["a", "b"]);
+        // b is busy by its own account: never merged under `never`.
+        let busy = RealState {
+            snapshot: Snapshot {
+                num_running: 50,
+                pending_prefill_tokens: 500_000,
+                ..Snapshot::default()
+            },
+            ..with_digest(&now, &blocks)
+        };
+        r.update_real_state([("b", busy)]);
+        let (d, _held) = r.pick(&Request::from_tokens("r", prompt.clone())).unwrap();
+        assert_eq!(
+            (d.instance_id.as_str(), d.cache_hit_tokens),
+            want,
+            "{knowledge}"
+        );
+        assert_eq!(d.cache_knowledge, knowledge);
+        // b chosen for its cache although it is drowning: load not merged.
+        assert!(!d.consulted_real_state);
+    }
 }
 
 #[test]

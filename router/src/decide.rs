@@ -57,14 +57,12 @@ impl Router {
     }
 
     /// Whether cache hits come from fresh engine digests where there are
-    /// some: `cache_knowledge = engine`, unless real state is never used
-    /// (docs/ROUTING.md, "Where real state is used"). Not tied to
-    /// `placement`: a digest says where a prefix is, not how loaded an
+    /// some: `cache_knowledge = engine`, whatever `real_state_use` says
+    /// (docs/ROUTING.md, "Where real state is used"): that setting is about
+    /// engine load, and a digest says where a prefix is, not how loaded an
     /// engine is, so reading it at every decision cannot herd.
     pub(crate) fn uses_digests(&self) -> bool {
-        let settings = &self.shared.settings;
-        settings.cache_knowledge == CacheKnowledge::Engine
-            && settings.real_state_use != RealStateUse::Never
+        self.shared.settings.cache_knowledge == CacheKnowledge::Engine
     }
 
     /// Fill the candidates for a migration question and return the source's

@@ -115,7 +115,7 @@ struct PeerEntry {
 
 /// The peers' reservations on one instance: every fresh peer's entry, and
 /// their sum as of the last refresh, so that a decision reads one sum per
-/// instance instead of adding every peer (docs/BENCHMARKS.md, "Router").
+/// instance instead of adding every peer (BENCHMARKS.md, "Targets").
 #[derive(Clone, Debug, Default)]
 pub(crate) struct PeerLoad {
     entries: Vec<PeerEntry>,

@@ -13,6 +13,8 @@ use crate::layout::ENGINE_ID_FIELD_SIZE;
 pub const RESERVATION_WORDS: usize = 6;
 /// Bytes of one slot: engine id (64), the six counters (48), zero (16).
 pub const RESERVATION_SLOT_SIZE: usize = 128;
+/// Words of one slot.
+pub(crate) const SLOT_WORDS: usize = RESERVATION_SLOT_SIZE / 8;
 /// Offset of the counters inside a slot.
 pub const SLOT_COUNTERS_OFFSET: usize = ENGINE_ID_FIELD_SIZE;
 /// Offset of the zero padding inside a slot.
@@ -215,9 +217,6 @@ fn decode_into(
     Ok(())
 }
 
-/// Words of one slot.
-const SLOT_WORDS: usize = RESERVATION_SLOT_SIZE / 8;
-
 /// Whether the slot's engine id field is exactly `engine_id`, NUL padded
 /// (compared as words: the hot path of a poller's read).
 #[inline]
@@ -378,7 +377,8 @@ mod tests {
     #[test]
     fn malformed_slots_are_corrupt() {
         let good = encode_reservation_slot(&EngineId::new("e-1").unwrap(), &sample());
-        let cases: [(&str, fn(&mut [u8; RESERVATION_SLOT_SIZE])); 5] = [
+        type Damage = fn(&mut [u8; RESERVATION_SLOT_SIZE]);
+        let cases: [(&str, Damage); 5] = [
             ("empty", |s| s[..3].fill(0)),
             ("outside [A-Za-z0-9._-]", |s| s[1] = b'/'),
             ("no NUL", |s| s[..64].fill(b'a')),

@@ -14,13 +14,10 @@ use crate::engine_id::EngineId;
 use crate::error::{Error, RouterError};
 use crate::layout::STATE_RETIRED;
 use crate::mapping::Mapping;
-use crate::reservations::{decode_reservation_slots_into, Reservations, RESERVATION_SLOT_SIZE};
+use crate::reservations::{decode_reservation_slots_into, Reservations, SLOT_WORDS};
 use crate::router_layout::*;
 use crate::seqlock::{self, Torn};
 use crate::shm_file::open_regular;
-
-/// Words of one slot.
-const SLOT_WORDS: usize = RESERVATION_SLOT_SIZE / 8;
 
 /// One consistent reading of a replica's reservations.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -260,7 +260,8 @@ mod tests {
     #[test]
     fn header_checks_name_what_is_wrong() {
         let good = RouterHeader::new(1, 0, 50_000, 0, 1, 256);
-        let cases: [(fn(&mut RouterHeader), &str); 5] = [
+        type Damage = fn(&mut RouterHeader);
+        let cases: [(Damage, &str); 5] = [
             (|h| h.magic = crate::layout::MAGIC, "not_router"),
             (|h| h.layout_version = 2, "unknown_version"),
             (|h| h.slot_size = 64, "corrupt_router"),

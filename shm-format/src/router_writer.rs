@@ -27,16 +27,12 @@ use crate::heartbeat::DEFAULT_PUBLISH_PERIOD;
 use crate::layout::{STATE_ACTIVE, STATE_RETIRED};
 use crate::mapping::Mapping;
 use crate::reservations::{
-    encode_reservation_slot, Reservations, RESERVATION_SLOT_SIZE, RESERVATION_WORDS,
-    SLOT_COUNTERS_OFFSET,
+    encode_reservation_slot, Reservations, RESERVATION_WORDS, SLOT_COUNTERS_OFFSET, SLOT_WORDS,
 };
 use crate::router_layout::*;
 use crate::seqlock;
 use crate::writer::create::{create_reserved, place, take_over_with, tmp_path, TakeOver};
 use crate::writer::DEFAULT_FILE_MODE;
-
-/// Words of one slot.
-const SLOT_WORDS: usize = RESERVATION_SLOT_SIZE / 8;
 
 /// How a [`RouterFileWriter`] creates its file.
 #[derive(Clone, Debug)]
@@ -297,6 +293,7 @@ impl RouterFileWriter {
         let map = Arc::clone(&self.map);
         let now = self.options.clock.now_ns();
         seqlock::write_with_after(map.word(ROUTER_SEQ_OFFSET), self.seq, || {
+            // Relaxed stores between the seqlock's fences (see `seqlock`).
             for (index, (engine_id, counters)) in slots.iter().enumerate() {
                 store_slot(slot_words(&map, index), engine_id, counters);
             }
@@ -428,6 +425,9 @@ impl RouterFileWriter {
         let now = self.options.clock.now_ns();
         let moved = (index != last).then(|| self.slots[last].clone());
         seqlock::write_with_after(map.word(ROUTER_SEQ_OFFSET), self.seq, || {
+            // Relaxed stores between the seqlock's fences: a reader sees the
+            // moved slot, the zeroed one and the new count together, or the
+            // file as it was (loom: `a_removal_moving_the_last_slot_is_copied_whole`).
             if let Some((engine_id, counters)) = &moved {
                 store_slot(slot_words(&map, index), engine_id, counters);
             }

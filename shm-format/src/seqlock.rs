@@ -482,4 +482,45 @@ mod loom_tests {
             writer.join().unwrap();
         });
     }
+
+    /// A router file's removal (router_writer.rs, `remove`): the last slot
+    /// moved into the hole, the vacated slot zeroed and the count cut, in
+    /// one write. A reader accepts (2, [A, B]) or (1, [B]), never a slot
+    /// twice or a zeroed live slot.
+    #[test]
+    fn a_removal_moving_the_last_slot_is_copied_whole() {
+        const A: u64 = 0xA;
+        const B: u64 = 0xB;
+        loom::model(|| {
+            let cell = Arc::new((
+                AtomicU64::new(0),
+                [AtomicU64::new(2), AtomicU64::new(A), AtomicU64::new(B)],
+            ));
+            let writer = {
+                let cell = cell.clone();
+                loom::thread::spawn(move || {
+                    let (seq, words) = &*cell;
+                    write_with_after(seq, 0, || {
+                        words[1].store(B, Ordering::Relaxed);
+                        words[2].store(0, Ordering::Relaxed);
+                        words[0].store(1, Ordering::Relaxed);
+                    });
+                })
+            };
+            let (seq, words) = &*cell;
+            if let Ok((slots, _)) = try_read_with(seq, || {
+                let count = (words[0].load(Ordering::Relaxed) as usize).min(2);
+                words[1..1 + count]
+                    .iter()
+                    .map(|w| w.load(Ordering::Relaxed))
+                    .collect::<Vec<u64>>()
+            }) {
+                assert!(
+                    slots == [A, B] || slots == [B],
+                    "torn removal accepted: {slots:?}"
+                );
+            }
+            writer.join().unwrap();
+        });
+    }
 }

@@ -11,11 +11,11 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use engine_state_reader::{Reading, Status};
 use engine_state_router::{
-    CacheKnowledge, Clock, DecisionLog, Policy, RealStateUse, Reason, Request, Reservation, Router,
+    CacheKnowledge, Clock, DecisionLog, Policy, Reason, Request, Reservation, Router,
     RouterSettings, RouterStats, ShadowCounters,
 };
 use serde::{Deserialize, Serialize};
@@ -24,6 +24,7 @@ use crate::engine::{Engine, EngineRequest, ScheduledStep};
 use crate::error::SimError;
 use crate::feed::{EngineFeed, FeedSpec};
 use crate::profile::EngineProfile;
+use crate::share::{lock, LogSink, ShareLog};
 use crate::trace::{mix, Trace};
 
 /// How arrivals are split between router replicas.
@@ -70,6 +71,12 @@ pub struct RunConfig {
     /// simulated time (`clock_ns`, ns from the trace's start: the routers run
     /// on the simulation's clock) and carry no wall-clock time.
     pub decision_log: Option<PathBuf>,
+    /// Replicas share their reservations (`None`: they do not): each
+    /// publishes every change of its own shadow, and before each pick reads
+    /// every other replica's as published this many ns ago or earlier
+    /// (0: the shared-memory path, every change visible at the next pick).
+    /// One router has no peer: it changes nothing there.
+    pub share_delay_ns: Option<u64>,
 }
 
 impl Default for RunConfig {
@@ -86,6 +93,7 @@ impl Default for RunConfig {
             decision_log: None,
             late_completion_fraction: 0.0,
             late_completion_ns: 0,
+            share_delay_ns: None,
         }
     }
 }
@@ -94,19 +102,24 @@ impl RunConfig {
     /// `policy/real_state_use/feed/routers` unless a label was given, with
     /// the cache knowledge after the feed where engines publish digests (a
     /// periodic feed) and real state is used
-    /// (`unified/placement/periodic:50/engine/r4`).
+    /// (`unified/placement/periodic:50/engine/r4`), and the sharing delay
+    /// in ms where replicas share their reservations
+    /// (`unified/placement/periodic:50/engine/r4/share:0`).
     pub fn name(&self) -> String {
         if !self.label.is_empty() {
             return self.label.clone();
         }
-        let digests = matches!(self.feed, FeedSpec::Periodic { .. })
-            && self.router.real_state_use != RealStateUse::Never;
+        let digests = matches!(self.feed, FeedSpec::Periodic { .. });
         let knowledge = match digests {
             true => format!("/{}", self.router.cache_knowledge),
             false => String::new(),
         };
+        let share = match self.share_delay_ms() {
+            Some(ms) => format!("/share:{ms}"),
+            None => String::new(),
+        };
         format!(
-            "{}/{}/{}{knowledge}/r{}",
+            "{}/{}/{}{knowledge}/r{}{share}",
             policy_label(&self.router),
             self.router.real_state_use,
             self.feed,
@@ -114,13 +127,17 @@ impl RunConfig {
         )
     }
 
+    /// The sharing delay in ms, if the replicas share their reservations.
+    pub fn share_delay_ms(&self) -> Option<f64> {
+        self.share_delay_ns.map(|ns| ns as f64 / 1e6)
+    }
+
     /// Whether the engines' cache digests reach the routers and are read:
-    /// a periodic feed (as the vLLM hook publishes them), real state used,
-    /// `cache_knowledge = engine`.
+    /// a periodic feed (as the vLLM hook publishes them) and `cache_knowledge
+    /// = engine`, whatever `real_state_use` says (it is about load).
     pub fn reads_digests(&self) -> bool {
         matches!(self.feed, FeedSpec::Periodic { .. })
             && self.router.cache_knowledge == CacheKnowledge::Engine
-            && self.router.real_state_use != RealStateUse::Never
     }
 
     /// The cache knowledge the routers work with: `engine` only where
@@ -210,6 +227,13 @@ pub struct RunResult {
     pub router_stats: Vec<RouterStats>,
     /// Instance shadows not back to zero at the end (must be 0).
     pub leaked_shadows: usize,
+    /// With shared reservations: (peer, engine) entries handed to the
+    /// replicas before their picks (`Router::update_peer_reservations`).
+    pub peer_entries: u64,
+    /// With shared reservations: instances whose peers' reservations, as
+    /// each replica reads them once every record is old enough after the
+    /// last completion, are not back to zero (must be 0).
+    pub leaked_peer_reservations: usize,
     /// Requests in each engine, sampled every [`LOAD_SAMPLE_NS`] of
     /// simulated time: `(time ns, per engine)`.
     pub engine_load: Vec<(u64, Vec<u32>)>,
@@ -270,6 +294,16 @@ pub fn simulate(trace: &Trace, config: &RunConfig) -> Result<RunResult, SimError
             Ok(router)
         })
         .collect::<Result<Vec<_>, SimError>>()?;
+    // Each replica publishes its reservations to a log the driver reads
+    // them back from, `share_delay_ns` late (crate::share).
+    let share = config.share_delay_ns.map(|delay_ns| {
+        let log = Arc::new(Mutex::new(ShareLog::new(config.routers, &ids, delay_ns)));
+        for (replica, router) in routers.iter().enumerate() {
+            let sink = LogSink::new(Arc::clone(&log), Arc::clone(&now), replica);
+            router.set_reservation_sink(Some(Box::new(sink)));
+        }
+        log
+    });
     if let Some(path) = &config.decision_log {
         for (replica, router) in routers.iter().enumerate() {
             let path = match config.routers {
@@ -365,6 +399,10 @@ pub fn simulate(trace: &Trace, config: &RunConfig) -> Result<RunResult, SimError
                             .filter_map(|slot| slot.feed.read(&config.feed, time)),
                     );
                     router.update_from_reading(&reading);
+                }
+                if let Some(log) = &share {
+                    let peers = lock(log).peers(replica, time);
+                    result.peer_entries += router.update_peer_reservations(&peers) as u64;
                 }
                 let mut request = Request::from_block_hashes(
                     format!("r{index}"),
@@ -484,6 +522,21 @@ pub fn simulate(trace: &Trace, config: &RunConfig) -> Result<RunResult, SimError
         result.prefix_hit_tokens += counters.prefix_hit_tokens;
         result.prefix_query_tokens += counters.prefix_query_tokens;
         assert_eq!(slot.engine.num_requests(), 0, "every engine drained");
+    }
+    if let Some(log) = &share {
+        // Every record old enough: what each replica reads of the others
+        // once the last completion has propagated.
+        let settled = now.load(Ordering::Relaxed) + lock(log).delay_ns();
+        now.store(settled, Ordering::Relaxed);
+        for (replica, router) in routers.iter().enumerate() {
+            let peers = lock(log).peers(replica, settled);
+            router.update_peer_reservations(&peers);
+            result.leaked_peer_reservations += router
+                .instances()
+                .iter()
+                .filter(|view| view.peers != ShadowCounters::default())
+                .count();
+        }
     }
     for router in &routers {
         result.router_stats.push(router.stats());

@@ -291,3 +291,106 @@ fn engine_digests_reach_the_replicas_and_are_used() {
     );
     assert_eq!(scraped_result.decisions_engine_knowledge, 0);
 }
+
+/// `config` with migration off and real state used as `real_state_use`,
+/// the replicas sharing their reservations `share` ns late (None: not).
+fn sharing(
+    policy: Policy,
+    real_state_use: RealStateUse,
+    routers: usize,
+    share: Option<u64>,
+) -> RunConfig {
+    let mut config = config(policy, 4, "periodic:50", routers);
+    config.router.real_state_use = real_state_use;
+    config.migration = false;
+    config.share_delay_ns = share;
+    config
+}
+
+#[test]
+fn shared_reservations_reach_every_replica_and_return_to_zero() {
+    let trace = agentic(40, 3);
+    for share in [0, 1_000_000, 50_000_000] {
+        for (policy, real_state_use) in [
+            (Policy::Unified, RealStateUse::Placement),
+            (Policy::LMetric, RealStateUse::Never),
+        ] {
+            let config = sharing(policy, real_state_use, 4, Some(share));
+            let result = simulate(&trace, &config).unwrap();
+            assert_conserved(&trace, &config, &result);
+            let name = config.name();
+            assert!(
+                name.ends_with(&format!("/share:{}", share / 1_000_000)),
+                "{name}"
+            );
+            // Before each pick, 3 peers × 4 engines once each has published.
+            assert!(
+                result.peer_entries >= 12 * (result.decisions - 4),
+                "{name}: {} entries for {} picks",
+                result.peer_entries,
+                result.decisions
+            );
+            assert_eq!(
+                result.leaked_peer_reservations, 0,
+                "{name}: every replica's view of its peers back to zero"
+            );
+            let summary = Summary::of(&config, &result);
+            assert_eq!(summary.share_delay_ms, Some(share as f64 / 1e6));
+        }
+    }
+    let unshared = sharing(Policy::Unified, RealStateUse::Placement, 4, None);
+    let result = simulate(&trace, &unshared).unwrap();
+    assert_eq!(result.peer_entries, 0);
+    assert_eq!(Summary::of(&unshared, &result).share_delay_ms, None);
+    assert_eq!(unshared.name(), "unified/placement/periodic:50/engine/r4");
+}
+
+#[test]
+fn with_one_router_sharing_changes_nothing() {
+    let trace = agentic(40, 3);
+    for policy in POLICIES {
+        let alone = simulate(&trace, &config(policy, 4, "periodic:50", 1)).unwrap();
+        for share in [0, 10_000_000] {
+            let config = RunConfig {
+                share_delay_ns: Some(share),
+                ..config(policy, 4, "periodic:50", 1)
+            };
+            let result = simulate(&trace, &config).unwrap();
+            assert_eq!(result.requests, alone.requests, "{}", config.name());
+            assert_eq!(result.peer_entries, 0, "no peer to read");
+        }
+    }
+}
+
+/// The claim in small: replicas that see each other's reservations
+/// at once come close to one router, where without them they are far off.
+#[test]
+fn sharing_brings_four_replicas_close_to_one_router() {
+    for seed in [1, 3] {
+        let trace = agentic(40, seed);
+        for (policy, real_state_use, margin) in [
+            (Policy::Unified, RealStateUse::Placement, 0.5),
+            (Policy::LMetric, RealStateUse::Never, 1.0),
+        ] {
+            let ttft = |routers, share| {
+                let config = sharing(policy, real_state_use, routers, share);
+                let summary = Summary::of(&config, &simulate(&trace, &config).unwrap());
+                (summary.ttft_mean_s, summary.ttft_p90_s)
+            };
+            let one = ttft(1, None);
+            let unshared = ttft(4, None);
+            let shared = ttft(4, Some(0));
+            let gap = |(mean, p90): (f64, f64)| ((mean - one.0).abs(), (p90 - one.1).abs());
+            let (shared_gap, unshared_gap) = (gap(shared), gap(unshared));
+            let what = format!(
+                "seed {seed} {policy}: 1 router {one:?}, 4 replicas {unshared:?}, shared {shared:?}"
+            );
+            assert!(
+                unshared.0 > one.0 * 1.3,
+                "replicas alone are far off: {what}"
+            );
+            assert!(shared_gap.0 < margin * unshared_gap.0, "TTFT mean: {what}");
+            assert!(shared_gap.1 < margin * unshared_gap.1, "TTFT p90: {what}");
+        }
+    }
+}

@@ -19,7 +19,8 @@
 //! - [`Summary`], [`markdown`], [`write_report`], [`plots`], [`Sweep`]: reports.
 //!
 //! Layout: `profile`, `kv`, `residency` and `engine` (the engine model), `feed`, `trace`
-//! and `agentic` (inputs), `driver` (the event loop), `metrics`, `output`,
+//! and `agentic` (inputs), `driver` (the event loop), `share` (replicas
+//! sharing their reservations through the router's API), `metrics`, `output`,
 //! `plots` and `sweep` (reports).
 //!
 //! ```
@@ -46,6 +47,7 @@ mod output;
 pub mod plots;
 mod profile;
 mod residency;
+mod share;
 mod step_trace;
 mod sweep;
 mod trace;
@@ -65,6 +67,7 @@ pub use crate::output::{
     csv, markdown, read_csv, write_files, write_report, write_summary_plots, HEADLINE_FEED,
 };
 pub use crate::profile::{EngineProfile, KV_BLOCK_TOKENS};
+pub use crate::share::{LogSink, ShareLog};
 pub use crate::step_trace::{step_trace, ScenarioRequest, StepRecord, StepScenario};
 pub use crate::sweep::{run_one, Outcome, Sweep, SweepRun, TraceFormat, TraceSpec};
 pub use crate::trace::{Content, Trace, TraceRequest};

@@ -155,6 +155,16 @@ struct RunArgs {
     /// Never ask the migration trigger.
     #[arg(long)]
     no_migration: bool,
+    /// Router replicas share their reservations: each publishes every change
+    /// of its own shadow and merges the others' before each pick (no effect
+    /// with one router).
+    #[arg(long)]
+    share_reservations: bool,
+    /// How late a replica sees the others' reservations, ms (0: shared
+    /// memory, every change visible at the next pick; 1, 10, 50: Redis-like
+    /// paths). Needs --share-reservations.
+    #[arg(long, default_value_t = 0.0, requires = "share_reservations")]
+    share_delay_ms: f64,
     /// Engine profile (TOML; missing keys take the calibrated defaults).
     #[arg(long)]
     profile: Option<PathBuf>,
@@ -233,6 +243,14 @@ fn step_trace(profile: Option<&Path>) -> anyhow::Result<()> {
 }
 
 fn run(args: RunArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.share_delay_ms >= 0.0 && args.share_delay_ms.is_finite(),
+        "--share-delay-ms must be a delay ≥ 0 ms (0 for shared memory), not {}",
+        args.share_delay_ms
+    );
+    let share_delay_ns = args
+        .share_reservations
+        .then(|| (args.share_delay_ms * 1e6).round() as u64);
     let profile = load_profile(args.profile.as_deref())?;
     let trace = args.trace.spec().load(args.trace.rate_scale)?;
     eprintln!("{}", trace.stats());
@@ -270,6 +288,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
                 decision_log,
                 late_completion_fraction: args.late_fraction,
                 late_completion_ns: (args.late_s * 1e9) as u64,
+                share_delay_ns,
             };
             let outcome = run_one(&trace, &config, args.trace.rate_scale)?;
             let s = &outcome.summary;

@@ -43,6 +43,10 @@ pub struct Summary {
     pub feed_period_ms: f64,
     /// Router replicas.
     pub routers: usize,
+    /// With shared reservations, their propagation delay in ms (0: shared
+    /// memory); `None` (an empty CSV cell) when the replicas do not share
+    /// them, as in every CSV from before the column.
+    pub share_delay_ms: Option<f64>,
     /// Requests served (rejected ones excluded).
     pub requests: usize,
     /// Requests too long for the KV cache.
@@ -121,6 +125,7 @@ impl Default for Summary {
             feed: String::new(),
             feed_period_ms: f64::NAN,
             routers: 0,
+            share_delay_ms: None,
             requests: 0,
             rejected: 0,
             ttft_p50_s: f64::NAN,
@@ -207,6 +212,7 @@ impl Summary {
             cache_knowledge: config.effective_cache_knowledge().to_string(),
             feed_period_ms: config.feed.period_ns().map_or(0.0, |ns| ns as f64 / 1e6),
             routers: config.routers,
+            share_delay_ms: config.share_delay_ms(),
             requests: served.len(),
             rejected: result.requests.len() - served.len(),
             ttft_p50_s: quantile(&ttft, 0.5),

@@ -380,6 +380,17 @@ mod tests {
         assert_eq!(rows[0].ttft_p90_s, 4.5);
         assert!(rows[0].real_state_age_p50_ms.is_nan());
         assert_eq!(rows[0].cache_knowledge, "", "a column from before it");
+        assert_eq!(rows[0].share_delay_ms, None, "a column from before it");
+        let shared = Summary {
+            share_delay_ms: Some(10.0),
+            ..rows[0].clone()
+        };
+        let text = csv(&[rows[0].clone(), shared]);
+        let back = read_csv(&text).unwrap();
+        assert_eq!(
+            (back[0].share_delay_ms, back[1].share_delay_ms),
+            (None, Some(10.0))
+        );
         assert_eq!(rows[0].rate_scale, 1.0);
         let err = read_csv("config,ttft_p90_s\na,fast\n")
             .unwrap_err()

@@ -43,6 +43,11 @@ const TITLE_HEIGHT: u32 = 40;
 const CDF_MARKS: [f64; 4] = [0.25, 0.5, 0.75, 0.9];
 /// How a label names a delivery delay (`…, delay 5 ms`).
 const DELAY_PREFIX: &str = "delay ";
+/// How a label names shared reservations' delay (`…, shared 10 ms`).
+const SHARE_PREFIX: &str = "shared ";
+/// The label part of replicas that do not share their reservations, where
+/// others in the same chart do.
+const UNSHARED: &str = "unshared";
 /// The label of the no-feed baseline.
 pub const NO_FEED: &str = "no feed";
 
@@ -204,13 +209,18 @@ fn padded_log_range(values: impl Iterator<Item = f64>) -> (f64, f64) {
 
 /// Each label's style. Baselines are black; the others take a palette colour
 /// per label and a marker shape per label, except that labels ending in a
-/// delivery delay (`…, delay N ms`) share the colour of the rest of the label
-/// and take their shape from the delay: one colour per knowledge and use, one
-/// shape per delay.
+/// delivery delay (`…, delay N ms`) or a sharing of reservations (`…,
+/// shared N ms`, `…, unshared`) share the colour of the rest of the label
+/// and take their shape from that last part: one colour per knowledge and
+/// use, one shape per delay.
 fn styles(labels: &[String], lines: &[Line]) -> BTreeMap<String, Style> {
     let split = |label: &str| -> (String, Option<String>) {
         match label.rsplit_once(", ") {
-            Some((rest, delay)) if delay.starts_with(DELAY_PREFIX) => {
+            Some((rest, delay))
+                if delay.starts_with(DELAY_PREFIX)
+                    || delay.starts_with(SHARE_PREFIX)
+                    || delay == UNSHARED =>
+            {
                 (rest.to_owned(), Some(delay.to_owned()))
             }
             _ => (label.to_owned(), None),
@@ -430,11 +440,30 @@ fn small_multiples(path: &Path, frame: &Frame, mut lines: Vec<Line>) -> Result<(
 }
 
 /// What distinguishes a row's line within its policy's panel: real-state use,
-/// delivery delay and cache knowledge, each only where `rows` vary in it.
+/// delivery delay, cache knowledge and shared reservations, each only where
+/// `rows` vary in it.
 struct LabelParts {
     uses: bool,
     delays: bool,
     knowledge: bool,
+    sharing: bool,
+}
+
+/// `shared N ms` where the row's replicas share their reservations (rows
+/// from before the `share_delay_ms` column: not shared).
+fn sharing(row: &Summary) -> Option<String> {
+    row.share_delay_ms
+        .map(|ms| format!("{SHARE_PREFIX}{} ms", tick(ms)))
+}
+
+/// How a no-feed row is drawn: the dashed baseline, or, where its replicas
+/// share their reservations, a line of its own (`no feed, shared 0 ms`),
+/// flat across the feed periods.
+fn no_feed(row: &Summary) -> (String, Kind) {
+    match sharing(row) {
+        None => (NO_FEED.to_owned(), Kind::Baseline),
+        Some(shared) => (format!("{NO_FEED}, {shared}"), Kind::Series),
+    }
 }
 
 fn feed_delay(feed: &str) -> &str {
@@ -457,6 +486,10 @@ impl LabelParts {
             uses: varies(&|r| r.real_state_use.as_str()),
             delays: varies(&|r| feed_delay(&r.feed)),
             knowledge: varies(&|r| knowledge(r)),
+            sharing: {
+                let shares: Vec<Option<String>> = fed.iter().map(|r| sharing(r)).collect();
+                shares.iter().any(|s| *s != shares[0])
+            },
         }
     }
 
@@ -474,6 +507,9 @@ impl LabelParts {
             parts.push(row.feed.clone());
         } else if self.delays {
             parts.push(format!("{DELAY_PREFIX}{} ms", feed_delay(&row.feed)));
+        }
+        if self.sharing {
+            parts.push(sharing(row).unwrap_or_else(|| UNSHARED.to_owned()));
         }
         parts.join(", ")
     }
@@ -498,7 +534,7 @@ pub fn ttft_cdf(path: &Path, title: &str, series: &[(&Summary, &[f64])]) -> Resu
                 .map(|(k, &v)| (v.max(1e-3), (k + 1) as f64 / n))
                 .collect();
             let (label, kind) = match row.feed.as_str() {
-                "none" => (NO_FEED.to_owned(), Kind::Baseline),
+                "none" => no_feed(row),
                 _ => (parts.label(row, true), Kind::Series),
             };
             let mut line = Line::new(&row.policy, &label, kind, points);
@@ -552,18 +588,9 @@ pub fn p90_vs_period(path: &Path, title: &str, rows: &[Summary]) -> Result<(), S
         } else if r.feed.starts_with("scraped") {
             add(&r.policy, parts.label(r, false), Kind::Points, point);
         } else if r.feed == "none" {
-            add(
-                &r.policy,
-                NO_FEED.to_owned(),
-                Kind::Baseline,
-                (lo, r.ttft_p90_s),
-            );
-            add(
-                &r.policy,
-                NO_FEED.to_owned(),
-                Kind::Baseline,
-                (hi, r.ttft_p90_s),
-            );
+            let (label, kind) = no_feed(r);
+            add(&r.policy, label.clone(), kind, (lo, r.ttft_p90_s));
+            add(&r.policy, label, kind, (hi, r.ttft_p90_s));
         }
     }
     for line in &mut lines {
@@ -598,8 +625,9 @@ pub enum RatioAxis {
 /// delay, where the rows vary in them), a grey line at 1 (as good as one
 /// router). `seeds` holds one sweep's rows per seed (or one element): each
 /// point is the median ratio over seeds, with a whisker over their range.
-/// Rows pair on policy, real-state use, feed, rate and cache knowledge; a row
-/// without its counterpart is left out.
+/// Rows pair on policy, real-state use, feed, rate and cache knowledge (a
+/// replicas' row sharing reservations with the 1-router row that does not:
+/// one router has no peer); a row without its counterpart is left out.
 pub fn replica_ratio(
     path: &Path,
     title: &str,
@@ -649,18 +677,21 @@ fn ratio_lines(replicas: usize, axis: RatioAxis, seeds: &[Vec<Summary>]) -> Vec<
     let mut cells: Vec<Cell> = Vec::new();
     let mut flat_x: Vec<f64> = Vec::new();
     for rows in seeds {
-        let one: BTreeMap<Key, f64> = rows
-            .iter()
-            .filter(|r| r.routers == 1)
-            .map(|r| (key(r), r.ttft_p90_s))
-            .collect();
+        // The unshared 1-router row wins where there are both (they are the
+        // same run).
+        let mut ones: Vec<&Summary> = rows.iter().filter(|r| r.routers == 1).collect();
+        ones.sort_by_key(|r| r.share_delay_ms.is_none());
+        let one: BTreeMap<Key, f64> = ones.iter().map(|r| (key(r), r.ttft_p90_s)).collect();
         for r in rows.iter().filter(|r| r.routers == replicas) {
             let Some(base) = one.get(&key(r)) else {
                 continue;
             };
             let ratio = r.ttft_p90_s / base;
             let (label, kind, x) = match (axis, r.feed.as_str()) {
-                (_, "none") => (NO_FEED.to_owned(), Kind::Baseline, r.rate_scale),
+                (_, "none") => {
+                    let (label, kind) = no_feed(r);
+                    (label, kind, r.rate_scale)
+                }
                 (RatioAxis::Rate, _) => (parts.label(r, true), Kind::Series, r.rate_scale),
                 (RatioAxis::FeedPeriod, feed) if feed.starts_with("scraped") => {
                     (parts.label(r, false), Kind::Points, r.feed_period_ms)
@@ -699,7 +730,7 @@ fn ratio_lines(replicas: usize, axis: RatioAxis, seeds: &[Vec<Summary>]) -> Vec<
                 whiskers.push((x, ratios[0], ratios[n - 1]));
             }
         }
-        if kind == Kind::Baseline && axis == RatioAxis::FeedPeriod {
+        if label.starts_with(NO_FEED) && axis == RatioAxis::FeedPeriod {
             if lo > hi {
                 continue;
             }

@@ -292,3 +292,73 @@ fn delays_share_their_series_colour_and_differ_in_shape() {
         style("estimated, delay 0 ms").color
     );
 }
+
+#[test]
+fn shared_replicas_pair_with_the_unshared_router_and_get_their_own_lines() {
+    let shared = |mut r: Summary, ms: Option<f64>| {
+        r.share_delay_ms = ms;
+        r
+    };
+    let rows = vec![
+        row("unified", "placement", "periodic:50", 1, 2.0),
+        // The same run (one router has no peer): the unshared one is paired.
+        shared(
+            row("unified", "placement", "periodic:50", 1, 99.0),
+            Some(0.0),
+        ),
+        row("unified", "placement", "periodic:50", 4, 6.0),
+        shared(
+            row("unified", "placement", "periodic:50", 4, 2.2),
+            Some(0.0),
+        ),
+        shared(
+            row("unified", "placement", "periodic:50", 4, 3.0),
+            Some(10.0),
+        ),
+        row("lmetric", "never", "none", 1, 4.0),
+        row("lmetric", "never", "none", 4, 8.0),
+        shared(row("lmetric", "never", "none", 4, 4.4), Some(0.0)),
+    ];
+    let lines = ratio_lines(4, RatioAxis::Rate, std::slice::from_ref(&rows));
+    let find = |panel: &str, label: &str| {
+        let line = lines
+            .iter()
+            .find(|l| l.panel == panel && l.label == label)
+            .unwrap_or_else(|| panic!("{panel} / {label} in {lines:?}"));
+        (line.kind, line.points[0].1)
+    };
+    assert_eq!(lines.len(), 5, "{lines:?}");
+    assert_eq!(
+        find("unified", "periodic:50, unshared"),
+        (Kind::Series, 3.0)
+    );
+    let (kind, ratio) = find("unified", "periodic:50, shared 0 ms");
+    assert!(kind == Kind::Series && (ratio - 1.1).abs() < 1e-12);
+    assert_eq!(find("unified", "periodic:50, shared 10 ms").1, 1.5);
+    assert_eq!(find("lmetric", NO_FEED), (Kind::Baseline, 2.0));
+    let (kind, ratio) = find("lmetric", "no feed, shared 0 ms");
+    assert!(kind == Kind::Series && (ratio - 1.1).abs() < 1e-12);
+    // One colour per the rest of the label, one shape per sharing.
+    let labels = distinct(lines.iter().map(|l| l.label.as_str()));
+    let styles = styles(&labels, &lines);
+    let (a, b) = (
+        styles["periodic:50, unshared"],
+        styles["periodic:50, shared 10 ms"],
+    );
+    assert_eq!(a.color, b.color);
+    assert_ne!(a.shape, b.shape);
+    let dir = tempfile::tempdir().unwrap();
+    // Against rate the feed names the line; against period the use does.
+    for (name, axis, label) in [
+        ("rate", RatioAxis::Rate, "periodic:50, shared 10 ms"),
+        ("period", RatioAxis::FeedPeriod, "placement, shared 10 ms"),
+    ] {
+        let path = dir.path().join(format!("{name}.svg"));
+        replica_ratio(&path, "ratio", 4, axis, std::slice::from_ref(&rows)).unwrap();
+        let texts = texts(&std::fs::read_to_string(&path).unwrap());
+        let legend = |label: &str| count(&texts, label);
+        assert_eq!(legend(label), 1, "{name}: {texts:?}");
+        assert_eq!(legend("no feed, shared 0 ms"), 1, "{name}: {texts:?}");
+    }
+    p90_vs_period(&dir.path().join("p90.svg"), "t", &rows).unwrap();
+}

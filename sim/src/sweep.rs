@@ -1,6 +1,6 @@
 //! Which trace to load, and a sweep: the cross product of policies,
-//! real-state uses, feeds, cache knowledge, router replicas and rates, read
-//! from TOML.
+//! real-state uses, feeds, cache knowledge, router replicas, shared
+//! reservations and rates, read from TOML.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -89,9 +89,11 @@ pub struct Sweep {
     pub split: Split,
     /// Ask the migration trigger at every arrival.
     pub migration: bool,
-    /// Router settings per policy (their `real_state_use` is overridden).
+    /// Router settings per policy (their `real_state_use` is overridden
+    /// unless `real_state_uses` is empty).
     pub policies: Vec<RouterSettings>,
-    /// Real-state uses; `never` runs once without a feed.
+    /// Real-state uses; `never` runs once without a feed. Empty: each
+    /// policy's own `real_state_use` (list a policy twice for two uses).
     pub real_state_uses: Vec<RealStateUse>,
     /// Feeds for the other uses (`periodic:50`, `scraped:30000`, …).
     pub feeds: Vec<String>,
@@ -105,6 +107,25 @@ pub struct Sweep {
     pub late_completion_fraction: f64,
     /// How late, seconds.
     pub late_completion_s: f64,
+    /// Whether replicas share their reservations, and how late they see
+    /// each other's: `"off"` or a delay in ms (`"0"`: shared memory; `"1"`,
+    /// `"10"`, `"50"`: Redis-like paths). One router has no peers: it runs
+    /// once, without.
+    pub share_reservations: Vec<String>,
+}
+
+/// A `share_reservations` entry: `None` for `"off"`, else the delay in ns.
+fn parse_share(text: &str) -> Result<Option<u64>, SimError> {
+    if text == "off" {
+        return Ok(None);
+    }
+    match text.parse::<f64>() {
+        Ok(ms) if ms >= 0.0 && ms.is_finite() => Ok(Some((ms * 1e6).round() as u64)),
+        _ => Err(SimError::Config(format!(
+            "sweep file: share_reservations entry {text:?}: expected \"off\" or a delay in ms \
+             (\"0\" for shared memory, \"10\", …)"
+        ))),
+    }
 }
 
 impl Default for Sweep {
@@ -154,6 +175,7 @@ impl Default for Sweep {
             profile: EngineProfile::default(),
             late_completion_fraction: 0.0,
             late_completion_s: 0.0,
+            share_reservations: vec!["off".to_owned()],
         }
     }
 }
@@ -186,23 +208,64 @@ impl Sweep {
                     .to_owned(),
             ));
         }
+        let shares = self
+            .share_reservations
+            .iter()
+            .map(|s| parse_share(s))
+            .collect::<Result<Vec<_>, _>>()?;
+        if shares.is_empty() {
+            return Err(SimError::Config(
+                "sweep file: share_reservations is empty: list at least \"off\"".to_owned(),
+            ));
+        }
         let mut runs = Vec::new();
         for &rate_scale in &self.rate_scales {
             for &routers in &self.routers {
+                // One router has no peer to share with: once, without.
+                let run_shares = match routers {
+                    1 => vec![None],
+                    _ => shares.clone(),
+                };
                 for settings in &self.policies {
-                    for &real_state_use in &self.real_state_uses {
-                        let run_feeds = match real_state_use {
-                            RealStateUse::Never => vec![FeedSpec::None],
-                            _ => feeds.clone(),
-                        };
-                        for feed in run_feeds {
-                            let digests = matches!(feed, FeedSpec::Periodic { .. })
-                                && real_state_use != RealStateUse::Never;
-                            let knowledge = match digests {
-                                true => self.cache_knowledge.clone(),
-                                false => vec![CacheKnowledge::Estimated],
-                            };
-                            for cache_knowledge in knowledge {
+                    let uses = match self.real_state_uses.is_empty() {
+                        true => vec![settings.real_state_use],
+                        false => self.real_state_uses.clone(),
+                    };
+                    for real_state_use in uses {
+                        // (feed, cache knowledge) pairs: digests come with a
+                        // periodic feed (as the hook publishes them) and are
+                        // read whatever `real_state_use` says; under `never` a
+                        // feed only carries digests, so it runs only with them.
+                        let mut combos: Vec<(FeedSpec, CacheKnowledge)> = Vec::new();
+                        match real_state_use {
+                            RealStateUse::Never => {
+                                combos.push((FeedSpec::None, CacheKnowledge::Estimated));
+                                if self.cache_knowledge.contains(&CacheKnowledge::Engine) {
+                                    combos.extend(
+                                        feeds
+                                            .iter()
+                                            .filter(|f| matches!(f, FeedSpec::Periodic { .. }))
+                                            .map(|&f| (f, CacheKnowledge::Engine)),
+                                    );
+                                }
+                            }
+                            _ => {
+                                for &feed in &feeds {
+                                    match feed {
+                                        FeedSpec::Periodic { .. } => combos.extend(
+                                            self.cache_knowledge.iter().map(|&k| (feed, k)),
+                                        ),
+                                        _ => combos.push((feed, CacheKnowledge::Estimated)),
+                                    }
+                                }
+                            }
+                        }
+                        for (feed, knowledge) in combos {
+                            let knowledge = vec![knowledge];
+                            for (cache_knowledge, &share_delay_ns) in knowledge
+                                .into_iter()
+                                .flat_map(|k| run_shares.iter().map(move |s| (k, s)))
+                            {
                                 let router = RouterSettings {
                                     real_state_use,
                                     cache_knowledge,
@@ -223,6 +286,7 @@ impl Sweep {
                                         decision_log: None,
                                         late_completion_fraction: self.late_completion_fraction,
                                         late_completion_ns: (self.late_completion_s * 1e9) as u64,
+                                        share_delay_ns,
                                     },
                                 });
                             }
@@ -349,11 +413,14 @@ mod tests {
         )
         .unwrap();
         let runs = sweep.runs().unwrap();
-        // 2 replicas × 2 policies × (1 never + 2 feeds).
-        assert_eq!(runs.len(), 12);
+        // 2 replicas × 2 policies × (never without a feed, never with the
+        // periodic feed's digests (cache knowledge `engine`, the default),
+        // and 2 feeds).
+        assert_eq!(runs.len(), 16);
         assert_eq!(runs[0].config.name(), "sticky/never/none/r1");
+        assert_eq!(runs[1].config.name(), "sticky/never/periodic:50/engine/r1");
         assert_eq!(
-            runs[5].config.name(),
+            runs[7].config.name(),
             "unified(1.3,0)/always/scraped:30000/r1"
         );
         let sweep = Sweep::from_toml(
@@ -373,11 +440,13 @@ mod tests {
             .iter()
             .map(|run| run.config.name())
             .collect();
-        // Digests are read only with a periodic feed: the rest run once.
+        // Digests are read only with a periodic feed: the rest run once;
+        // under `never` a feed runs only to carry digests.
         assert_eq!(
             names,
             [
                 "unified/never/none/r1",
+                "unified/never/periodic:50/engine/r1",
                 "unified/placement/periodic:50/estimated/r1",
                 "unified/placement/periodic:50/engine/r1",
                 "unified/placement/scraped:30000/r1",
@@ -390,5 +459,60 @@ mod tests {
             .to_string()
             .contains("engine"));
         assert!(Sweep::default().runs().unwrap().len() >= 36);
+    }
+
+    #[test]
+    fn shared_reservations_multiply_the_replica_runs_only() {
+        let sweep = Sweep::from_toml(
+            r#"
+            routers = [1, 4]
+            real_state_uses = []
+            feeds = ["periodic:50"]
+            cache_knowledge = ["engine"]
+            share_reservations = ["off", "0", "10"]
+            [[policies]]
+            policy = "unified"
+            real_state_use = "placement"
+            [[policies]]
+            policy = "lmetric"
+            real_state_use = "never"
+            "#,
+        )
+        .unwrap();
+        let names: Vec<String> = sweep
+            .runs()
+            .unwrap()
+            .iter()
+            .map(|run| run.config.name())
+            .collect();
+        // Each policy with its own use; 1 router once, without sharing.
+        assert_eq!(
+            names,
+            [
+                "unified/placement/periodic:50/engine/r1",
+                "lmetric/never/none/r1",
+                "lmetric/never/periodic:50/engine/r1",
+                "unified/placement/periodic:50/engine/r4",
+                "unified/placement/periodic:50/engine/r4/share:0",
+                "unified/placement/periodic:50/engine/r4/share:10",
+                "lmetric/never/none/r4",
+                "lmetric/never/none/r4/share:0",
+                "lmetric/never/none/r4/share:10",
+                "lmetric/never/periodic:50/engine/r4",
+                "lmetric/never/periodic:50/engine/r4/share:0",
+                "lmetric/never/periodic:50/engine/r4/share:10",
+            ]
+        );
+        let runs = sweep.runs().unwrap();
+        assert_eq!(runs[5].config.share_delay_ns, Some(10_000_000));
+        assert_eq!(runs[0].config.share_delay_ns, None);
+        for bad in ["[\"fast\"]", "[\"-1\"]", "[]"] {
+            let err = Sweep::from_toml(&format!("share_reservations = {bad}"))
+                .unwrap()
+                .runs()
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("share_reservations"), "{err}");
+        }
     }
 }

@@ -5,10 +5,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use engine_state_reader::{open, Freshness, ReaderOptions, Reading, StateUri};
+use engine_state_reader::{
+    open, open_replicas, Freshness, ReaderOptions, Reading, ReplicaReading, StateUri,
+};
 use engine_state_settings::cli::{StaleAfterArg, UriArg};
 
-use crate::{cache_dump, table};
+use crate::{cache_dump, replicas_dump, table};
 
 /// Print the live state of every engine that publishes engine-state.
 ///
@@ -42,6 +44,12 @@ use crate::{cache_dump, table};
 /// (its error class: not_digest, unknown_version, wrong_size,
 /// corrupt_cache, torn, refused_entry) are errors (exit status 1); a digest
 /// of an engine that is not fresh is shown, with a warning on stderr.
+///
+/// --replicas prints the router replicas' shared reservations instead
+/// (docs/ROUTING.md, "Shared reservations"): one row per replica and engine
+/// (REPLICA, STATUS, ENGINE, REQ, ONGOING_TOK, PEND_PREFILL, DECODE_TOK,
+/// PREFILLING, MAX_PREFILL, HB_MS), then the replicas whose records cannot
+/// be read; with --json one array of replicas.
 #[derive(Debug, Parser)]
 #[command(name = "esdump", version)]
 pub struct Args {
@@ -77,6 +85,9 @@ pub struct Args {
     /// one block hash per line (16 hex digits); with --json, one object.
     #[arg(long, value_name = "ENGINE", conflicts_with_all = ["watch", "wide", "sort", "filter"])]
     pub cache: Option<String>,
+    /// Print the router replicas' shared reservations instead of the engines.
+    #[arg(long, conflicts_with_all = ["cache", "wide", "sort", "filter"])]
+    pub replicas: bool,
     /// With --watch: stop after this many refreshes (default: until interrupted).
     #[arg(long, hide = true)]
     pub count: Option<u64>,
@@ -102,6 +113,9 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Res
         },
         ..ReaderOptions::default()
     };
+    if args.replicas {
+        return replicas(args, &uri, options, out, err);
+    }
     let mut source = open(&uri, options)?;
     let mut reading = Reading::default();
     if let Some(engine) = &args.cache {
@@ -169,6 +183,49 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Res
             )?;
         } else {
             write!(out, "{}", table::render(&reading, &view))?;
+        }
+        out.flush()?;
+        refreshes += 1;
+        if !args.watch || args.count.is_some_and(|n| refreshes >= n) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(args.interval));
+    }
+}
+
+/// `esdump --replicas` (with --watch and --json as for engines).
+fn replicas(
+    args: &Args,
+    uri: &StateUri,
+    options: ReaderOptions,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> anyhow::Result<()> {
+    let mut source = open_replicas(uri, None, options)?;
+    let mut reading = ReplicaReading::default();
+    let mut refreshes = 0u64;
+    loop {
+        source.read_into(&mut reading)?;
+        if args.json {
+            let text = serde_json::to_string_pretty(&reading.replicas).context("encoding JSON")?;
+            writeln!(out, "{text}")?;
+            for error in &reading.errors {
+                writeln!(
+                    err,
+                    "esdump: {}",
+                    engine_state_reader::printable(&error.to_string())
+                )?;
+            }
+        } else if args.watch {
+            write!(
+                out,
+                "\x1b[H\x1b[2J{}  every {} ms  (Ctrl-C to quit)\n\n{}",
+                source.uri(),
+                args.interval,
+                replicas_dump::render(&reading)
+            )?;
+        } else {
+            write!(out, "{}", replicas_dump::render(&reading))?;
         }
         out.flush()?;
         refreshes += 1;

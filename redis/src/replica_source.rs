@@ -1,0 +1,624 @@
+//! Reading every router replica's reservations under one key prefix
+//! (docs/REDIS.md, "Router replicas' reservations"): the registry
+//! (`<prefix>routers`) and each replica's value, in one round trip per read.
+//!
+//! The registry is read the way [`crate::RedisSource`] reads the engines'
+//! (docs/REDIS.md, "One round trip per read" and "A registry flood"): one
+//! `SSCAN … COUNT 1000` step per read while a scan runs (one starts at most
+//! every `rescan_interval`), members that are not replica ids skipped and
+//! reported once, new members (and those whose key was missing) fetched in
+//! a second round trip, ids whose key is gone pruned after
+//! [`crate::PRUNE_AFTER`]. Each replica whose key held a value at the last
+//! read is fetched with `GETRANGE key 0 MAX_ROUTER_VALUE_SIZE` (a huge
+//! foreign value costs no more than the largest value) and `PTTL`.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use engine_state_shm_format::EngineId;
+use redis::Value;
+
+use crate::backoff::Backoff;
+use crate::error::Error;
+use crate::fetch::{decode_fetched_router, router_heartbeat_age_at_fetch};
+use crate::router_value::{RouterValue, MAX_ROUTER_VALUE_SIZE};
+use crate::schema::{router_key, router_registry_key};
+use crate::source::{PRUNE_AFTER, SCAN_STEP};
+use crate::target::{query_by, RedisTarget};
+
+/// How often a scan of the replica registry starts at most by default.
+pub const DEFAULT_RESCAN_INTERVAL: Duration = Duration::from_millis(250);
+
+/// One replica's value as read, and its heartbeat's age.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaValue {
+    /// The value.
+    pub value: RouterValue,
+    /// Time since the replica's last write: `ttl_ms - PTTL` by the
+    /// server's clock when its `heartbeat_seq` advanced, then this reader's
+    /// clock (a value rewritten without a new heartbeat ages).
+    pub heartbeat_age: Duration,
+}
+
+/// What one [`RedisReplicas::read`] found.
+#[derive(Debug, Default)]
+pub struct ReplicaReading {
+    /// Every registered replica whose key holds a value, sorted by id: its
+    /// value and heartbeat age, or why it cannot be used (that replica's
+    /// error: a foreign or corrupt value, another layout version, a key
+    /// without expiry).
+    pub replicas: Vec<(Arc<str>, Result<ReplicaValue, Error>)>,
+    /// Registered replicas whose key this reader saw hold a value and that
+    /// is gone now (expired: the writer stopped; or RETIRED), sorted by id.
+    pub gone: Vec<Arc<str>>,
+    /// Registered ids whose key this reader never saw hold a value (never
+    /// written, or junk): counted, not listed.
+    pub unkeyed_members: usize,
+    /// Registry members that are not replica ids (one error naming how many
+    /// and the first), as of the last complete scan.
+    pub invalid_members: Option<Error>,
+}
+
+/// Every router replica of one key prefix, as this reader last saw them.
+pub struct RedisReplicas {
+    target: RedisTarget,
+    registry: String,
+    rescan_interval: Duration,
+    con: Option<redis::Connection>,
+    members: BTreeMap<Arc<str>, Member>,
+    /// Members whose key held a value at the last fetch: fetched every read.
+    live: BTreeSet<Arc<str>>,
+    /// Members whose key went away after holding a value.
+    gone: BTreeSet<Arc<str>>,
+    /// Members whose key never held a value when fetched.
+    no_key: BTreeSet<Arc<str>>,
+    scan: Option<Scan>,
+    last_scan_start: Option<Instant>,
+    /// Members to fetch once (new, or their key was missing).
+    probe: Vec<Arc<str>>,
+    /// Members due for `SREM`.
+    prune: Vec<Arc<str>>,
+    prune_refused: bool,
+    prune_after: Duration,
+    invalid_members: Option<Error>,
+    retry_at: Instant,
+    backoff: Backoff,
+    connection_error: Option<Error>,
+}
+
+impl std::fmt::Debug for RedisReplicas {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisReplicas")
+            .field("target", &self.target)
+            .field("connected", &self.con.is_some())
+            .field("members", &self.members.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// One pass over the registry.
+#[derive(Default)]
+struct Scan {
+    cursor: u64,
+    seen: HashSet<Arc<str>>,
+    seen_invalid: HashSet<Vec<u8>>,
+    invalid: usize,
+    first_invalid: Option<(String, String)>,
+}
+
+/// A registered replica and what its key held at the last fetch.
+struct Member {
+    key: String,
+    state: MemberState,
+    prune_pending: bool,
+}
+
+enum MemberState {
+    /// Not fetched yet.
+    Unfetched,
+    /// A value; `heartbeat_at` is this reader's estimate of its heartbeat.
+    Value {
+        value: RouterValue,
+        heartbeat_at: Instant,
+    },
+    /// The key holds something unusable.
+    Fault(Error),
+    /// The key is missing since then; `had_value`: it held one before.
+    Missing { since: Instant, had_value: bool },
+}
+
+impl RedisReplicas {
+    /// Connects and reads once (so that bad credentials or an unreachable
+    /// server are errors here; later they are [`RedisReplicas::read`]'s),
+    /// within one [`RedisTarget::timeout`] (the reader's, 500 ms by default).
+    pub fn open(target: RedisTarget) -> Result<RedisReplicas, Error> {
+        let target = target.for_reading();
+        let now = Instant::now();
+        let mut replicas = RedisReplicas {
+            registry: router_registry_key(target.prefix()),
+            target,
+            rescan_interval: DEFAULT_RESCAN_INTERVAL,
+            con: None,
+            members: BTreeMap::new(),
+            live: BTreeSet::new(),
+            gone: BTreeSet::new(),
+            no_key: BTreeSet::new(),
+            scan: None,
+            last_scan_start: None,
+            probe: Vec::new(),
+            prune: Vec::new(),
+            prune_refused: false,
+            prune_after: PRUNE_AFTER,
+            invalid_members: None,
+            retry_at: now,
+            backoff: Backoff::default(),
+            connection_error: None,
+        };
+        let deadline = now + replicas.target.timeout();
+        replicas.con = Some(replicas.target.connect_by(deadline)?);
+        replicas.fetch(now, deadline)?;
+        Ok(replicas)
+    }
+
+    /// How often a registry scan starts at most ([`DEFAULT_RESCAN_INTERVAL`]).
+    pub fn set_rescan_interval(&mut self, interval: Duration) {
+        self.rescan_interval = interval;
+    }
+
+    /// How long a registered replica whose key is missing stays registered
+    /// ([`PRUNE_AFTER`]; tests shorten it).
+    #[doc(hidden)]
+    pub fn set_prune_after(&mut self, prune_after: Duration) {
+        self.prune_after = prune_after;
+    }
+
+    /// The server, database and prefix read.
+    pub fn target(&self) -> &RedisTarget {
+        &self.target
+    }
+
+    /// Reads every replica (one round trip; two when the registry step
+    /// names members to fetch), all within [`RedisTarget::timeout`] of
+    /// `now`. A connection failure is an error (the replicas' values are
+    /// then unknown); the next read reconnects after a backoff (50 ms
+    /// doubling to 5 s), and reads during the backoff return the same error
+    /// without waiting.
+    pub fn read(&mut self, now: Instant) -> Result<ReplicaReading, Error> {
+        let deadline = now + self.target.timeout();
+        if self.con.is_none() {
+            if now < self.retry_at {
+                if let Some(error) = &self.connection_error {
+                    return Err(error.clone());
+                }
+            }
+            match self.target.connect_by(deadline) {
+                Ok(con) => {
+                    self.con = Some(con);
+                    // A cursor means nothing to a restarted server.
+                    self.scan = None;
+                    self.last_scan_start = None;
+                }
+                Err(error) => return Err(self.failed(error)),
+            }
+        }
+        if let Err(error) = self.fetch(now, deadline) {
+            return Err(self.failed(error));
+        }
+        self.backoff.succeeded();
+        self.connection_error = None;
+        Ok(self.reading(now))
+    }
+
+    fn failed(&mut self, error: Error) -> Error {
+        self.con = None;
+        self.retry_at = Instant::now() + self.backoff.failed();
+        self.connection_error = Some(error.clone());
+        error
+    }
+
+    /// What the members held at the last fetch, aged to `now`.
+    fn reading(&self, now: Instant) -> ReplicaReading {
+        let mut reading = ReplicaReading {
+            unkeyed_members: self.no_key.len(),
+            invalid_members: self.invalid_members.clone(),
+            ..ReplicaReading::default()
+        };
+        for id in &self.live {
+            match &self.members[id].state {
+                MemberState::Value { value, .. } if value.is_retired() => {
+                    reading.gone.push(id.clone());
+                }
+                MemberState::Value {
+                    value,
+                    heartbeat_at,
+                } => reading.replicas.push((
+                    id.clone(),
+                    Ok(ReplicaValue {
+                        value: value.clone(),
+                        heartbeat_age: now.saturating_duration_since(*heartbeat_at),
+                    }),
+                )),
+                MemberState::Fault(error) => {
+                    reading.replicas.push((id.clone(), Err(error.clone())))
+                }
+                MemberState::Unfetched | MemberState::Missing { .. } => {}
+            }
+        }
+        reading.gone.extend(self.gone.iter().cloned());
+        reading.gone.sort();
+        reading
+    }
+
+    fn fetch(&mut self, now: Instant, deadline: Instant) -> Result<(), Error> {
+        if self.scan.is_none()
+            && self
+                .last_scan_start
+                .is_none_or(|t| now.duration_since(t) >= self.rescan_interval)
+        {
+            self.scan = Some(Scan::default());
+            self.last_scan_start = Some(now);
+        }
+        let mut request = Vec::new();
+        let mut count = 0;
+        // SREM first: the scan step after it cannot name (re-add) what it removes.
+        let from = self.prune.len().saturating_sub(SCAN_STEP);
+        let pruning: Vec<Arc<str>> = self.prune.drain(from..).collect();
+        if !pruning.is_empty() {
+            let mut srem = redis::cmd("SREM");
+            srem.arg(&self.registry);
+            for id in &pruning {
+                srem.arg(&**id);
+            }
+            srem.write_packed_command(&mut request);
+            count += 1;
+        }
+        if let Some(scan) = &self.scan {
+            redis::cmd("SSCAN")
+                .arg(&self.registry)
+                .arg(scan.cursor)
+                .arg("COUNT")
+                .arg(SCAN_STEP)
+                .write_packed_command(&mut request);
+            count += 1;
+        }
+        let mut fetched: Vec<Arc<str>> = self.live.iter().cloned().collect();
+        let probing = std::mem::take(&mut self.probe);
+        fetched.extend(
+            probing
+                .iter()
+                .filter(|id| !self.live.contains(*id))
+                .cloned(),
+        );
+        for id in &fetched {
+            pack_fetch(&self.members[id].key, &mut request);
+        }
+        count += 2 * fetched.len();
+        if count == 0 {
+            return Ok(());
+        }
+        let srem_reply = (!pruning.is_empty()).then_some(0);
+        let mut replies = match self.query(&request, count, srem_reply, deadline) {
+            Ok(replies) => replies.into_iter(),
+            Err(error) => {
+                self.probe = probing;
+                self.prune.extend(pruning);
+                return Err(error);
+            }
+        };
+        if !pruning.is_empty() {
+            self.apply_srem(pruning, replies.next())?;
+        }
+        let step = self
+            .scan
+            .is_some()
+            .then(|| replies.next().unwrap_or(Value::Nil));
+        self.apply_values(&fetched, &mut replies, now)?;
+        if let Some(step) = step {
+            self.apply_step(step)?;
+            let probing = std::mem::take(&mut self.probe);
+            if !probing.is_empty() {
+                let mut request = Vec::new();
+                for id in &probing {
+                    pack_fetch(&self.members[id].key, &mut request);
+                }
+                let mut replies = match self.query(&request, 2 * probing.len(), None, deadline) {
+                    Ok(replies) => replies.into_iter(),
+                    Err(error) => {
+                        self.probe = probing;
+                        return Err(error);
+                    }
+                };
+                self.apply_values(&probing, &mut replies, now)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn query(
+        &mut self,
+        request: &[u8],
+        count: usize,
+        srem_reply: Option<usize>,
+        deadline: Instant,
+    ) -> Result<Vec<Value>, Error> {
+        let con = self.con.as_mut().expect("connected before fetch");
+        let replies = query_by(con, request, count, deadline)
+            .map_err(|e| self.target.error("cannot read router replicas", &e))?;
+        // WRONGTYPE concerns one replica's key (judged per replica) or the
+        // registry (`apply_step`); the SREM's reply is `apply_srem`'s.
+        if let Some((_, Value::ServerError(e))) = replies.iter().enumerate().find(|(i, v)| {
+            Some(*i) != srem_reply && matches!(v, Value::ServerError(e) if e.code() != "WRONGTYPE")
+        }) {
+            let error: redis::RedisError = e.clone().into();
+            return Err(self.target.error("cannot read router replicas", &error));
+        }
+        Ok(replies)
+    }
+
+    /// The `SREM` of `ids`: removed, they leave this reader; a server that
+    /// refuses writes (`NOPERM`, `READONLY`) ends pruning (said once).
+    fn apply_srem(&mut self, ids: Vec<Arc<str>>, reply: Option<Value>) -> Result<(), Error> {
+        match reply {
+            Some(Value::Int(_)) => {
+                for id in &ids {
+                    self.remove_member(id);
+                }
+                Ok(())
+            }
+            Some(Value::ServerError(e)) if matches!(e.code(), "NOPERM" | "READONLY") => {
+                let error: redis::RedisError = e.into();
+                crate::log::warn(format_args!(
+                    "{}: this reader may not remove router replicas whose keys are gone from \
+                     the registry {} ({error}); they stay listed as gone. Grant the user SREM \
+                     on it, or read from the primary, to have them pruned",
+                    self.target, self.registry
+                ));
+                self.prune_refused = true;
+                for id in ids.iter().chain(&self.prune) {
+                    if let Some(member) = self.members.get_mut(id) {
+                        member.prune_pending = false;
+                    }
+                }
+                self.prune.clear();
+                Ok(())
+            }
+            other => {
+                self.prune.extend(ids);
+                Err(match other {
+                    Some(Value::ServerError(e)) => {
+                        let error: redis::RedisError = e.into();
+                        self.target
+                            .error("cannot prune the router replica registry", &error)
+                    }
+                    other => self.protocol_error(&other),
+                })
+            }
+        }
+    }
+
+    fn remove_member(&mut self, id: &Arc<str>) {
+        self.members.remove(id);
+        self.live.remove(id);
+        self.gone.remove(id);
+        self.no_key.remove(id);
+    }
+
+    /// Applies the `GETRANGE` and `PTTL` replies of `ids` (two each).
+    fn apply_values(
+        &mut self,
+        ids: &[Arc<str>],
+        replies: &mut impl Iterator<Item = Value>,
+        now: Instant,
+    ) -> Result<(), Error> {
+        for id in ids {
+            let value = replies.next();
+            let pttl = match replies.next() {
+                Some(Value::Int(ms)) => ms,
+                other => return Err(self.protocol_error(&other)),
+            };
+            let Some(value) = value else {
+                return Err(self.protocol_error(&None));
+            };
+            let Some(member) = self.members.get_mut(id) else {
+                continue; // pruned earlier in this pipeline
+            };
+            member.apply(value, pttl, now);
+            let (live, gone, no_key) = match member.state {
+                MemberState::Value { .. } | MemberState::Fault(_) => (true, false, false),
+                MemberState::Missing { had_value, .. } => (false, had_value, !had_value),
+                MemberState::Unfetched => (false, false, false),
+            };
+            if let MemberState::Missing { since, .. } = member.state {
+                if !self.prune_refused
+                    && !member.prune_pending
+                    && now.duration_since(since) >= self.prune_after
+                {
+                    member.prune_pending = true;
+                    self.prune.push(id.clone());
+                }
+            }
+            for (set, member_of) in [
+                (&mut self.live, live),
+                (&mut self.gone, gone),
+                (&mut self.no_key, no_key),
+            ] {
+                if member_of {
+                    set.insert(id.clone());
+                } else {
+                    set.remove(id);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies one `SSCAN` reply (new members and those whose key was
+    /// missing are probed next; at the scan's end, members it did not see
+    /// have left the registry).
+    fn apply_step(&mut self, step: Value) -> Result<(), Error> {
+        if let Value::ServerError(e) = step {
+            let error: redis::RedisError = e.into();
+            return Err(self
+                .target
+                .error("cannot read the router replica registry", &error));
+        }
+        let Value::Array(parts) = &step else {
+            return Err(self.protocol_error(&Some(step)));
+        };
+        let cursor = match parts.first() {
+            Some(Value::BulkString(bytes)) => std::str::from_utf8(bytes).ok(),
+            _ => None,
+        }
+        .and_then(|c| c.parse::<u64>().ok());
+        let (Some(cursor), Some(Value::Array(members) | Value::Set(members))) =
+            (cursor, parts.get(1))
+        else {
+            return Err(self.protocol_error(&Some(step.clone())));
+        };
+        let scan = self
+            .scan
+            .as_mut()
+            .expect("a step is only sent during a scan");
+        for member in members {
+            let bytes: &[u8] = match member {
+                Value::BulkString(bytes) => bytes,
+                Value::SimpleString(s) => s.as_bytes(),
+                other => return Err(self.protocol_error(&Some(other.clone()))),
+            };
+            let valid = match std::str::from_utf8(bytes) {
+                Ok(member) => EngineId::new(member)
+                    .map(|_| member)
+                    .map_err(|e| e.to_string()),
+                Err(_) => Err("not UTF-8".to_owned()),
+            };
+            let member = match valid {
+                Ok(member) => member,
+                Err(why) => {
+                    if scan.seen_invalid.insert(bytes.to_vec()) {
+                        scan.invalid += 1;
+                        scan.first_invalid.get_or_insert_with(|| {
+                            (String::from_utf8_lossy(bytes).into_owned(), why)
+                        });
+                    }
+                    continue;
+                }
+            };
+            if scan.seen.contains(member) {
+                continue; // SSCAN may return a member twice
+            }
+            let id: Arc<str> = Arc::from(member);
+            scan.seen.insert(id.clone());
+            match self.members.get(&id) {
+                Some(known) if known.prune_pending => {} // its SREM is on the way
+                Some(_) if self.live.contains(&id) => {}
+                Some(_) => self.probe.push(id),
+                None => {
+                    self.members.insert(
+                        id.clone(),
+                        Member {
+                            key: router_key(self.target.prefix(), &id),
+                            state: MemberState::Unfetched,
+                            prune_pending: false,
+                        },
+                    );
+                    self.probe.push(id);
+                }
+            }
+        }
+        scan.cursor = cursor;
+        if cursor == 0 {
+            let scan = self.scan.take().expect("scanning");
+            let left: Vec<Arc<str>> = self
+                .members
+                .keys()
+                .filter(|id| !scan.seen.contains(*id))
+                .cloned()
+                .collect();
+            for id in &left {
+                self.remove_member(id);
+            }
+            self.invalid_members = scan.first_invalid.map(|(member, why)| Error::ForeignValue {
+                key: self.registry.clone(),
+                what: format!(
+                    "{} member(s) are not router replica ids and are skipped, e.g. {member:?}: \
+                     {why}; remove them with SREM",
+                    scan.invalid
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn protocol_error(&self, got: &Option<Value>) -> Error {
+        Error::Redis {
+            uri: self.target.to_string(),
+            error: format!("unexpected reply {got:?}"),
+            hint: "check that the URI names a Redis server (not another service)",
+        }
+    }
+}
+
+/// `GETRANGE` (one byte more than the largest value) and `PTTL` of `key`.
+fn pack_fetch(key: &str, out: &mut Vec<u8>) {
+    redis::cmd("GETRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(MAX_ROUTER_VALUE_SIZE)
+        .write_packed_command(out);
+    redis::cmd("PTTL").arg(key).write_packed_command(out);
+}
+
+impl Member {
+    /// Applies one `GETRANGE` reply and the key's `PTTL` (-2: no such key).
+    fn apply(&mut self, value: Value, pttl: i64, now: Instant) {
+        if pttl == -2 {
+            let had_value = match self.state {
+                MemberState::Value { .. } => true,
+                MemberState::Missing { had_value, .. } => had_value,
+                MemberState::Unfetched | MemberState::Fault(_) => false,
+            };
+            if !matches!(self.state, MemberState::Missing { .. }) {
+                self.state = MemberState::Missing {
+                    since: now,
+                    had_value,
+                };
+            }
+            return;
+        }
+        let decoded = match value {
+            Value::BulkString(bytes) => decode_fetched_router(&self.key, &bytes, pttl),
+            Value::ServerError(e) if e.code() == "WRONGTYPE" => Err(Error::ForeignValue {
+                key: self.key.clone(),
+                what: "the key holds a list, hash, set or other non-string type".to_owned(),
+            }),
+            other => Err(Error::ForeignValue {
+                key: self.key.clone(),
+                what: format!("unexpected reply {other:?}"),
+            }),
+        };
+        self.state = match decoded {
+            Err(error) => MemberState::Fault(error),
+            Ok(value) => {
+                let heartbeat_at = match &self.state {
+                    MemberState::Value {
+                        value: last,
+                        heartbeat_at,
+                    } if (last.generation, last.heartbeat_seq)
+                        == (value.generation, value.heartbeat_seq) =>
+                    {
+                        *heartbeat_at
+                    }
+                    _ => {
+                        let age = router_heartbeat_age_at_fetch(&value, pttl);
+                        now.checked_sub(age).unwrap_or(now)
+                    }
+                };
+                MemberState::Value {
+                    value,
+                    heartbeat_at,
+                }
+            }
+        };
+    }
+}
