@@ -70,8 +70,10 @@ unsafe fn lock<'a>(replicas: *mut EsReplicas) -> Result<MutexGuard<'a, ReplicasI
 /// the defaults; the freshness fields judge replicas as they judge
 /// engines). Stores the new handle in `*out` (null on failure); the caller
 /// frees it with `es_close_replicas`. A routers directory that does not
-/// exist yet is no replica, not an error. Redis: `ES_CODE_BAD_URI` while
-/// this build cannot read replicas there.
+/// exist yet is no replica, not an error. On Redis the replicas are the ids
+/// of `<prefix>routers` and their values `<prefix>router:<id>`
+/// (docs/REDIS.md, "Key schema"), judged as engine records are (a build
+/// without Redis support: `ES_CODE_BAD_URI`).
 ///
 /// # Safety
 /// `uri` and `own_replica_id` are null or NUL-terminated; `options` is null
