@@ -4,14 +4,13 @@
 // reported on standard error, one line each; the others are still printed.
 // With -cache ENGINE it prints that engine's cache digest instead
 // (docs/FORMAT.md, "Cache residency"): one header line, then one entry per
-// line as 16 hex digits, ascending. With -replicas OWN it prints the router
+// line as 16 hex digits, ascending. With -replicas it prints the router
 // replicas' shared reservations instead (docs/FORMAT.md, "Shared
-// reservations"), replica OWN's left out ("-": none): a line per replica,
-// then one per engine it holds reservations on.
+// reservations"), exactly as `esdump --replicas --json` does.
 //
 //	esdump-go [--uri file:///dev/shm/agentic_engine_state] [--stale-after 2000]
 //	esdump-go [--uri ...] -cache ENGINE
-//	esdump-go [--uri ...] -replicas OWN|-
+//	esdump-go [--uri ...] -replicas
 package main
 
 import (
@@ -48,8 +47,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	staleAfter := flags.Uint64("stale-after", 2000, "a heartbeat older than this (ms) makes an engine stale")
 	flags.Bool("json", true, "print JSON (the only output of esdump-go; accepted for esdump's flags)")
 	cache := flags.String("cache", "", "print this engine's cache digest (<dir>.cache/ENGINE): a header line, then one 16-hex entry per line")
-	replicas := flags.String("replicas", "", "print the router replicas' reservations (<dir>.routers), this replica id's "+
-		"left out (\"-\": none): a line per replica, then one per engine")
+	replicas := flags.Bool("replicas", false, "print the router replicas' reservations (<dir>.routers) as "+
+		"esdump --replicas --json does")
 	if err := flags.Parse(args); err != nil {
 		return err
 	}
@@ -68,8 +67,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	opts := enginestate.DefaultOptions()
 	opts.Freshness.StaleAfter = time.Duration(*staleAfter) * time.Millisecond
-	if *replicas != "" {
-		return printReplicas(dir, *replicas, opts, stdout, stderr)
+	if *replicas {
+		return printReplicas(dir, opts, stdout, stderr)
 	}
 	source, err := enginestate.OpenDir(dir, opts)
 	if err != nil {
@@ -119,18 +118,10 @@ func printDigest(dir, id string, stdout io.Writer) error {
 	return out.Flush()
 }
 
-// printReplicas prints every replica but own ("-": none) of dir's routers
-// directory: "replica ID STATUS engines N generation G hb_age_ms A", then
-// per engine "  ENGINE" and each counter as name=value; the per-replica
-// errors go to stderr.
-func printReplicas(dir, own string, opts enginestate.Options, stdout, stderr io.Writer) error {
-	if own == "-" {
-		own = ""
-	} else if ok, reason := enginestate.ValidEngineID(own); !ok {
-		return fmt.Errorf("-replicas %q is not a replica id (%s): give this router's replica id, or - for none",
-			own, reason)
-	}
-	source, err := enginestate.OpenReplicas(dir, own, opts)
+// printReplicas prints every replica of dir's routers directory as JSON;
+// the per-replica errors go to stderr.
+func printReplicas(dir string, opts enginestate.Options, stdout, stderr io.Writer) error {
+	source, err := enginestate.OpenReplicas(dir, "", opts)
 	if err != nil {
 		return err
 	}
@@ -139,19 +130,7 @@ func printReplicas(dir, own string, opts enginestate.Options, stdout, stderr io.
 	if err != nil {
 		return err
 	}
-	out := bufio.NewWriter(stdout)
-	for _, r := range reading.Replicas {
-		fmt.Fprintf(out, "replica %s %s engines %d generation %d hb_age_ms %.3f\n", r.ReplicaID, r.Status,
-			len(r.Engines), r.Generation, float64(r.HeartbeatAge.Nanoseconds())/1e6)
-		for _, e := range r.Engines {
-			fmt.Fprintf(out, "  %s", e.EngineID)
-			for i, value := range e.Reservations.Words() {
-				fmt.Fprintf(out, " %s=%d", enginestate.ReservationFieldNames[i], value)
-			}
-			fmt.Fprintln(out)
-		}
-	}
-	if err := out.Flush(); err != nil {
+	if _, err := stdout.Write(enginestate.FormatReplicasJSON(reading.Replicas)); err != nil {
 		return err
 	}
 	for _, bad := range reading.Errors {
