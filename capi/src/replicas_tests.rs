@@ -146,3 +146,44 @@ fn a_bad_own_id_and_a_bad_uri_are_refused() {
     let code = unsafe { es_replica_error_count(null_mut(), &mut count) };
     assert_eq!(code, EsCode::NullArgument);
 }
+
+#[test]
+fn a_call_while_the_handle_is_in_use_is_busy() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (code, source) = open(&format!("file://{}", tmp.path().display()), Some("own"));
+    assert_eq!(code, EsCode::Ok);
+    let (mut count, mut entries) = (0, 0);
+    {
+        // Another call in progress on this handle.
+        // SAFETY: the live handle from es_open_replicas.
+        let _held = unsafe { &*source }.inner.lock().unwrap();
+        // SAFETY: the live handle, counting only.
+        let busy = unsafe {
+            es_read_replicas(
+                source,
+                null_mut(),
+                0,
+                &mut count,
+                null_mut(),
+                0,
+                &mut entries,
+            )
+        };
+        assert_eq!(busy, EsCode::Busy);
+    }
+    // SAFETY: as above, the lock released; no replica yet (no routers directory).
+    let code = unsafe {
+        es_read_replicas(
+            source,
+            null_mut(),
+            0,
+            &mut count,
+            null_mut(),
+            0,
+            &mut entries,
+        )
+    };
+    assert_eq!((code, count, entries), (EsCode::Ok, 0, 0));
+    // SAFETY: closed once.
+    unsafe { es_close_replicas(source) };
+}
