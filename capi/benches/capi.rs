@@ -132,5 +132,79 @@ fn bench_scan(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_one_engine, bench_scan);
+/// 16 peer replicas of 8 engines each, read through `es_read_replicas`
+/// against the Rust `ReplicaSource` in the same run (what a router reads
+/// before a pick).
+fn bench_replicas(c: &mut Criterion) {
+    use engine_state::EsReservation;
+    use engine_state::{es_close_replicas, es_open_replicas, es_read_replicas, EsReplica};
+    use engine_state_reader::{open_replicas, ReplicaReading, StateUri};
+    use engine_state_shm_format::{Reservations, RouterFileWriter, RouterWriterOptions};
+
+    let root = tempfile::tempdir_in(shm_root()).unwrap();
+    let state = root.path().join("engines");
+    std::fs::create_dir(&state).unwrap();
+    let _writers: Vec<RouterFileWriter> = (0..16)
+        .map(|r| {
+            let id = EngineId::new(&format!("replica-{r:02}")).unwrap();
+            let mut w =
+                RouterFileWriter::create(&state, &id, &RouterWriterOptions::default()).unwrap();
+            for e in 0..8u64 {
+                let counters = Reservations {
+                    num_requests: e + 1,
+                    ..Reservations::default()
+                };
+                w.set(&format!("engine-{e}"), &counters).unwrap();
+            }
+            w
+        })
+        .collect();
+    let options = ReaderOptions {
+        rescan_interval: std::time::Duration::from_nanos(NO_RESCAN_NS),
+        ..ReaderOptions::default()
+    };
+    let uri = StateUri::parse(&format!("file://{}", state.display())).unwrap();
+    let mut rust = open_replicas(&uri, Some("own"), options).unwrap();
+    let mut reading = ReplicaReading::default();
+    let c_uri = CString::new(format!("file://{}", state.display())).unwrap();
+    let own = CString::new("own").unwrap();
+    let mut handle = std::ptr::null_mut();
+    // SAFETY: C strings, default options, a writable out-pointer.
+    let code =
+        unsafe { es_open_replicas(c_uri.as_ptr(), own.as_ptr(), std::ptr::null(), &mut handle) };
+    assert_eq!(code, EsCode::Ok);
+    let mut replicas = vec![EsReplica::default(); 16];
+    let mut entries = vec![EsReservation::default(); 128];
+    let mut group = c.benchmark_group("replicas_16x8");
+    group.bench_function("rust", |b| {
+        b.iter(|| {
+            rust.read_into(&mut reading).unwrap();
+            black_box(reading.replicas.len())
+        })
+    });
+    group.bench_function("c_abi", |b| {
+        b.iter(|| {
+            let (mut count, mut entry_count) = (0, 0);
+            // SAFETY: the live handle, arrays of 16 and 128, writable counts.
+            let code = unsafe {
+                es_read_replicas(
+                    handle,
+                    replicas.as_mut_ptr(),
+                    16,
+                    &mut count,
+                    entries.as_mut_ptr(),
+                    128,
+                    &mut entry_count,
+                )
+            };
+            assert_eq!((code, count, entry_count), (EsCode::Ok, 16, 128));
+            black_box(count)
+        })
+    });
+    group.finish();
+    // SAFETY: closed once.
+    unsafe { es_close_replicas(handle) };
+}
+
+criterion_group!(benches, bench_one_engine, bench_scan, bench_replicas);
 criterion_main!(benches);

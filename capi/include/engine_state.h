@@ -6,17 +6,20 @@
  *
  * Format: docs/FORMAT.md. Example: examples/c/esdump.c, examples/cpp/esdump.cpp.
  *
- * Ownership: es_open gives the caller a handle, freed by es_close (once).
- * Every EsEngine is plain data the caller owns; nothing returned needs
- * freeing. Strings passed in are only read during the call.
+ * Ownership: es_open gives the caller a handle, freed by es_close (once);
+ * es_open_replicas gives a replicas handle (router replicas' shared
+ * reservations, read the way engines are), freed by es_close_replicas.
+ * Every EsEngine, EsReplica and EsReservation is plain data the caller
+ * owns; nothing returned needs freeing. Strings passed in are only read
+ * during the call.
  *
  * Threads: a handle may be used from any thread, one call at a time. A call
  * made while another thread is inside a call on the same handle returns
  * ES_CODE_BUSY (never a data race): use one handle per thread. es_close must
  * not race with any other call on that handle. Everything else
  * (es_options_init, es_decode_record, es_read_cache_file,
- * es_decode_cache_value, es_block_hashes, es_code_name, es_last_error) is
- * safe from any thread.
+ * es_decode_cache_value, es_read_router_file, es_block_hashes,
+ * es_code_name, es_last_error) is safe from any thread.
  *
  * Errors: every call returns an EsCode; ES_CODE_OK (0) is success. The
  * message of the calling thread's last failed call is es_last_error (kept
@@ -75,12 +78,18 @@
 // `struct_size` of version 2 (`read_cache_digests` appended).
 #define ES_OPTIONS_V2_SIZE 40
 
+// The most engines one replica holds reservations on (docs/FORMAT.md
+// `MAX_ROUTER_ENGINES`): `ES_MAX_ROUTER_ENGINES` entries per replica
+// always suffice.
+#define ES_MAX_ROUTER_ENGINES 256
+
 // What a call did. `ES_CODE_OK` is 0; every other value is a failure whose
 // message `es_last_error` returns. Codes from 100 up are also the class of a
-// per-engine error (`es_engine_error`). New codes may be added: a program
-// treats a code it does not know that is 100 or more as that engine's
-// error (its state may still be read), and one below 100 as a failure of
-// the call.
+// per-engine error (`es_engine_error`) or a per-replica one
+// (`es_replica_error`). New codes may be added: a program treats a code it
+// does not know that is 100 or more as that engine's (replica's) error
+// (the others may still be read), and one below 100 as a failure of the
+// call.
 enum EsCode
 #if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
   : int32_t
@@ -149,9 +158,10 @@ enum EsCode
   ES_CODE_CORRUPT_CACHE = 109,
   // A digest file or value that is not a cache digest (bad magic).
   ES_CODE_NOT_DIGEST = 110,
-  // A cache digest with no consistent copy (a write was in progress at
-  // every attempt, a writer died mid-write, or the file is zeroed), or
-  // one being replaced: read it again later.
+  // A cache digest or router reservations file with no consistent copy
+  // (a write was in progress at every attempt, a writer died mid-write,
+  // or the file is zeroed), or a digest being replaced: read it again
+  // later.
   ES_CODE_TORN = 111,
   // Per-engine and `es_read_cache`: the digest the engine's snapshot
   // names is not there for it (no file or key yet, one of another run of
@@ -159,6 +169,14 @@ enum EsCode
   // writes, not damage. Its state is read without it; read again once
   // the engine names its next digest.
   ES_CODE_MISSING_CACHE = 112,
+  // Per-replica and `es_read_router_file`: not a router reservations
+  // file (bad magic, or fewer than 8 bytes).
+  ES_CODE_NOT_ROUTER = 113,
+  // Per-replica and `es_read_router_file`: a router reservations file
+  // or value that breaks the format's rules (header fields, replica id,
+  // count, a malformed or duplicate slot: docs/FORMAT.md, "Writing and
+  // reading reservations"); the replica's reservations are not used.
+  ES_CODE_CORRUPT_ROUTER = 114,
   // Anything else.
   ES_CODE_OTHER = 199,
 };
@@ -215,6 +233,32 @@ typedef enum EsStatus EsStatus;
 typedef uint32_t EsStatus;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
+
+// The `state` of a router reservations file.
+enum EsRouterState
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  // Not filled in (a default `EsRouterFile`).
+  ES_ROUTER_STATE_UNKNOWN = 0,
+  // Written by its router: usable (while its heartbeat is recent).
+  ES_ROUTER_STATE_ACTIVE = 1,
+  // Its router closed or replaced it: do not use it.
+  ES_ROUTER_STATE_RETIRED = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum EsRouterState EsRouterState;
+#else
+typedef uint32_t EsRouterState;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+// An open place router replicas publish their reservations into (opaque).
+// Made by `es_open_replicas`, freed by `es_close_replicas`; one call at a
+// time (`ES_CODE_BUSY` otherwise), as an `EsSource`.
+typedef struct EsReplicas EsReplicas;
 
 // An open source of engine state (opaque). Made by `es_open`, freed by
 // `es_close`. A call on a handle that another thread is inside a call on
@@ -338,6 +382,91 @@ typedef struct EsEngine {
   // no KV blocks.
   double gpu_kv_used_frac;
 } EsEngine;
+
+// One peer replica as one read saw it. Its reservations are the entries
+// `first_engine .. first_engine + engine_count` of the read's
+// `EsReservation` array, in the writer's slot order (each engine once).
+// Plain data.
+typedef struct EsReplica {
+  // The replica id, NUL-terminated (at most `ES_MAX_ENGINE_ID_LEN` bytes).
+  char replica_id[ES_ENGINE_ID_SIZE];
+  // `ES_STATUS_FRESH`: add its reservations to the router's own; any
+  // other status: leave them out (the engines' rule: stale heartbeat,
+  // dead writer, retired file, torn reading with no entries).
+  EsStatus status;
+  // Its writer's pid, in its pid namespace (display only).
+  uint32_t writer_pid;
+  // Time since the replica's last heartbeat, ns.
+  uint64_t heartbeat_age_ns;
+  // Time since the replica last changed its reservations, ns;
+  // `UINT64_MAX` when unknown.
+  uint64_t changed_age_ns;
+  // The generation of its file or key (a restarted router's is higher).
+  uint64_t generation;
+  // `CLOCK_MONOTONIC` (ns) when this was read: the ages are as of then.
+  uint64_t read_mono_ns;
+  // Index of its first entry in the read's `EsReservation` array.
+  uint64_t first_engine;
+  // How many entries it has there (0 to `ES_MAX_ROUTER_ENGINES`).
+  uint64_t engine_count;
+} EsReplica;
+
+// One replica's reservations on one engine: the six counters of
+// docs/FORMAT.md ("The reservation counters"), same names, same order.
+typedef struct EsReservations {
+  // Requests the replica reserved on the engine and has not seen complete.
+  uint64_t num_requests;
+  // Prompt plus expected output tokens of those requests.
+  uint64_t ongoing_tokens;
+  // Prefill tokens of those requests not yet prefilled.
+  uint64_t pending_prefill_tokens;
+  // Tokens of those requests whose prefill is done.
+  uint64_t ongoing_decode_tokens;
+  // Those requests still prefilling.
+  uint64_t num_prefilling;
+  // Largest remaining prefill of any of those requests.
+  uint64_t max_prefill_remaining;
+} EsReservations;
+
+// One (replica, engine) entry: the engine id and the replica's
+// reservations on it. Plain data.
+typedef struct EsReservation {
+  // The engine id, NUL-terminated (at most `ES_MAX_ENGINE_ID_LEN` bytes).
+  char engine_id[ES_ENGINE_ID_SIZE];
+  // The replica's reservations on that engine.
+  struct EsReservations counters;
+} EsReservation;
+
+// One router reservations file's header and control words
+// (docs/FORMAT.md, "The reservations file"), as `es_read_router_file`
+// read it; its live slots go into the caller's `EsReservation` array.
+// Plain data.
+typedef struct EsRouterFile {
+  // The replica id (the file's name), NUL-terminated.
+  char replica_id[ES_ENGINE_ID_SIZE];
+  // Active or retired (a retired file's reservations must not be used).
+  EsRouterState state;
+  // The writer's pid, in its pid namespace.
+  uint32_t writer_pid;
+  // The writer's heartbeat period, microseconds.
+  uint32_t heartbeat_period_us;
+  // Slots in the file (at most `ES_MAX_ROUTER_ENGINES`).
+  uint32_t capacity;
+  // Inode of the writer's pid namespace; 0 when unknown.
+  uint64_t writer_pid_ns;
+  // `CLOCK_REALTIME` when the file was created, ns since the epoch.
+  uint64_t created_unix_ns;
+  // The file's generation (1 for a replica id's first file).
+  uint64_t generation;
+  // The seqlock sequence the reading was published under (even).
+  uint64_t seq;
+  // The writer's last heartbeat, its `CLOCK_MONOTONIC` ns.
+  uint64_t heartbeat_mono_ns;
+  // The writer's `CLOCK_MONOTONIC` at its last change, ns.
+  uint64_t changed_mono_ns;
+  // Live slots: the array length the entries need.
+  uint64_t count;
+} EsRouterFile;
 
 #ifdef __cplusplus
 extern "C" {
@@ -465,6 +594,118 @@ EsCode es_decode_record(const char *key,
                         int64_t pttl_ms,
                         const struct EsOptions *options,
                         struct EsEngine *out);
+
+// Opens the router replicas' reservations at the place `uri` names — the
+// URI the engines are read from (`es_open`'s forms and default; on shared
+// memory the replicas' files are in `<dir>.routers`) — leaving out
+// `own_replica_id` (the reading router's own replica id, so it never adds
+// its own reservations twice; null: leave none out), with `options` (null:
+// the defaults; the freshness fields judge replicas as they judge
+// engines). Stores the new handle in `*out` (null on failure); the caller
+// frees it with `es_close_replicas`. A routers directory that does not
+// exist yet is no replica, not an error. On Redis the replicas are the ids
+// of `<prefix>routers` and their values `<prefix>router:<id>`
+// (docs/REDIS.md, "Key schema"), judged as engine records are (a build
+// without Redis support: `ES_CODE_BAD_URI`).
+//
+// # Safety
+// `uri` and `own_replica_id` are null or NUL-terminated; `options` is null
+// or an `EsOptions` of at least its `struct_size` bytes; `out` is null (an
+// error) or writable.
+EsCode es_open_replicas(const char *uri,
+                        const char *own_replica_id,
+                        const struct EsOptions *options,
+                        struct EsReplicas **out);
+
+// Closes a replicas handle and frees everything it holds. Null is ignored.
+//
+// # Safety
+// `replicas` is null or a handle from `es_open_replicas` that no thread is
+// using and that is closed only once; it must not be used afterwards.
+void es_close_replicas(struct EsReplicas *replicas);
+
+// Reads every peer replica, sorted by id (the handle's own replica id left
+// out), into the caller's arrays: `replicas` (`capacity` of them) and
+// `engines` (`engines_capacity` entries), and sets `*count` to the number
+// of replicas and `*engine_count` to the number of entries there are.
+// Each `EsReplica` names its entries (`first_engine`, `engine_count`).
+// Replicas are written whole, in order, while both arrays have room; when
+// one does not fit, the replicas before it were written and the result is
+// `ES_CODE_BUFFER_TOO_SMALL` (the counts say what is needed: `replicas =
+// NULL, capacity = 0, engines = NULL, engines_capacity = 0` just counts;
+// `engines_capacity = capacity × ES_MAX_ROUTER_ENGINES` always suffices).
+// Only `ES_STATUS_FRESH` replicas' reservations may be added to a router's
+// own. Replicas that could not be read (bad files, foreign entries) are
+// not in the array: `es_replica_error_count` and `es_replica_error`
+// describe them. An error of the whole source is the result.
+//
+// # Safety
+// `source` is a live handle from `es_open_replicas`; `replicas` is null
+// or has `capacity` writable `EsReplica`s; `engines` is null or has
+// `engines_capacity` writable `EsReservation`s; `count` and
+// `engine_count` are null (an error) or writable.
+EsCode es_read_replicas(struct EsReplicas *source,
+                        struct EsReplica *replicas,
+                        size_t capacity,
+                        size_t *count,
+                        struct EsReservation *engines,
+                        size_t engines_capacity,
+                        size_t *engine_count);
+
+// Sets `*count` to the number of per-replica errors of the last
+// `es_read_replicas` (files or keys that could not be read as a replica).
+//
+// # Safety
+// `source` is a live handle from `es_open_replicas`; `count` is null (an
+// error) or writable.
+EsCode es_replica_error_count(struct EsReplicas *source, size_t *count);
+
+// Describes per-replica error `index` (from 0 to `es_replica_error_count -
+// 1`) of the last `es_read_replicas`, as `es_engine_error` does an
+// engine's: its class in `*class_out` (a per-replica code, 100 or more:
+// `ES_CODE_NOT_ROUTER`, `ES_CODE_UNKNOWN_VERSION`, `ES_CODE_WRONG_SIZE`,
+// `ES_CODE_CORRUPT_ROUTER`, `ES_CODE_REFUSED_ENTRY`, `ES_CODE_IO`, or one
+// this header does not know yet; a replica whose reading is torn is no
+// error, only `ES_STATUS_TORN`), the
+// replica id or entry name in `name` and the message in `message`, each
+// NUL-terminated (a buffer may be null with size 0 to skip it; one too
+// small gets what fits and the result is `ES_CODE_BUFFER_TOO_SMALL`).
+// `class_out` may be null.
+//
+// # Safety
+// `source` is a live handle from `es_open_replicas`; `class_out` is null
+// or writable; `name` and `message` are null or have `name_size` /
+// `message_size` writable bytes.
+EsCode es_replica_error(struct EsReplicas *source,
+                        size_t index,
+                        EsCode *class_out,
+                        char *name,
+                        size_t name_size,
+                        char *message,
+                        size_t message_size);
+
+// Reads the router reservations file at `path` (`<dir>.routers/<replica
+// id>`) as a reader does: never blocking, never following a link,
+// validated in the order of docs/FORMAT.md, "Writing and reading
+// reservations" (the file's name must be the replica id it holds), read
+// once under its seqlock. On success `*file` has its header and control
+// words and `engines` the first `capacity` of its `file->count` live
+// slots, in slot order (`engines = NULL, capacity = 0` learns the count:
+// `ES_CODE_BUFFER_TOO_SMALL` when it is not 0; `ES_MAX_ROUTER_ENGINES`
+// always suffices). A retired file is read (`ES_ROUTER_STATE_RETIRED`): a
+// router must not use it. No freshness is judged (`es_read_replicas`
+// does). Failures are the format's classes: `ES_CODE_REFUSED_ENTRY`,
+// `ES_CODE_NOT_ROUTER`, `ES_CODE_UNKNOWN_VERSION`, `ES_CODE_WRONG_SIZE`,
+// `ES_CODE_CORRUPT_ROUTER`, `ES_CODE_TORN` (read it again later), or
+// `ES_CODE_IO` (it cannot be opened, e.g. missing).
+//
+// # Safety
+// `path` is NUL-terminated; `file` is null (an error) or writable;
+// `engines` is null or has `capacity` writable `EsReservation`s.
+EsCode es_read_router_file(const char *path,
+                           struct EsRouterFile *file,
+                           struct EsReservation *engines,
+                           size_t capacity);
 
 // Opens the source `uri` names (`file:///dir`, a bare absolute path, or
 // `redis://[user:password@]host:port/db[?prefix=P]`, `rediss://…`; null:

@@ -4,14 +4,15 @@
 use std::ffi::c_char;
 
 use engine_state_reader::{Error, FormatError};
-use engine_state_shm_format::DigestError;
+use engine_state_shm_format::{DigestError, RouterError};
 
 /// What a call did. `ES_CODE_OK` is 0; every other value is a failure whose
 /// message `es_last_error` returns. Codes from 100 up are also the class of a
-/// per-engine error (`es_engine_error`). New codes may be added: a program
-/// treats a code it does not know that is 100 or more as that engine's
-/// error (its state may still be read), and one below 100 as a failure of
-/// the call.
+/// per-engine error (`es_engine_error`) or a per-replica one
+/// (`es_replica_error`). New codes may be added: a program treats a code it
+/// does not know that is 100 or more as that engine's (replica's) error
+/// (the others may still be read), and one below 100 as a failure of the
+/// call.
 #[repr(i32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EsCode {
@@ -78,9 +79,10 @@ pub enum EsCode {
     CorruptCache = 109,
     /// A digest file or value that is not a cache digest (bad magic).
     NotDigest = 110,
-    /// A cache digest with no consistent copy (a write was in progress at
-    /// every attempt, a writer died mid-write, or the file is zeroed), or
-    /// one being replaced: read it again later.
+    /// A cache digest or router reservations file with no consistent copy
+    /// (a write was in progress at every attempt, a writer died mid-write,
+    /// or the file is zeroed), or a digest being replaced: read it again
+    /// later.
     Torn = 111,
     /// Per-engine and `es_read_cache`: the digest the engine's snapshot
     /// names is not there for it (no file or key yet, one of another run of
@@ -88,6 +90,14 @@ pub enum EsCode {
     /// writes, not damage. Its state is read without it; read again once
     /// the engine names its next digest.
     MissingCache = 112,
+    /// Per-replica and `es_read_router_file`: not a router reservations
+    /// file (bad magic, or fewer than 8 bytes).
+    NotRouter = 113,
+    /// Per-replica and `es_read_router_file`: a router reservations file
+    /// or value that breaks the format's rules (header fields, replica id,
+    /// count, a malformed or duplicate slot: docs/FORMAT.md, "Writing and
+    /// reading reservations"); the replica's reservations are not used.
+    CorruptRouter = 114,
     /// Anything else.
     Other = 199,
 }
@@ -111,6 +121,7 @@ impl EsCode {
                 FormatError::RefusedEntry { .. } => EsCode::RefusedEntry,
                 FormatError::Io { .. } => EsCode::Io,
                 FormatError::Digest { error, .. } => EsCode::of_digest(error),
+                FormatError::Router { error, .. } => EsCode::of_router(error),
                 _ => EsCode::Other,
             },
             #[cfg(feature = "redis")]
@@ -134,6 +145,19 @@ impl EsCode {
             DigestError::WrongSize { .. } => EsCode::WrongSize,
             DigestError::Corrupt { .. } => EsCode::CorruptCache,
             DigestError::Torn(_) => EsCode::Torn,
+            _ => EsCode::Other,
+        }
+    }
+
+    /// The code of a router reservations error: its class (docs/FORMAT.md,
+    /// "Writing and reading reservations"; `RouterError::kind`).
+    pub(crate) fn of_router(error: &RouterError) -> EsCode {
+        match error {
+            RouterError::NotRouter => EsCode::NotRouter,
+            RouterError::UnknownVersion { .. } => EsCode::UnknownVersion,
+            RouterError::WrongSize { .. } => EsCode::WrongSize,
+            RouterError::Corrupt { .. } => EsCode::CorruptRouter,
+            RouterError::Torn(_) => EsCode::Torn,
             _ => EsCode::Other,
         }
     }
@@ -167,6 +191,8 @@ impl EsCode {
             EsCode::NotDigest => "ES_CODE_NOT_DIGEST\0",
             EsCode::Torn => "ES_CODE_TORN\0",
             EsCode::MissingCache => "ES_CODE_MISSING_CACHE\0",
+            EsCode::NotRouter => "ES_CODE_NOT_ROUTER\0",
+            EsCode::CorruptRouter => "ES_CODE_CORRUPT_ROUTER\0",
             EsCode::Other => "ES_CODE_OTHER\0",
         }
     }
@@ -185,7 +211,7 @@ pub extern "C" fn es_code_name(code: i32) -> *const c_char {
 
 impl EsCode {
     /// Every code.
-    pub(crate) const ALL: [EsCode; 27] = [
+    pub(crate) const ALL: [EsCode; 29] = [
         EsCode::Ok,
         EsCode::NullArgument,
         EsCode::BufferTooSmall,
@@ -212,6 +238,8 @@ impl EsCode {
         EsCode::NotDigest,
         EsCode::Torn,
         EsCode::MissingCache,
+        EsCode::NotRouter,
+        EsCode::CorruptRouter,
         EsCode::Other,
     ];
 }

@@ -20,6 +20,13 @@
 //!   entries in the caller's array; [`es_read_cache_file`] reads a digest
 //!   file, [`es_decode_cache_value`] a Redis value fetched with the
 //!   caller's client; [`es_block_hashes`] makes a prompt's keys.
+//! - Router replicas' shared reservations (docs/FORMAT.md, "Shared
+//!   reservations"), read the way engines are: [`es_open_replicas`] (the
+//!   engines' URI and the reader's own replica id, left out),
+//!   [`es_read_replicas`] into the caller's [`EsReplica`] and
+//!   [`EsReservation`] arrays, [`es_replica_error_count`] and
+//!   [`es_replica_error`], [`es_close_replicas`]; [`es_read_router_file`]
+//!   reads one replica's file.
 //! - [`EsCode`]: every function returns one; [`es_last_error`] copies the
 //!   message of the calling thread's last failed call, [`es_code_name`]
 //!   names a code.
@@ -65,6 +72,9 @@ mod engine;
 mod ffi_call;
 mod options;
 mod record;
+mod replicas;
+mod reservation;
+mod router_file;
 mod source;
 mod source_cache;
 
@@ -79,6 +89,14 @@ pub use crate::options::{
     es_options_init, es_options_init_sized, EsOptions, ES_OPTIONS_V1_SIZE, ES_OPTIONS_V2_SIZE,
 };
 pub use crate::record::es_decode_record;
+pub use crate::replicas::{
+    es_close_replicas, es_open_replicas, es_read_replicas, es_replica_error,
+    es_replica_error_count, EsReplicas,
+};
+pub use crate::reservation::{
+    EsReplica, EsReservation, EsReservations, EsRouterFile, EsRouterState, ES_MAX_ROUTER_ENGINES,
+};
+pub use crate::router_file::es_read_router_file;
 pub use crate::source::{
     es_close, es_engine_error, es_error_count, es_open, es_read, es_read_at, es_read_engine,
     EsSource,

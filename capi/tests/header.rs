@@ -61,3 +61,25 @@ fn the_header_snapshot_fields_are_the_rust_fields() {
     ));
     assert_eq!(fields, expected);
 }
+
+/// `EsReservations` carries the counters under shm-format's names
+/// (`Reservations::FIELD_NAMES`), in word order.
+#[test]
+fn the_header_reservation_fields_are_the_rust_fields() {
+    let header = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("include/engine_state.h"),
+    )
+    .unwrap();
+    let body = header
+        .split("typedef struct EsReservations {")
+        .nth(1)
+        .and_then(|rest| rest.split("} EsReservations;").next())
+        .expect("engine_state.h defines EsReservations");
+    let fields: Vec<&str> = body
+        .lines()
+        .map(str::trim)
+        .filter_map(|line| line.strip_prefix("uint64_t "))
+        .map(|declaration| declaration.trim_end_matches(';'))
+        .collect();
+    assert_eq!(fields, engine_state_shm_format::Reservations::FIELD_NAMES);
+}

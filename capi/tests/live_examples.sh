@@ -6,7 +6,10 @@
 # with its code. A third engine publishes a cache digest of 4 blocks
 # (espublish --cache-blocks 4: the router block hashes of token ids
 # 0..2047); the C++ example's router (--prefix-hit) must find the leading
-# run of a prompt's blocks in it. Usage: live_examples.sh BIN_DIR EXAMPLE...
+# run of a prompt's blocks in it. A router replica (esreplica) holds 2
+# requests on the engines: the C example (--replicas) must show its
+# reservations, fresh, and leave it out when it is its own id. Usage:
+# live_examples.sh BIN_DIR EXAMPLE...
 set -euo pipefail
 bin=$1; shift
 dir=$(mktemp -d /dev/shm/engine_state_capi.XXXXXX)
@@ -14,7 +17,8 @@ pids=()
 cleanup() {
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
     for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-    rm -rf "$dir" "$dir".*.log "$dir.err"
+    exec 3>&- 2>/dev/null || true
+    rm -rf "$dir" "$dir".*.log "$dir.err" "$dir.replica.in" "$dir.routers" "$dir.cache"
 }
 trap cleanup EXIT
 
@@ -43,6 +47,20 @@ for id in capi-busy capi-idle capi-cache; do
     rm -f "$dir.$id.log"
 done
 
+# The replica's stdin is a FIFO this script holds open (fd 3): each line a
+# command, each reply a line of its log.
+mkfifo "$dir.replica.in"
+"$bin/esreplica" --uri "file://$dir" --replica-id capi-r1 --engines capi-busy,capi-idle \
+    < "$dir.replica.in" > "$dir.replica.log" 2>&1 &
+pids+=($!)
+exec 3> "$dir.replica.in"
+echo "pick 2 100" >&3
+for _ in $(seq 600); do
+    grep -q '"held":2' "$dir.replica.log" 2>/dev/null && break
+    sleep 0.05
+done
+grep -q '"held":2' "$dir.replica.log" || { cat "$dir.replica.log"; echo "esreplica never held 2"; exit 1; }
+
 for example in "$@"; do
     name=$(basename "$example")
     out=$("$example" "file://$dir") || { echo "$name failed:"; echo "$out"; exit 1; }
@@ -62,6 +80,17 @@ for example in "$@"; do
     grep -q "ES_CODE_BAD_URI" "$dir.err" || { echo "$name: bad URI message:"; cat "$dir.err"; exit 1; }
     rm -f "$dir.err"
     echo "$name: both engines fresh with their fields, the foreign file reported, a bad URI refused"
+    # The C example (esdump-c, esdump-c-asan): the replica's reservations,
+    # its 2 requests over its engines, fresh; left out as the reader's own.
+    case $name in esdump-c|esdump-c-asan)
+    out=$("$example" --replicas - "file://$dir") || { echo "$name --replicas failed:"; echo "$out"; exit 1; }
+    check '^replica capi-r1 fresh engines [0-9]+ generation 1 '
+    held=$(awk '$2 == "num_requests" { n += $3 } END { print n + 0 }' <<<"$out")
+    [ "$held" -eq 2 ] || { echo "$name --replicas: $held requests, not 2:"; echo "$out"; exit 1; }
+    out=$("$example" --replicas capi-r1 "file://$dir") || { echo "$name --replicas capi-r1 failed:"; echo "$out"; exit 1; }
+    if grep -q '^replica ' <<<"$out"; then echo "$name: its own replica was read:"; echo "$out"; exit 1; fi
+    echo "$name: the replica's 2 reserved requests, fresh; left out as its own"
+    ;; esac
     case $name in esdump-cpp*) ;; *) continue ;; esac
 
     # The router: a prompt of 6 blocks that starts with the 4 cached ones;

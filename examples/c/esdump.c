@@ -8,6 +8,10 @@
  *   ./esdump-c file:///dev/shm/agentic_engine_state
  *   ./esdump-c --cache ENGINE [URI]   one engine's cache digest: a header
  *                                     line, then one 16-hex entry per line
+ *   ./esdump-c --replicas OWN [URI]   the router replicas' shared reservations
+ *                                     but replica OWN's ("-": every replica):
+ *                                     a line per replica, one per engine it
+ *                                     holds reservations on, then the errors
  *
  * With no URI: $AGENTIC_ENGINE_STATE_URI, else the default directory.
  * Exit status: 0 when the source was read, 1 otherwise (with the reason).
@@ -96,12 +100,78 @@ static int dump_cache(const char *uri, const char *engine_id) {
     return status;
 }
 
+/* --replicas OWN: every peer replica's reservations (es_read_replicas). */
+static int dump_replicas(const char *uri, const char *own) {
+    EsReplicas *replicas = NULL;
+    EsCode code = es_open_replicas(uri, strcmp(own, "-") == 0 ? NULL : own, NULL, &replicas);
+    if (code != ES_CODE_OK) {
+        return fail("open replicas", code);
+    }
+    /* Size query, then arrays of exactly the counts (a replica may start
+     * sharing between the two calls: then read again). */
+    size_t count = 0, engine_count = 0;
+    EsReplica *out = NULL;
+    EsReservation *entries = NULL;
+    for (;;) {
+        code = es_read_replicas(replicas, out, count, &count, entries, engine_count, &engine_count);
+        if (code != ES_CODE_BUFFER_TOO_SMALL) {
+            break;
+        }
+        free(out);
+        free(entries);
+        out = malloc((count ? count : 1) * sizeof *out);
+        entries = malloc((engine_count ? engine_count : 1) * sizeof *entries);
+        if (out == NULL || entries == NULL) {
+            fprintf(stderr, "esdump-c: out of memory\n");
+            exit(1);
+        }
+    }
+    int status = 0;
+    if (code != ES_CODE_OK) {
+        status = fail("read replicas", code);
+        count = 0;
+    }
+    for (size_t i = 0; i < count; i++) {
+        const EsReplica *r = &out[i];
+        /* Only a fresh replica's reservations may be added to a router's own. */
+        printf("replica %s %s engines %llu generation %llu hb_age_ms %.3f\n", r->replica_id,
+               status_name(r->status), (unsigned long long)r->engine_count,
+               (unsigned long long)r->generation, r->heartbeat_age_ns / 1e6);
+        for (uint64_t j = 0; j < r->engine_count; j++) {
+            const EsReservation *e = &entries[r->first_engine + j];
+            printf("  %s num_requests %llu ongoing_tokens %llu pending_prefill_tokens %llu\n",
+                   e->engine_id, (unsigned long long)e->counters.num_requests,
+                   (unsigned long long)e->counters.ongoing_tokens,
+                   (unsigned long long)e->counters.pending_prefill_tokens);
+        }
+    }
+    size_t errors = 0;
+    if (status == 0 && es_replica_error_count(replicas, &errors) == ES_CODE_OK) {
+        for (size_t i = 0; i < errors; i++) {
+            EsCode class_code = ES_CODE_OK;
+            char name[256] = "", message[1024] = "";
+            es_replica_error(replicas, i, &class_code, name, sizeof name, message, sizeof message);
+            /* A code this header does not know, 100 or more, is that
+             * replica's error all the same. */
+            printf("error %s %s: %s\n", name, es_code_name(class_code), message);
+        }
+    }
+    free(out);
+    free(entries);
+    es_close_replicas(replicas);
+    return status;
+}
+
 int main(int argc, char **argv) {
     if (argc >= 3 && strcmp(argv[1], "--cache") == 0 && argc <= 4) {
         return dump_cache(argc == 4 ? argv[3] : NULL, argv[2]);
     }
+    if (argc >= 3 && strcmp(argv[1], "--replicas") == 0 && argc <= 4) {
+        return dump_replicas(argc == 4 ? argv[3] : NULL, argv[2]);
+    }
     if (argc > 2 || (argc == 2 && argv[1][0] == '-')) {
-        fprintf(stderr, "usage: esdump-c [URI] | esdump-c --cache ENGINE [URI]   "
+        fprintf(stderr, "usage: esdump-c [URI] | esdump-c --cache ENGINE [URI] | "
+                        "esdump-c --replicas OWN|- [URI]   "
                         "(file:///dir or redis://host:port/db)\n");
         return 2;
     }

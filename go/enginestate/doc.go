@@ -27,6 +27,12 @@
 //     BlockHashes turns a prompt's token ids into block keys and
 //     CacheDigest.LeadingBlocks finds its hit. DigestFile reads one digest
 //     file; DecodeDigestValue and DecodeFetchedCache judge a Redis value.
+//   - Replicas: router replicas' shared reservations (docs/FORMAT.md,
+//     "Shared reservations"), every replica's file in RoutersDir but the
+//     reader's own, read like a Dir into a ReplicaReading (ReplicaState:
+//     status by the engines' rule, the six Reservations counters per
+//     engine; per-replica errors). RouterFile reads one file;
+//     DecodeRouterValue and ReplicaAtFetch judge a Redis value.
 //
 // Example:
 //

@@ -4,10 +4,13 @@
 // reported on standard error, one line each; the others are still printed.
 // With -cache ENGINE it prints that engine's cache digest instead
 // (docs/FORMAT.md, "Cache residency"): one header line, then one entry per
-// line as 16 hex digits, ascending.
+// line as 16 hex digits, ascending. With -replicas it prints the router
+// replicas' shared reservations instead (docs/FORMAT.md, "Shared
+// reservations"), exactly as `esdump --replicas --json` does.
 //
 //	esdump-go [--uri file:///dev/shm/agentic_engine_state] [--stale-after 2000]
 //	esdump-go [--uri ...] -cache ENGINE
+//	esdump-go [--uri ...] -replicas
 package main
 
 import (
@@ -44,6 +47,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	staleAfter := flags.Uint64("stale-after", 2000, "a heartbeat older than this (ms) makes an engine stale")
 	flags.Bool("json", true, "print JSON (the only output of esdump-go; accepted for esdump's flags)")
 	cache := flags.String("cache", "", "print this engine's cache digest (<dir>.cache/ENGINE): a header line, then one 16-hex entry per line")
+	replicas := flags.Bool("replicas", false, "print the router replicas' reservations (<dir>.routers) as "+
+		"esdump --replicas --json does")
 	if err := flags.Parse(args); err != nil {
 		return err
 	}
@@ -62,6 +67,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	opts := enginestate.DefaultOptions()
 	opts.Freshness.StaleAfter = time.Duration(*staleAfter) * time.Millisecond
+	if *replicas {
+		return printReplicas(dir, opts, stdout, stderr)
+	}
 	source, err := enginestate.OpenDir(dir, opts)
 	if err != nil {
 		return err
@@ -108,6 +116,27 @@ func printDigest(dir, id string, stdout io.Writer) error {
 		fmt.Fprintf(out, "%016x\n", block)
 	}
 	return out.Flush()
+}
+
+// printReplicas prints every replica of dir's routers directory as JSON;
+// the per-replica errors go to stderr.
+func printReplicas(dir string, opts enginestate.Options, stdout, stderr io.Writer) error {
+	source, err := enginestate.OpenReplicas(dir, "", opts)
+	if err != nil {
+		return err
+	}
+	defer source.Close()
+	reading, err := source.Read()
+	if err != nil {
+		return err
+	}
+	if _, err := stdout.Write(enginestate.FormatReplicasJSON(reading.Replicas)); err != nil {
+		return err
+	}
+	for _, bad := range reading.Errors {
+		fmt.Fprintf(stderr, "esdump-go: %s\n", printable(bad.Error()))
+	}
+	return nil
 }
 
 // directory is the directory a URI names: --uri wins over the environment.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -178,3 +179,54 @@ func TestCachePrintsTheDigestHeaderAndOneEntryPerLine(t *testing.T) {
 }
 
 func leftPad(hex string) string { return strings.Repeat("0", 16-len(hex)) + hex }
+
+// -replicas: the router vectors in <dir>.routers, read as replicas, the
+// bad files on stderr; with the Rust binaries, exactly what esdump
+// --replicas --json prints (the ages masked: they are taken moments apart).
+func TestReplicasPrintsWhatEsdumpPrints(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	routers := dir + ".routers"
+	if err := os.MkdirAll(routers, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	vectors := filepath.Join("..", "..", "..", "format", "vectors", "routers")
+	for _, name := range []string{"active", "empty", "retired", "full", "bad_magic"} {
+		b, err := os.ReadFile(filepath.Join(vectors, name+".bin"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(routers, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	if err := run([]string{"--uri", "file://" + dir, "-replicas"}, &stdout, &stderr); err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	var replicas []struct {
+		ReplicaID string `json:"replica_id"`
+		Status    string
+		Engines   map[string]map[string]uint64
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &replicas); err != nil {
+		t.Fatalf("%v\n%s", err, stdout.String())
+	}
+	if len(replicas) != 4 || replicas[0].ReplicaID != "active" || replicas[1].ReplicaID != "empty" ||
+		replicas[3].ReplicaID != "retired" || replicas[3].Status != "dead" || len(replicas[1].Engines) != 0 ||
+		len(replicas[2].Engines) != 256 || replicas[0].Engines["e-b"]["num_requests"] != 5 {
+		t.Errorf("%s", stdout.String())
+	}
+	if !strings.Contains(stderr.String(), "bad_magic: not a router reservations file") {
+		t.Errorf("stderr: %s", stderr.String())
+	}
+	esdump := rustbin.Binary(t, "esdump")
+	out, err := exec.Command(esdump, "--uri", "file://"+dir, "--replicas", "--json").Output()
+	if err != nil {
+		t.Fatalf("esdump --replicas --json: %v", err)
+	}
+	ages := regexp.MustCompile(`"(heartbeat|changed)_age_ms": [0-9.e+-]+`)
+	mask := func(b []byte) string { return ages.ReplaceAllString(string(b), `"${1}_age_ms": AGE`) }
+	if got, want := mask(stdout.Bytes()), mask(out); got != want {
+		t.Errorf("esdump-go -replicas:\n%s\nesdump --replicas --json:\n%s", got, want)
+	}
+}

@@ -1,0 +1,311 @@
+//! Router replicas' shared reservations as C sees them (docs/FORMAT.md,
+//! "Shared reservations"), read the way engines are: `es_open_replicas`
+//! opens the place (the engines' URI; the reader's own replica left out),
+//! `es_read_replicas` fills the caller's arrays (`EsReplica`s and the
+//! `EsReservation`s they index), `es_replica_error_count` /
+//! `es_replica_error` describe the per-replica errors, and
+//! `es_close_replicas` frees the handle (`router_file.rs`:
+//! `es_read_router_file`, one file; `reservation.rs`: the structs). Every
+//! rule is the reader's: this file only copies what it decides.
+
+use std::ffi::c_char;
+use std::sync::{Mutex, MutexGuard, TryLockError};
+
+use engine_state_reader::{open_replicas, ReplicaReading, ReplicaSource, StateUri};
+use engine_state_shm_format::EngineId;
+
+use crate::c_string::{copy_arg, text_arg};
+use crate::code::EsCode;
+use crate::digest::check_out;
+use crate::ffi_call::{ffi_call, Failure};
+use crate::options::{reader_options, EsOptions};
+use crate::reservation::{EsReplica, EsReservation};
+
+/// An open place router replicas publish their reservations into (opaque).
+/// Made by `es_open_replicas`, freed by `es_close_replicas`; one call at a
+/// time (`ES_CODE_BUSY` otherwise), as an `EsSource`.
+pub struct EsReplicas {
+    inner: Mutex<ReplicasInner>,
+}
+
+struct ReplicasInner {
+    source: Box<dyn ReplicaSource>,
+    /// The last read (its per-replica errors for `es_replica_error`).
+    reading: ReplicaReading,
+}
+
+impl std::fmt::Debug for EsReplicas {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EsReplicas").finish_non_exhaustive()
+    }
+}
+
+/// The handle's state, or `Busy` while another thread is inside a call.
+///
+/// # Safety
+/// `replicas` is null or a handle from `es_open_replicas` not yet closed.
+unsafe fn lock<'a>(replicas: *mut EsReplicas) -> Result<MutexGuard<'a, ReplicasInner>, Failure> {
+    if replicas.is_null() {
+        return Err(Failure::new(EsCode::NullArgument, "replicas is null"));
+    }
+    // SAFETY: a live handle (the caller's contract); only shared references
+    // are made to it, the Mutex serializes the rest.
+    let replicas = unsafe { &*replicas };
+    match replicas.inner.try_lock() {
+        Ok(inner) => Ok(inner),
+        // Every read clears and refills what it uses: go on after a panic.
+        Err(TryLockError::Poisoned(poisoned)) => Ok(poisoned.into_inner()),
+        Err(TryLockError::WouldBlock) => Err(Failure::new(
+            EsCode::Busy,
+            "another thread is inside a call on this replicas handle; use one handle per thread",
+        )),
+    }
+}
+
+/// Opens the router replicas' reservations at the place `uri` names — the
+/// URI the engines are read from (`es_open`'s forms and default; on shared
+/// memory the replicas' files are in `<dir>.routers`) — leaving out
+/// `own_replica_id` (the reading router's own replica id, so it never adds
+/// its own reservations twice; null: leave none out), with `options` (null:
+/// the defaults; the freshness fields judge replicas as they judge
+/// engines). Stores the new handle in `*out` (null on failure); the caller
+/// frees it with `es_close_replicas`. A routers directory that does not
+/// exist yet is no replica, not an error. On Redis the replicas are the ids
+/// of `<prefix>routers` and their values `<prefix>router:<id>`
+/// (docs/REDIS.md, "Key schema"), judged as engine records are (a build
+/// without Redis support: `ES_CODE_BAD_URI`).
+///
+/// # Safety
+/// `uri` and `own_replica_id` are null or NUL-terminated; `options` is null
+/// or an `EsOptions` of at least its `struct_size` bytes; `out` is null (an
+/// error) or writable.
+#[no_mangle]
+pub unsafe extern "C" fn es_open_replicas(
+    uri: *const c_char,
+    own_replica_id: *const c_char,
+    options: *const EsOptions,
+    out: *mut *mut EsReplicas,
+) -> EsCode {
+    ffi_call(|| {
+        if out.is_null() {
+            return Err(Failure::new(EsCode::NullArgument, "out is null"));
+        }
+        // SAFETY: writable (the caller's contract); null until success.
+        unsafe { out.write(std::ptr::null_mut()) };
+        let uri = if uri.is_null() {
+            StateUri::from_env()?
+        } else {
+            // SAFETY: NUL-terminated (the caller's contract).
+            StateUri::parse(unsafe { text_arg(uri, "uri") }?)?
+        };
+        let own = if own_replica_id.is_null() {
+            None
+        } else {
+            // SAFETY: NUL-terminated (the caller's contract).
+            let own = unsafe { text_arg(own_replica_id, "own_replica_id") }?;
+            EngineId::new(own).map_err(|e| {
+                Failure::new(
+                    EsCode::BadArgument,
+                    format!("own_replica_id {own:?} is no valid replica id: {e}"),
+                )
+            })?;
+            Some(own)
+        };
+        // SAFETY: the caller's contract, passed on.
+        let options = unsafe { reader_options(options) }?;
+        let source = open_replicas(&uri, own, options)?;
+        let handle = Box::new(EsReplicas {
+            inner: Mutex::new(ReplicasInner {
+                source,
+                reading: ReplicaReading::default(),
+            }),
+        });
+        // SAFETY: writable (checked above); ownership passes to the caller.
+        unsafe { out.write(Box::into_raw(handle)) };
+        Ok(())
+    })
+}
+
+/// Closes a replicas handle and frees everything it holds. Null is ignored.
+///
+/// # Safety
+/// `replicas` is null or a handle from `es_open_replicas` that no thread is
+/// using and that is closed only once; it must not be used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn es_close_replicas(replicas: *mut EsReplicas) {
+    let _ = ffi_call(|| {
+        if !replicas.is_null() {
+            // SAFETY: made by Box::into_raw in es_open_replicas, closed once.
+            drop(unsafe { Box::from_raw(replicas) });
+        }
+        Ok(())
+    });
+}
+
+/// Reads every peer replica, sorted by id (the handle's own replica id left
+/// out), into the caller's arrays: `replicas` (`capacity` of them) and
+/// `engines` (`engines_capacity` entries), and sets `*count` to the number
+/// of replicas and `*engine_count` to the number of entries there are.
+/// Each `EsReplica` names its entries (`first_engine`, `engine_count`).
+/// Replicas are written whole, in order, while both arrays have room; when
+/// one does not fit, the replicas before it were written and the result is
+/// `ES_CODE_BUFFER_TOO_SMALL` (the counts say what is needed: `replicas =
+/// NULL, capacity = 0, engines = NULL, engines_capacity = 0` just counts;
+/// `engines_capacity = capacity × ES_MAX_ROUTER_ENGINES` always suffices).
+/// Only `ES_STATUS_FRESH` replicas' reservations may be added to a router's
+/// own. Replicas that could not be read (bad files, foreign entries) are
+/// not in the array: `es_replica_error_count` and `es_replica_error`
+/// describe them. An error of the whole source is the result.
+///
+/// # Safety
+/// `source` is a live handle from `es_open_replicas`; `replicas` is null
+/// or has `capacity` writable `EsReplica`s; `engines` is null or has
+/// `engines_capacity` writable `EsReservation`s; `count` and
+/// `engine_count` are null (an error) or writable.
+#[no_mangle]
+pub unsafe extern "C" fn es_read_replicas(
+    source: *mut EsReplicas,
+    replicas: *mut EsReplica,
+    capacity: usize,
+    count: *mut usize,
+    engines: *mut EsReservation,
+    engines_capacity: usize,
+    engine_count: *mut usize,
+) -> EsCode {
+    ffi_call(|| {
+        if count.is_null() || engine_count.is_null() {
+            return Err(Failure::new(
+                EsCode::NullArgument,
+                "count or engine_count is null",
+            ));
+        }
+        check_out(replicas, capacity, "replicas")?;
+        check_out(engines, engines_capacity, "engines")?;
+        // SAFETY: writable (checked non-null above; the contract).
+        unsafe {
+            count.write(0);
+            engine_count.write(0);
+        }
+        // SAFETY: a live handle (the caller's contract).
+        let mut inner = unsafe { lock(source) }?;
+        let ReplicasInner { source, reading } = &mut *inner;
+        source.read_into(reading)?;
+        let (mut written, mut entries, mut fits) = (0usize, 0usize, true);
+        for state in &reading.replicas {
+            let n = state.engines.len();
+            if fits && written < capacity && entries + n <= engines_capacity {
+                // SAFETY: written < capacity and entries + n <=
+                // engines_capacity: in the caller's arrays (the contract);
+                // `write` never reads the caller's memory.
+                unsafe {
+                    replicas.add(written).write(EsReplica::new(state, entries));
+                    for (i, (engine_id, counters)) in state.engines.iter().enumerate() {
+                        engines
+                            .add(entries + i)
+                            .write(EsReservation::new(engine_id, counters));
+                    }
+                }
+                written += 1;
+            } else {
+                fits = false;
+            }
+            entries += n;
+        }
+        let total = reading.replicas.len();
+        // SAFETY: writable (as above).
+        unsafe {
+            count.write(total);
+            engine_count.write(entries);
+        }
+        if !fits {
+            return Err(Failure::new(
+                EsCode::BufferTooSmall,
+                format!(
+                    "{total} replicas with {entries} reservation entries, but the arrays hold \
+                     {capacity} and {engines_capacity} (the first {written} replicas were \
+                     written); pass arrays of at least the counts written back"
+                ),
+            ));
+        }
+        Ok(())
+    })
+}
+
+/// Sets `*count` to the number of per-replica errors of the last
+/// `es_read_replicas` (files or keys that could not be read as a replica).
+///
+/// # Safety
+/// `source` is a live handle from `es_open_replicas`; `count` is null (an
+/// error) or writable.
+#[no_mangle]
+pub unsafe extern "C" fn es_replica_error_count(
+    source: *mut EsReplicas,
+    count: *mut usize,
+) -> EsCode {
+    ffi_call(|| {
+        if count.is_null() {
+            return Err(Failure::new(EsCode::NullArgument, "count is null"));
+        }
+        // SAFETY: a live handle (the caller's contract).
+        let inner = unsafe { lock(source) }?;
+        // SAFETY: writable (checked non-null above).
+        unsafe { count.write(inner.reading.errors.len()) };
+        Ok(())
+    })
+}
+
+/// Describes per-replica error `index` (from 0 to `es_replica_error_count -
+/// 1`) of the last `es_read_replicas`, as `es_engine_error` does an
+/// engine's: its class in `*class_out` (a per-replica code, 100 or more:
+/// `ES_CODE_NOT_ROUTER`, `ES_CODE_UNKNOWN_VERSION`, `ES_CODE_WRONG_SIZE`,
+/// `ES_CODE_CORRUPT_ROUTER`, `ES_CODE_REFUSED_ENTRY`, `ES_CODE_IO`, or one
+/// this header does not know yet; a replica whose reading is torn is no
+/// error, only `ES_STATUS_TORN`), the
+/// replica id or entry name in `name` and the message in `message`, each
+/// NUL-terminated (a buffer may be null with size 0 to skip it; one too
+/// small gets what fits and the result is `ES_CODE_BUFFER_TOO_SMALL`).
+/// `class_out` may be null.
+///
+/// # Safety
+/// `source` is a live handle from `es_open_replicas`; `class_out` is null
+/// or writable; `name` and `message` are null or have `name_size` /
+/// `message_size` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn es_replica_error(
+    source: *mut EsReplicas,
+    index: usize,
+    class_out: *mut EsCode,
+    name: *mut c_char,
+    name_size: usize,
+    message: *mut c_char,
+    message_size: usize,
+) -> EsCode {
+    ffi_call(|| {
+        // SAFETY: a live handle (the caller's contract).
+        let inner = unsafe { lock(source) }?;
+        let errors = &inner.reading.errors;
+        let error = errors.get(index).ok_or_else(|| {
+            Failure::new(
+                EsCode::NotFound,
+                format!(
+                    "no per-replica error {index}: the last read has {} (es_replica_error_count)",
+                    errors.len()
+                ),
+            )
+        })?;
+        if !class_out.is_null() {
+            // SAFETY: writable (the caller's contract).
+            unsafe { class_out.write(EsCode::of(&error.error)) };
+        }
+        // SAFETY: the caller's contract on both buffers.
+        let copied_name = unsafe { copy_arg(&error.name, name, name_size, "name") };
+        // SAFETY: as above.
+        let copied_message =
+            unsafe { copy_arg(&error.error.to_string(), message, message_size, "message") };
+        copied_name.and(copied_message)
+    })
+}
+
+#[cfg(test)]
+#[path = "replicas_tests.rs"]
+mod tests;
