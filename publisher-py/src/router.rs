@@ -2,7 +2,9 @@
 
 use std::sync::Mutex;
 
-use engine_state_publisher::{ReplicaOptions, ReplicaPublisher};
+use std::sync::Arc;
+
+use engine_state_publisher::{ReplicaOptions, ReplicaPublisher, ReplicaStats};
 use engine_state_reader::{open_replicas, ReaderOptions, ReplicaReading, ReplicaSource, StateUri};
 use engine_state_router::{DecisionLog, Policy, Request, RouterSettings};
 use engine_state_shm_format::EngineId;
@@ -37,8 +39,25 @@ fn to_python<'py>(py: Python<'py>, value: &impl serde::Serialize) -> PyResult<Bo
 #[pyclass(module = "engine_state._native", name = "Router", frozen)]
 pub(crate) struct Router {
     inner: engine_state_router::Router,
-    /// The peers' reservations, once `share_reservations` was called.
-    peers: Mutex<Option<(Box<dyn ReplicaSource>, ReplicaReading)>>,
+    /// The peers' reservations and this replica's publishing counters,
+    /// once `share_reservations` was called. Locked only with the GIL
+    /// released (a read may wait on Redis): a thread that held the GIL
+    /// while waiting for it would deadlock with one that holds it and
+    /// waits for the GIL.
+    sharing: Mutex<Option<Sharing>>,
+}
+
+/// What `share_reservations` set up.
+struct Sharing {
+    peers: Box<dyn ReplicaSource>,
+    reading: ReplicaReading,
+    stats: Arc<ReplicaStats>,
+}
+
+impl Router {
+    fn sharing(&self) -> std::sync::MutexGuard<'_, Option<Sharing>> {
+        self.sharing.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 #[pymethods]
@@ -110,7 +129,7 @@ impl Router {
         }
         Ok(Router {
             inner,
-            peers: Mutex::new(None),
+            sharing: Mutex::new(None),
         })
     }
 
@@ -130,52 +149,76 @@ impl Router {
         let uri = StateUri::from_flag_or_env(uri).map_err(|e| reader_error(e.into()))?;
         let id = EngineId::new(replica_id)
             .map_err(|e| publisher_error(engine_state_publisher::Error::Shm(e)))?;
-        let (publisher, source) = py.detach(|| {
+        py.detach(|| {
             let publisher = ReplicaPublisher::start(&uri, &id, ReplicaOptions::default())
                 .map_err(publisher_error)?;
-            let source = open_replicas(&uri, Some(replica_id), ReaderOptions::default())
+            let peers = open_replicas(&uri, Some(replica_id), ReaderOptions::default())
                 .map_err(reader_error)?;
-            Ok::<_, PyErr>((publisher, source))
-        })?;
-        self.inner.set_reservation_sink(Some(Box::new(publisher)));
-        *self.peers.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some((source, ReplicaReading::default()));
-        Ok(())
+            let stats = publisher.stats();
+            self.inner.set_reservation_sink(Some(Box::new(publisher)));
+            *self.sharing() = Some(Sharing {
+                peers,
+                reading: ReplicaReading::default(),
+                stats,
+            });
+            Ok(())
+        })
     }
 
     /// Reads every peer replica's reservations now and merges them; returns
-    /// how many (replica, engine) entries were stored. Call it before picks
-    /// (each read is a few hundred ns per peer on shared memory). Raises
-    /// `RuntimeError` before `share_reservations`.
+    /// how many (replica, engine) entries were taken. Call it before picks
+    /// (a read of a peer that changed nothing is one load on shared
+    /// memory). Raises `RuntimeError` before `share_reservations`.
     fn update_peers(&self, py: Python<'_>) -> PyResult<usize> {
-        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
-        let (source, reading) = peers.as_mut().ok_or_else(|| {
-            PyRuntimeError::new_err("call share_reservations(replica_id) before update_peers()")
-        })?;
-        py.detach(|| source.read_into(reading))
-            .map_err(reader_error)?;
-        Ok(self.inner.update_from_replicas(reading))
+        py.detach(|| {
+            let mut sharing = self.sharing();
+            let Sharing { peers, reading, .. } = sharing.as_mut().ok_or_else(|| {
+                PyRuntimeError::new_err("call share_reservations(replica_id) before update_peers()")
+            })?;
+            peers.read_into(reading).map_err(reader_error)?;
+            Ok(self.inner.update_from_replicas(reading))
+        })
     }
 
     /// The per-replica errors of the last `update_peers()` (bad records in
     /// the routers' directory, foreign keys), as `"name: message"` strings.
-    fn peer_errors(&self) -> Vec<String> {
-        let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
-        peers.as_ref().map_or_else(Vec::new, |(_, reading)| {
-            reading
-                .errors
-                .iter()
-                .map(|e| format!("{}: {}", e.name, e.error))
-                .collect()
+    fn peer_errors(&self, py: Python<'_>) -> Vec<String> {
+        py.detach(|| {
+            self.sharing().as_ref().map_or_else(Vec::new, |sharing| {
+                sharing
+                    .reading
+                    .errors
+                    .iter()
+                    .map(|e| format!("{}: {}", e.name, e.error))
+                    .collect()
+            })
         })
+    }
+
+    /// This replica's publishing counters: `published` (changes written),
+    /// `errors` (changes that could not be: an invalid engine id, more than
+    /// 256 engines), `recreated` (its file put back after another process
+    /// removed it) and `last_error`; None when not sharing.
+    fn sharing_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(stats) = py.detach(|| self.sharing().as_ref().map(|s| s.stats.clone())) else {
+            return Ok(None);
+        };
+        let dict = PyDict::new(py);
+        dict.set_item("published", stats.published())?;
+        dict.set_item("errors", stats.errors())?;
+        dict.set_item("recreated", stats.recreated())?;
+        dict.set_item("last_error", stats.last_error())?;
+        Ok(Some(dict))
     }
 
     /// Stops sharing: the replica's record is removed (its peers drop its
     /// reservations at their next read) and the peers' are forgotten.
-    fn stop_sharing(&self) {
-        self.inner.set_reservation_sink(None);
-        self.inner.clear_peer_reservations();
-        *self.peers.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    fn stop_sharing(&self, py: Python<'_>) {
+        py.detach(|| {
+            self.inner.set_reservation_sink(None);
+            self.inner.clear_peer_reservations();
+            *self.sharing() = None;
+        })
     }
 
     /// Chooses an instance for a request and reserves it there, in one step.

@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import wait_until
@@ -429,3 +430,38 @@ def test_two_routers_share_their_reservations(uri, state_dir):
     a.stop_sharing()
     assert not (state_dir.parent / "state.routers" / "router-a").exists()
     mine.complete()
+
+
+def test_sharing_from_many_threads_does_not_deadlock(uri):
+    import threading
+
+    a = Router(["e0", "e1"])
+    b = Router(["e0", "e1"])
+    a.share_reservations("router-a", uri=uri)
+    b.share_reservations("router-b", uri=uri)
+    stop = time.monotonic() + 1.0
+    errors = []
+
+    def poll(call):
+        try:
+            while time.monotonic() < stop:
+                call()
+        except Exception as e:  # noqa: BLE001 - reported by the assertion below
+            errors.append(e)
+
+    threads = [
+        threading.Thread(target=poll, args=(call,))
+        for call in [b.update_peers, b.peer_errors, b.sharing_stats, b.update_peers, b.instances]
+    ]
+    for t in threads:
+        t.start()
+    _, held = a.pick("x", tokens=PROMPT)
+    for t in threads:
+        t.join(timeout=30)
+        assert not t.is_alive(), "a sharing call hung"
+    assert errors == []
+    stats = a.sharing_stats()
+    assert stats["published"] >= 3 and stats["errors"] == 0 and stats["last_error"] is None
+    assert Router(["e0"]).sharing_stats() is None
+    held.complete()
+    b.stop_sharing()

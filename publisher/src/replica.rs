@@ -78,9 +78,18 @@ impl ReplicaStats {
             .clone()
     }
 
+    /// Counts `error` and keeps its message; the first one is also logged
+    /// (to stderr: a router that installs no logger still sees it), the
+    /// rest only counted.
     fn failed(&self, error: &engine_state_shm_format::Error) {
         // Relaxed: counters read by monitoring only.
-        self.errors.fetch_add(1, Ordering::Relaxed);
+        if self.errors.fetch_add(1, Ordering::Relaxed) == 0 {
+            eprintln!(
+                "engine-state: a router replica's reservations could not be published: {error}; \
+                 routing goes on, its peers do not see this change (further errors are counted \
+                 in ReplicaStats, not logged)"
+            );
+        }
         *self
             .last_error
             .lock()
@@ -261,6 +270,10 @@ impl ReservationSink for ReplicaPublisher {
 
     fn instance_removed(&mut self, instance_id: &str) {
         self.remove(instance_id);
+    }
+
+    fn replica_id(&self) -> Option<&str> {
+        Some(self.replica_id.as_str())
     }
 }
 

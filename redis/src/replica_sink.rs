@@ -312,6 +312,9 @@ struct Writer {
     backoff: Backoff,
     /// Another writer held the key at the last write (logged once per change).
     refused: bool,
+    /// Writes are failing (the server unreachable, an error reply): logged
+    /// once when it starts, and once when a write goes through again.
+    failing: bool,
 }
 
 impl Writer {
@@ -342,6 +345,7 @@ impl Writer {
             retry_at: Instant::now(),
             backoff: Backoff::default(),
             refused: false,
+            failing: false,
         }
     }
 
@@ -409,6 +413,13 @@ impl Writer {
     fn failed(&mut self, stats: &SinkStats, error: &Error) {
         self.con = None;
         stats.failed(error);
+        if !std::mem::replace(&mut self.failing, true) {
+            crate::log::warn(format_args!(
+                "engine-state: router replica {:?} cannot write its reservations ({error}); its \
+                 peers stop counting them once its key expires (ttl_ms); retrying with backoff",
+                self.replica_id.as_str()
+            ));
+        }
         self.retry_at = Instant::now() + self.backoff.failed();
     }
 
@@ -474,6 +485,12 @@ impl Writer {
         match *written {
             Written::Yes => {
                 stats.written.fetch_add(1, Ordering::Relaxed);
+                if std::mem::take(&mut self.failing) {
+                    crate::log::warn(format_args!(
+                        "engine-state: router replica {id:?} writes its reservations again ({})",
+                        self.target
+                    ));
+                }
                 if std::mem::take(&mut self.refused) {
                     crate::log::warn(format_args!(
                         "engine-state: router replica {id:?}: the other writer's key is gone \

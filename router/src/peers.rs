@@ -32,6 +32,13 @@ pub trait ReservationSink: Send + std::fmt::Debug {
 
     /// The instance was removed from the router: its reservations are gone.
     fn instance_removed(&mut self, instance_id: &str);
+
+    /// The replica id this sink publishes under, if it has one: a peer
+    /// record of that id is this router's own and is never merged
+    /// ([`Router::update_peer_reservations`]).
+    fn replica_id(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// One peer replica's reservations as a reader read them.
@@ -173,21 +180,28 @@ impl Router {
     /// Publish this router's reservations to `sink` from now on (`None`:
     /// stop). Every instance's current counters are published to it at once,
     /// so a sink set on a busy router starts complete.
+    ///
+    /// The old sink is dropped (closed: a Redis sink's last write, a file
+    /// retired) after the router's lock is released, so picks and releases
+    /// in other threads never wait for it.
     pub fn set_reservation_sink(&self, sink: Option<Box<dyn ReservationSink>>) {
         let mut state = self.shared.lock();
-        state.sink = sink;
+        let old = std::mem::replace(&mut state.sink, sink);
         for position in 0..state.instances.len() {
             state.publish(position);
         }
+        drop(state);
+        drop(old);
     }
 
     /// Replace the peers' reservations with those read in one poll of every
-    /// peer. Returns how many (peer, engine) entries were stored: entries of
+    /// peer. Returns how many (peer, engine) entries were taken: entries of
     /// engines this router does not route to are ignored, and so are peers
     /// that are not fresh or whose heartbeat, aged from the reading, is past
     /// `real_state_expiry_s`. Peers not given are forgotten. The router's own
-    /// record must not be among them (the reader leaves it out): it would
-    /// count every own reservation twice.
+    /// record (the reader leaves it out when told the own id) would count
+    /// every own reservation twice: a peer with the sink's
+    /// [`ReservationSink::replica_id`] is ignored too.
     pub fn update_peer_reservations<'a>(
         &self,
         peers: impl IntoIterator<Item = &'a PeerReservations>,
@@ -198,8 +212,16 @@ impl Router {
         for instance in &mut state.instances {
             instance.peers.clear();
         }
+        let own: Option<Arc<str>> = state
+            .sink
+            .as_ref()
+            .and_then(|sink| sink.replica_id())
+            .map(Arc::from);
         let mut stored = 0;
         for peer in peers {
+            if own.as_deref() == Some(&*peer.replica_id) {
+                continue;
+            }
             let Some(until_ns) = peer.merge_until(expiry) else {
                 continue;
             };

@@ -283,3 +283,82 @@ fn replicas_sharing_reservations_place_like_one_router() {
         .collect();
     assert_eq!(placed.len(), 4, "the load spread over every instance");
 }
+
+/// A sink whose drop blocks until the test lets it go (a Redis sink's
+/// close waits on the network).
+#[derive(Debug)]
+struct SlowToClose {
+    closing: std::sync::mpsc::Sender<()>,
+    release: std::sync::mpsc::Receiver<()>,
+}
+
+impl ReservationSink for SlowToClose {
+    fn reservations_changed(&mut self, _instance_id: &str, _counters: &ShadowCounters) {}
+    fn instance_removed(&mut self, _instance_id: &str) {}
+}
+
+impl Drop for SlowToClose {
+    fn drop(&mut self) {
+        let _ = self.closing.send(());
+        let _ = self.release.recv();
+    }
+}
+
+/// Replacing a sink never closes the old one under the router's lock: picks
+/// in other threads go on while it closes.
+#[test]
+fn a_sink_closes_outside_the_routers_lock() {
+    let (r, _) = router(Policy::LoadOnly, &["a"]);
+    let (release, wait) = std::sync::mpsc::channel();
+    let (closing_now, entered) = std::sync::mpsc::channel();
+    r.set_reservation_sink(Some(Box::new(SlowToClose {
+        closing: closing_now,
+        release: wait,
+    })));
+    let closing = {
+        let r = r.clone();
+        std::thread::spawn(move || r.set_reservation_sink(None))
+    };
+    // Once the old sink is closing, pick from another thread.
+    entered.recv().unwrap();
+    let (picked, done) = std::sync::mpsc::channel();
+    let picker = {
+        let r = r.clone();
+        std::thread::spawn(move || {
+            let result = r
+                .pick(&Request::from_tokens("1", vec![1; 600]))
+                .map(|(d, _)| d);
+            let _ = picked.send(result.is_ok());
+        })
+    };
+    let outcome = done.recv_timeout(Duration::from_secs(10));
+    release.send(()).unwrap();
+    closing.join().unwrap();
+    picker.join().unwrap();
+    assert_eq!(outcome, Ok(true), "a pick waited for the old sink to close");
+}
+
+/// A peer record with this router's own replica id (a reader opened
+/// without the own id) is never merged: it would count every own
+/// reservation twice.
+#[test]
+fn the_own_record_among_the_peers_is_left_out() {
+    #[derive(Debug)]
+    struct Named;
+    impl ReservationSink for Named {
+        fn reservations_changed(&mut self, _: &str, _: &ShadowCounters) {}
+        fn instance_removed(&mut self, _: &str) {}
+        fn replica_id(&self) -> Option<&str> {
+            Some("me")
+        }
+    }
+    let (r, now) = router(Policy::LoadOnly, &["a"]);
+    r.set_reservation_sink(Some(Box::new(Named)));
+    let t = now.load(Ordering::Relaxed);
+    let stored = r.update_peer_reservations(&[
+        peer("me", t, &[("a", busy(7, 700))]),
+        peer("other", t, &[("a", busy(1, 100))]),
+    ]);
+    assert_eq!(stored, 1, "only the other replica's entry");
+    assert_eq!(r.instance("a").unwrap().peers.num_requests, 1);
+}

@@ -257,7 +257,8 @@ impl DigestError {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RouterError {
-    /// The first 8 bytes are not `ESROUTER` (or there are fewer than 8).
+    /// The first 8 bytes are not `ESROUTER` (a shorter file is
+    /// [`RouterError::WrongSize`]).
     #[error("not a router reservations file (bad magic); remove it from the routers directory")]
     NotRouter,
     /// A reservations layout version this build does not know.

@@ -101,8 +101,8 @@ impl Default for RunConfig {
 impl RunConfig {
     /// `policy/real_state_use/feed/routers` unless a label was given, with
     /// the cache knowledge after the feed where engines publish digests (a
-    /// periodic feed) and real state is used
-    /// (`unified/placement/periodic:50/engine/r4`), and the sharing delay
+    /// periodic feed) (`unified/placement/periodic:50/engine/r4`), and the
+    /// sharing delay
     /// in ms where replicas share their reservations
     /// (`unified/placement/periodic:50/engine/r4/share:0`).
     pub fn name(&self) -> String {

@@ -5,24 +5,39 @@
 use std::fmt::Write as _;
 
 use engine_state_reader::{millis, printable, ReplicaReading};
+use engine_state_shm_format::Reservations;
 
-/// The table of `reading`: REPLICA, STATUS, ENGINE, REQ, ONGOING_TOK,
-/// PEND_PREFILL, DECODE_TOK, PREFILLING, MAX_PREFILL, HB_MS. A replica
+/// The column label of each counter, by its name in
+/// `Reservations::FIELD_NAMES` (the one list): a test checks every counter
+/// has one, and the columns follow that list's order.
+const COUNTER_LABELS: [(&str, &str); Reservations::FIELD_NAMES.len()] = [
+    ("num_requests", "REQ"),
+    ("ongoing_tokens", "ONGOING_TOK"),
+    ("pending_prefill_tokens", "PEND_PREFILL"),
+    ("ongoing_decode_tokens", "DECODE_TOK"),
+    ("num_prefilling", "PREFILLING"),
+    ("max_prefill_remaining", "MAX_PREFILL"),
+];
+
+/// The label of counter `name`.
+fn label(name: &str) -> &'static str {
+    COUNTER_LABELS
+        .iter()
+        .find(|(field, _)| *field == name)
+        .map_or("?", |(_, label)| label)
+}
+
+/// The table of `reading`: REPLICA, STATUS, ENGINE, one column per counter
+/// ([`COUNTER_LABELS`]: REQ, ONGOING_TOK, PEND_PREFILL, DECODE_TOK,
+/// PREFILLING, MAX_PREFILL), HB_MS. A replica
 /// that lists no engine (or whose record is torn) shows one row with `-`.
 /// Names are shown escaped ([`printable`]).
 pub fn render(reading: &ReplicaReading) -> String {
-    let header = [
-        "REPLICA",
-        "STATUS",
-        "ENGINE",
-        "REQ",
-        "ONGOING_TOK",
-        "PEND_PREFILL",
-        "DECODE_TOK",
-        "PREFILLING",
-        "MAX_PREFILL",
-        "HB_MS",
-    ];
+    let header: Vec<&str> = ["REPLICA", "STATUS", "ENGINE"]
+        .into_iter()
+        .chain(Reservations::FIELD_NAMES.iter().map(|name| label(name)))
+        .chain(["HB_MS"])
+        .collect();
     let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
     for replica in &reading.replicas {
         let head = |engine: String| {
@@ -35,13 +50,16 @@ pub fn render(reading: &ReplicaReading) -> String {
         let heartbeat = format!("{:.0}", millis(replica.heartbeat_age));
         if replica.engines.is_empty() {
             let mut row = head("-".to_owned());
-            row.extend(std::iter::repeat_n("-".to_owned(), 6));
+            row.extend(std::iter::repeat_n(
+                "-".to_owned(),
+                Reservations::FIELD_NAMES.len(),
+            ));
             row.push(heartbeat.clone());
             rows.push(row);
         }
         for (engine, r) in &replica.engines {
             let mut row = head(printable(engine).into_owned());
-            row.extend(r.to_words().iter().map(u64::to_string));
+            row.extend(r.fields().map(|(_, value)| value.to_string()));
             row.push(heartbeat.clone());
             rows.push(row);
         }
@@ -77,9 +95,15 @@ mod tests {
     use std::time::Duration;
 
     use engine_state_reader::{EngineError, ReplicaState, Status};
-    use engine_state_shm_format::Reservations;
 
     use super::*;
+
+    #[test]
+    fn every_counter_has_a_label() {
+        for name in Reservations::FIELD_NAMES {
+            assert_ne!(label(name), "?", "{name}");
+        }
+    }
 
     #[test]
     fn one_row_per_replica_and_engine_then_the_errors() {
