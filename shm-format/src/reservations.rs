@@ -50,11 +50,13 @@ macro_rules! define_reservations {
 define_reservations! {
     /// Requests reserved and not yet completed.
     num_requests = 0,
-    /// Prompt plus expected output tokens of those requests.
+    /// Prompt tokens (`input_len`) of those requests.
     ongoing_tokens = 1,
-    /// Prefill tokens of those requests not yet prefilled.
+    /// Prefill still to do (`input_len` − cache hit) of those requests
+    /// before their `prefill_done`.
     pending_prefill_tokens = 2,
-    /// Tokens of those requests whose prefill is done (decoding).
+    /// Prompt tokens of those requests after their `prefill_done` (their
+    /// decode context).
     ongoing_decode_tokens = 3,
     /// Those requests still prefilling.
     num_prefilling = 4,
