@@ -9,6 +9,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use engine_state_shm_format::EngineId;
 use redis::Value;
@@ -254,5 +255,72 @@ pub(crate) fn fetched_bytes(key: &str, value: Value) -> Result<Vec<u8>, Error> {
             key: key.to_owned(),
             what: format!("unexpected reply {other:?}"),
         }),
+    }
+}
+
+/// The ids due for `SREM`, and whether this reader may prune at all.
+pub(crate) struct Pruning {
+    /// Ids due for `SREM` (each marked `prune_pending` by its reader); an
+    /// id leaves its reader only once its `SREM` succeeded.
+    pub(crate) due: Vec<Arc<str>>,
+    /// The server refused `SREM` (`NOPERM`: a read-only ACL user;
+    /// `READONLY`: a replica): this reader no longer prunes, and ids whose
+    /// keys are gone stay listed (said once, as a warning).
+    pub(crate) refused: bool,
+    /// How long an id's key is missing before it is pruned
+    /// ([`crate::PRUNE_AFTER`]; shorter in tests).
+    pub(crate) after: Duration,
+}
+
+impl Pruning {
+    pub(crate) fn new(after: Duration) -> Pruning {
+        Pruning {
+            due: Vec::new(),
+            refused: false,
+            after,
+        }
+    }
+
+    /// Queues `id` for `SREM` when its key has been missing since
+    /// `missing_since` for [`Pruning::after`] and it is not queued yet
+    /// (`pending`, its reader's mark, is then set).
+    pub(crate) fn queue_if_due(
+        &mut self,
+        id: &Arc<str>,
+        pending: &mut bool,
+        missing_since: Option<Instant>,
+        now: Instant,
+    ) {
+        if !self.refused
+            && !*pending
+            && missing_since.is_some_and(|t| now.duration_since(t) >= self.after)
+        {
+            *pending = true;
+            self.due.push(id.clone());
+        }
+    }
+
+    /// After a refused `SREM` of `ids`: warns (`members`: "engines" and
+    /// `listed_as`: "dead", as the reader lists them) and stops pruning;
+    /// `unmark` clears the `prune_pending` of `ids` and of every id queued.
+    pub(crate) fn stop(
+        &mut self,
+        target: &RedisTarget,
+        registry: &str,
+        (members, listed_as): (&str, &str),
+        error: redis::RedisError,
+        ids: &[Arc<str>],
+        mut unmark: impl FnMut(&Arc<str>),
+    ) {
+        crate::log::warn(format_args!(
+            "{target}: this reader may not remove {members} whose keys are gone from the \
+             registry {registry} ({error}); they stay listed as {listed_as}. Grant the user \
+             SREM on it, or read from the primary, to have them pruned"
+        ));
+        self.refused = true;
+        for id in ids.iter().chain(&self.due) {
+            unmark(id);
+        }
+        self.due.clear();
     }
 }

@@ -77,10 +77,8 @@ pub struct RedisReplicas {
     last_scan_start: Option<Instant>,
     /// Members to fetch once (new, or their key was missing).
     probe: Vec<Arc<str>>,
-    /// Members due for `SREM`.
-    prune: Vec<Arc<str>>,
-    prune_refused: bool,
-    prune_after: Duration,
+    /// Members due for `SREM`, and whether this reader may prune.
+    pruning: registry::Pruning,
     invalid_members: Option<Error>,
     retry_at: Instant,
     backoff: Backoff,
@@ -137,9 +135,7 @@ impl RedisReplicas {
             scan: None,
             last_scan_start: None,
             probe: Vec::new(),
-            prune: Vec::new(),
-            prune_refused: false,
-            prune_after: PRUNE_AFTER,
+            pruning: registry::Pruning::new(PRUNE_AFTER),
             invalid_members: None,
             retry_at: now,
             backoff: Backoff::default(),
@@ -160,7 +156,7 @@ impl RedisReplicas {
     /// ([`PRUNE_AFTER`]; tests shorten it).
     #[doc(hidden)]
     pub fn set_prune_after(&mut self, prune_after: Duration) {
-        self.prune_after = prune_after;
+        self.pruning.after = prune_after;
     }
 
     /// The server, database and prefix read.
@@ -252,7 +248,7 @@ impl RedisReplicas {
         let mut request = Vec::new();
         let (pruning, mut count) = registry::pack_registry(
             &self.registry,
-            &mut self.prune,
+            &mut self.pruning.due,
             self.scan.as_ref(),
             &mut request,
         );
@@ -276,7 +272,7 @@ impl RedisReplicas {
             Ok(replies) => replies.into_iter(),
             Err(error) => {
                 self.probe = probing;
-                self.prune.extend(pruning);
+                self.pruning.due.extend(pruning);
                 return Err(error);
             }
         };
@@ -341,23 +337,23 @@ impl RedisReplicas {
                 Ok(())
             }
             Ok(Some(error)) => {
-                crate::log::warn(format_args!(
-                    "{}: this reader may not remove router replicas whose keys are gone from \
-                     the registry {} ({error}); they stay listed as gone. Grant the user SREM \
-                     on it, or read from the primary, to have them pruned",
-                    self.target, self.registry
-                ));
-                self.prune_refused = true;
-                for id in ids.iter().chain(&self.prune) {
-                    if let Some(member) = self.members.get_mut(id) {
-                        member.prune_pending = false;
-                    }
-                }
-                self.prune.clear();
+                let members = &mut self.members;
+                self.pruning.stop(
+                    &self.target,
+                    &self.registry,
+                    ("router replicas", "gone"),
+                    error,
+                    &ids,
+                    |id| {
+                        if let Some(member) = members.get_mut(id) {
+                            member.prune_pending = false;
+                        }
+                    },
+                );
                 Ok(())
             }
             Err(error) => {
-                self.prune.extend(ids);
+                self.pruning.due.extend(ids);
                 Err(error)
             }
         }
@@ -388,15 +384,12 @@ impl RedisReplicas {
                 MemberState::Missing { had_value, .. } => (false, had_value, !had_value),
                 MemberState::Unfetched => (false, false, false),
             };
-            if let MemberState::Missing { since, .. } = member.state {
-                if !self.prune_refused
-                    && !member.prune_pending
-                    && now.duration_since(since) >= self.prune_after
-                {
-                    member.prune_pending = true;
-                    self.prune.push(id.clone());
-                }
-            }
+            let missing_since = match member.state {
+                MemberState::Missing { since, .. } => Some(since),
+                _ => None,
+            };
+            self.pruning
+                .queue_if_due(id, &mut member.prune_pending, missing_since, now);
             for (set, member_of) in [
                 (&mut self.live, live),
                 (&mut self.gone, gone),

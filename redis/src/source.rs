@@ -77,15 +77,8 @@ pub struct RedisSource {
     last_scan_start: Option<Instant>,
     /// Members to fetch once (new, or their key was missing).
     probe: Vec<Arc<str>>,
-    /// Engines due for `SREM` (each `prune_pending`); an engine leaves
-    /// `engines` only once its `SREM` succeeded.
-    prune: Vec<Arc<str>>,
-    /// The server refused `SREM` (`NOPERM`: a read-only ACL user;
-    /// `READONLY`: a replica): this reader no longer prunes, and engines
-    /// whose keys are gone stay listed as dead (said once, as a warning).
-    prune_refused: bool,
-    /// [`PRUNE_AFTER`]; shorter in tests.
-    prune_after: Duration,
+    /// Engines due for `SREM`, and whether this reader may prune.
+    pruning: registry::Pruning,
     /// What the last complete scan found that is not an engine id.
     invalid_members: Option<Error>,
     retry_at: Instant,
@@ -109,7 +102,7 @@ struct RegisteredEngine {
     fault: Option<Error>,
     /// Fetched at least once (an engine not yet fetched is not listed).
     fetched_once: bool,
-    /// Queued for, or in, an `SREM` (see [`RedisSource::prune`]).
+    /// Queued for, or in, an `SREM` (see [`RedisSource::pruning`]).
     prune_pending: bool,
     /// The engine's cache digest (fetched only with
     /// [`RedisSource::read_cache_digests`]).
@@ -204,9 +197,7 @@ impl RedisSource {
             scan: None,
             last_scan_start: None,
             probe: Vec::new(),
-            prune: Vec::new(),
-            prune_refused: false,
-            prune_after: PRUNE_AFTER,
+            pruning: registry::Pruning::new(PRUNE_AFTER),
             invalid_members: None,
             retry_at: now,
             backoff: Backoff::default(),
@@ -229,7 +220,7 @@ impl RedisSource {
     /// shorten [`PRUNE_AFTER`]).
     #[doc(hidden)]
     pub fn set_prune_after(&mut self, prune_after: Duration) {
-        self.prune_after = prune_after;
+        self.pruning.after = prune_after;
     }
 
     /// Whether refreshes also fetch the engines' cache digests (default
@@ -295,7 +286,7 @@ impl RedisSource {
                  reader read one) and are not listed; they are removed from the registry \
                  {} s after this reader found their key missing",
                 self.no_key,
-                self.prune_after.as_secs()
+                self.pruning.after.as_secs()
             ),
         })
     }
@@ -352,7 +343,7 @@ impl RedisSource {
         let mut request = Vec::new();
         let (pruning, mut count) = registry::pack_registry(
             &self.registry,
-            &mut self.prune,
+            &mut self.pruning.due,
             self.scan.as_ref(),
             &mut request,
         );
@@ -378,7 +369,7 @@ impl RedisSource {
             Ok(replies) => replies.into_iter(),
             Err(error) => {
                 self.probe = probing;
-                self.prune.extend(pruning);
+                self.pruning.due.extend(pruning);
                 return Err(error);
             }
         };
@@ -426,23 +417,23 @@ impl RedisSource {
                 Ok(())
             }
             Ok(Some(error)) => {
-                crate::log::warn(format_args!(
-                    "{}: this reader may not remove engines whose keys are gone from the \
-                     registry {} ({error}); they stay listed as dead. Grant the user SREM \
-                     on it, or read from the primary, to have them pruned",
-                    self.target, self.registry
-                ));
-                self.prune_refused = true;
-                for id in ids.iter().chain(&self.prune) {
-                    if let Some(engine) = self.engines.get_mut(id) {
-                        engine.prune_pending = false;
-                    }
-                }
-                self.prune.clear();
+                let engines = &mut self.engines;
+                self.pruning.stop(
+                    &self.target,
+                    &self.registry,
+                    ("engines", "dead"),
+                    error,
+                    &ids,
+                    |id| {
+                        if let Some(engine) = engines.get_mut(id) {
+                            engine.prune_pending = false;
+                        }
+                    },
+                );
                 Ok(())
             }
             Err(error) => {
-                self.prune.extend(ids);
+                self.pruning.due.extend(ids);
                 Err(error)
             }
         }
@@ -537,15 +528,8 @@ impl RedisSource {
             let before = engine.class();
             engine.apply(value, pttl, now);
             let after = engine.class();
-            if !self.prune_refused
-                && !engine.prune_pending
-                && engine
-                    .missing_since
-                    .is_some_and(|t| now.duration_since(t) >= self.prune_after)
-            {
-                engine.prune_pending = true;
-                self.prune.push(id.clone());
-            }
+            self.pruning
+                .queue_if_due(id, &mut engine.prune_pending, engine.missing_since, now);
             self.index(id, Some(before), Some(after));
         }
         Ok(())
@@ -743,12 +727,12 @@ mod tests {
         source
             .apply_values(&probing, &mut missing().into_iter(), now)
             .unwrap();
-        assert_eq!(source.prune, [Arc::<str>::from("gone")]);
+        assert_eq!(source.pruning.due, [Arc::<str>::from("gone")]);
         source.scan = Some(RegistryScan::default());
         source.apply_step(step(0, &[b"gone"])).unwrap();
         assert!(source.probe.is_empty(), "{:?}", source.probe);
         assert!(source.engines.contains_key("gone"));
-        let ids = std::mem::take(&mut source.prune);
+        let ids = std::mem::take(&mut source.pruning.due);
         source.apply_srem(ids, Some(Value::Int(1))).unwrap();
         assert!(source.engines.is_empty());
         assert!(source.unkeyed_members().is_none());
@@ -765,19 +749,19 @@ mod tests {
         source
             .apply_values(&probing, &mut missing().into_iter(), Instant::now())
             .unwrap();
-        let ids = std::mem::take(&mut source.prune);
+        let ids = std::mem::take(&mut source.pruning.due);
         let refused = redis::parse_redis_value(
             b"-NOPERM User r has no permissions to run the 'srem' command\r\n",
         )
         .unwrap();
         assert!(matches!(refused, Value::ServerError(_)), "{refused:?}");
         source.apply_srem(ids, Some(refused)).unwrap();
-        assert!(source.prune_refused);
+        assert!(source.pruning.refused);
         assert!(source.engines.contains_key("gone"));
         let probing: Vec<Arc<str>> = vec![Arc::from("gone")];
         source
             .apply_values(&probing, &mut missing().into_iter(), Instant::now())
             .unwrap();
-        assert!(source.prune.is_empty(), "no SREM again");
+        assert!(source.pruning.due.is_empty(), "no SREM again");
     }
 }
