@@ -189,7 +189,7 @@ pub(crate) fn read_error(
 /// the server refuses writes (`NOPERM`: a read-only ACL user; `READONLY`: a
 /// replica), pruning ends; `Err`, any other failure (`unprunable`: "cannot
 /// prune the … registry"), the ids are pruned again next read.
-pub(crate) fn srem_reply(
+fn srem_reply(
     reply: Option<Value>,
     target: &RedisTarget,
     unprunable: &'static str,
@@ -300,10 +300,35 @@ impl Pruning {
         }
     }
 
-    /// After a refused `SREM` of `ids`: warns (`members`: "engines" and
-    /// `listed_as`: "dead", as the reader lists them) and stops pruning;
-    /// `unmark` clears the `prune_pending` of `ids` and of every id queued.
-    pub(crate) fn stop(
+    /// Applies the `SREM` of `ids` (`reply`): returns the ids removed from
+    /// the registry (they leave the reader too). A server that refuses
+    /// writes (`NOPERM`, `READONLY`) ends pruning, said once (`members` and
+    /// `listed_as`: "engines" stay listed as "dead"; `unmark` clears the
+    /// `prune_pending` of `ids` and of every id queued); any other failure
+    /// (`unprunable`: "cannot prune the … registry") queues them again.
+    pub(crate) fn apply_srem(
+        &mut self,
+        ids: Vec<Arc<str>>,
+        reply: Option<Value>,
+        target: &RedisTarget,
+        registry: &str,
+        (members, listed_as, unprunable): (&str, &str, &'static str),
+        unmark: impl FnMut(&Arc<str>),
+    ) -> Result<Vec<Arc<str>>, Error> {
+        match srem_reply(reply, target, unprunable) {
+            Ok(None) => Ok(ids),
+            Ok(Some(error)) => {
+                self.stop(target, registry, (members, listed_as), error, &ids, unmark);
+                Ok(Vec::new())
+            }
+            Err(error) => {
+                self.due.extend(ids);
+                Err(error)
+            }
+        }
+    }
+
+    fn stop(
         &mut self,
         target: &RedisTarget,
         registry: &str,

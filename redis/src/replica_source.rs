@@ -325,38 +325,27 @@ impl RedisReplicas {
     /// The `SREM` of `ids`: removed, they leave this reader; a server that
     /// refuses writes (`NOPERM`, `READONLY`) ends pruning (said once).
     fn apply_srem(&mut self, ids: Vec<Arc<str>>, reply: Option<Value>) -> Result<(), Error> {
-        match registry::srem_reply(
+        let members = &mut self.members;
+        let removed = self.pruning.apply_srem(
+            ids,
             reply,
             &self.target,
-            "cannot prune the router replica registry",
-        ) {
-            Ok(None) => {
-                for id in &ids {
-                    self.remove_member(id);
+            &self.registry,
+            (
+                "router replicas",
+                "gone",
+                "cannot prune the router replica registry",
+            ),
+            |id| {
+                if let Some(member) = members.get_mut(id) {
+                    member.prune_pending = false;
                 }
-                Ok(())
-            }
-            Ok(Some(error)) => {
-                let members = &mut self.members;
-                self.pruning.stop(
-                    &self.target,
-                    &self.registry,
-                    ("router replicas", "gone"),
-                    error,
-                    &ids,
-                    |id| {
-                        if let Some(member) = members.get_mut(id) {
-                            member.prune_pending = false;
-                        }
-                    },
-                );
-                Ok(())
-            }
-            Err(error) => {
-                self.pruning.due.extend(ids);
-                Err(error)
-            }
+            },
+        )?;
+        for id in &removed {
+            self.remove_member(id);
         }
+        Ok(())
     }
 
     fn remove_member(&mut self, id: &Arc<str>) {

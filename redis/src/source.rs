@@ -409,34 +409,23 @@ impl RedisSource {
     /// ends pruning; they stay listed as dead. Any other failure puts them
     /// back for the next refresh.
     fn apply_srem(&mut self, ids: Vec<Arc<str>>, reply: Option<Value>) -> Result<(), Error> {
-        match registry::srem_reply(reply, &self.target, "cannot prune the engine registry") {
-            Ok(None) => {
-                for id in &ids {
-                    self.remove_engine(id);
+        let engines = &mut self.engines;
+        let removed = self.pruning.apply_srem(
+            ids,
+            reply,
+            &self.target,
+            &self.registry,
+            ("engines", "dead", "cannot prune the engine registry"),
+            |id| {
+                if let Some(engine) = engines.get_mut(id) {
+                    engine.prune_pending = false;
                 }
-                Ok(())
-            }
-            Ok(Some(error)) => {
-                let engines = &mut self.engines;
-                self.pruning.stop(
-                    &self.target,
-                    &self.registry,
-                    ("engines", "dead"),
-                    error,
-                    &ids,
-                    |id| {
-                        if let Some(engine) = engines.get_mut(id) {
-                            engine.prune_pending = false;
-                        }
-                    },
-                );
-                Ok(())
-            }
-            Err(error) => {
-                self.pruning.due.extend(ids);
-                Err(error)
-            }
+            },
+        )?;
+        for id in &removed {
+            self.remove_engine(id);
         }
+        Ok(())
     }
 
     /// Removes an engine from this reader (it left the registry).
