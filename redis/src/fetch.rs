@@ -89,16 +89,22 @@ pub struct CacheRefused {
 /// just now" forever: [`Error::NoExpiry`] instead.
 pub fn decode_fetched(key: &str, bytes: &[u8], pttl_ms: i64) -> Result<RedisRecord, Error> {
     let record = RedisRecord::decode(key, bytes)?;
+    check_expiry(key, pttl_ms, record.ttl_ms, "record")?;
+    Ok(record)
+}
+
+/// [`Error::NoExpiry`] unless the key's `PTTL` is one a value (`what`: its
+/// name) written with `PX ttl_ms` can have: 0 ≤ PTTL ≤ `ttl_ms`.
+fn check_expiry(key: &str, pttl_ms: i64, ttl_ms: u32, value: &str) -> Result<(), Error> {
     let what = if pttl_ms < 0 {
         "the key has no expiry (PTTL -1; PERSISTed, copied or written without PX)".to_owned()
-    } else if pttl_ms as u64 > u64::from(record.ttl_ms) {
+    } else if pttl_ms as u64 > u64::from(ttl_ms) {
         format!(
-            "the key expires in {pttl_ms} ms but its record says it was written with PX {} \
-             (re-expired or written by hand)",
-            record.ttl_ms
+            "the key expires in {pttl_ms} ms but its {value} says it was written with PX \
+             {ttl_ms} (re-expired or written by hand)"
         )
     } else {
-        return Ok(record);
+        return Ok(());
     };
     Err(Error::NoExpiry {
         key: key.to_owned(),
@@ -132,21 +138,8 @@ pub fn decode_fetched_router(key: &str, bytes: &[u8], pttl_ms: i64) -> Result<Ro
         });
     }
     let value = RouterValue::decode(key, bytes)?;
-    let what = if pttl_ms < 0 {
-        "the key has no expiry (PTTL -1; PERSISTed, copied or written without PX)".to_owned()
-    } else if pttl_ms as u64 > u64::from(value.ttl_ms) {
-        format!(
-            "the key expires in {pttl_ms} ms but its value says it was written with PX {} \
-             (re-expired or written by hand)",
-            value.ttl_ms
-        )
-    } else {
-        return Ok(value);
-    };
-    Err(Error::NoExpiry {
-        key: key.to_owned(),
-        what,
-    })
+    check_expiry(key, pttl_ms, value.ttl_ms, "value")?;
+    Ok(value)
 }
 
 /// A router value's heartbeat age when fetched: the time since the write by

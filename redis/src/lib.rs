@@ -33,6 +33,7 @@ mod log;
 mod mailbox;
 mod ops;
 mod redact;
+mod registry;
 mod replica_sink;
 mod replica_source;
 mod replies;

@@ -12,19 +12,19 @@
 //! read is fetched with `GETRANGE key 0 MAX_ROUTER_VALUE_SIZE` (a huge
 //! foreign value costs no more than the largest value) and `PTTL`.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use engine_state_shm_format::EngineId;
 use redis::Value;
 
 use crate::backoff::Backoff;
 use crate::error::Error;
 use crate::fetch::{decode_fetched_router, router_heartbeat_age_at_fetch};
+use crate::registry::{self, RegistryScan};
 use crate::router_value::{RouterValue, MAX_ROUTER_VALUE_SIZE};
 use crate::schema::{router_key, router_registry_key};
-use crate::source::{PRUNE_AFTER, SCAN_STEP};
+use crate::source::PRUNE_AFTER;
 use crate::target::{query_by, RedisTarget};
 
 /// How often a scan of the replica registry starts at most by default.
@@ -73,14 +73,12 @@ pub struct RedisReplicas {
     gone: BTreeSet<Arc<str>>,
     /// Members whose key never held a value when fetched.
     no_key: BTreeSet<Arc<str>>,
-    scan: Option<Scan>,
+    scan: Option<RegistryScan>,
     last_scan_start: Option<Instant>,
     /// Members to fetch once (new, or their key was missing).
     probe: Vec<Arc<str>>,
-    /// Members due for `SREM`.
-    prune: Vec<Arc<str>>,
-    prune_refused: bool,
-    prune_after: Duration,
+    /// Members due for `SREM`, and whether this reader may prune.
+    pruning: registry::Pruning,
     invalid_members: Option<Error>,
     retry_at: Instant,
     backoff: Backoff,
@@ -95,16 +93,6 @@ impl std::fmt::Debug for RedisReplicas {
             .field("members", &self.members.len())
             .finish_non_exhaustive()
     }
-}
-
-/// One pass over the registry.
-#[derive(Default)]
-struct Scan {
-    cursor: u64,
-    seen: HashSet<Arc<str>>,
-    seen_invalid: HashSet<Vec<u8>>,
-    invalid: usize,
-    first_invalid: Option<(String, String)>,
 }
 
 /// A registered replica and what its key held at the last fetch.
@@ -147,9 +135,7 @@ impl RedisReplicas {
             scan: None,
             last_scan_start: None,
             probe: Vec::new(),
-            prune: Vec::new(),
-            prune_refused: false,
-            prune_after: PRUNE_AFTER,
+            pruning: registry::Pruning::new(PRUNE_AFTER),
             invalid_members: None,
             retry_at: now,
             backoff: Backoff::default(),
@@ -170,7 +156,7 @@ impl RedisReplicas {
     /// ([`PRUNE_AFTER`]; tests shorten it).
     #[doc(hidden)]
     pub fn set_prune_after(&mut self, prune_after: Duration) {
-        self.prune_after = prune_after;
+        self.pruning.after = prune_after;
     }
 
     /// The server, database and prefix read.
@@ -256,32 +242,16 @@ impl RedisReplicas {
                 .last_scan_start
                 .is_none_or(|t| now.duration_since(t) >= self.rescan_interval)
         {
-            self.scan = Some(Scan::default());
+            self.scan = Some(RegistryScan::default());
             self.last_scan_start = Some(now);
         }
         let mut request = Vec::new();
-        let mut count = 0;
-        // SREM first: the scan step after it cannot name (re-add) what it removes.
-        let from = self.prune.len().saturating_sub(SCAN_STEP);
-        let pruning: Vec<Arc<str>> = self.prune.drain(from..).collect();
-        if !pruning.is_empty() {
-            let mut srem = redis::cmd("SREM");
-            srem.arg(&self.registry);
-            for id in &pruning {
-                srem.arg(&**id);
-            }
-            srem.write_packed_command(&mut request);
-            count += 1;
-        }
-        if let Some(scan) = &self.scan {
-            redis::cmd("SSCAN")
-                .arg(&self.registry)
-                .arg(scan.cursor)
-                .arg("COUNT")
-                .arg(SCAN_STEP)
-                .write_packed_command(&mut request);
-            count += 1;
-        }
+        let (pruning, mut count) = registry::pack_registry(
+            &self.registry,
+            &mut self.pruning.due,
+            self.scan.as_ref(),
+            &mut request,
+        );
         let mut fetched: Vec<Arc<str>> = self.live.iter().cloned().collect();
         let probing = std::mem::take(&mut self.probe);
         fetched.extend(
@@ -302,7 +272,7 @@ impl RedisReplicas {
             Ok(replies) => replies.into_iter(),
             Err(error) => {
                 self.probe = probing;
-                self.prune.extend(pruning);
+                self.pruning.due.extend(pruning);
                 return Err(error);
             }
         };
@@ -345,12 +315,8 @@ impl RedisReplicas {
         let con = self.con.as_mut().expect("connected before fetch");
         let replies = query_by(con, request, count, deadline)
             .map_err(|e| self.target.error("cannot read router replicas", &e))?;
-        // WRONGTYPE concerns one replica's key (judged per replica) or the
-        // registry (`apply_step`); the SREM's reply is `apply_srem`'s.
-        if let Some((_, Value::ServerError(e))) = replies.iter().enumerate().find(|(i, v)| {
-            Some(*i) != srem_reply && matches!(v, Value::ServerError(e) if e.code() != "WRONGTYPE")
-        }) {
-            let error: redis::RedisError = e.clone().into();
+        // The SREM's reply is `apply_srem`'s.
+        if let Some(error) = registry::read_error(&replies, srem_reply) {
             return Err(self.target.error("cannot read router replicas", &error));
         }
         Ok(replies)
@@ -359,42 +325,27 @@ impl RedisReplicas {
     /// The `SREM` of `ids`: removed, they leave this reader; a server that
     /// refuses writes (`NOPERM`, `READONLY`) ends pruning (said once).
     fn apply_srem(&mut self, ids: Vec<Arc<str>>, reply: Option<Value>) -> Result<(), Error> {
-        match reply {
-            Some(Value::Int(_)) => {
-                for id in &ids {
-                    self.remove_member(id);
+        let members = &mut self.members;
+        let removed = self.pruning.apply_srem(
+            ids,
+            reply,
+            &self.target,
+            &self.registry,
+            (
+                "router replicas",
+                "gone",
+                "cannot prune the router replica registry",
+            ),
+            |id| {
+                if let Some(member) = members.get_mut(id) {
+                    member.prune_pending = false;
                 }
-                Ok(())
-            }
-            Some(Value::ServerError(e)) if matches!(e.code(), "NOPERM" | "READONLY") => {
-                let error: redis::RedisError = e.into();
-                crate::log::warn(format_args!(
-                    "{}: this reader may not remove router replicas whose keys are gone from \
-                     the registry {} ({error}); they stay listed as gone. Grant the user SREM \
-                     on it, or read from the primary, to have them pruned",
-                    self.target, self.registry
-                ));
-                self.prune_refused = true;
-                for id in ids.iter().chain(&self.prune) {
-                    if let Some(member) = self.members.get_mut(id) {
-                        member.prune_pending = false;
-                    }
-                }
-                self.prune.clear();
-                Ok(())
-            }
-            other => {
-                self.prune.extend(ids);
-                Err(match other {
-                    Some(Value::ServerError(e)) => {
-                        let error: redis::RedisError = e.into();
-                        self.target
-                            .error("cannot prune the router replica registry", &error)
-                    }
-                    other => self.protocol_error(&other),
-                })
-            }
+            },
+        )?;
+        for id in &removed {
+            self.remove_member(id);
         }
+        Ok(())
     }
 
     fn remove_member(&mut self, id: &Arc<str>) {
@@ -412,14 +363,7 @@ impl RedisReplicas {
         now: Instant,
     ) -> Result<(), Error> {
         for id in ids {
-            let value = replies.next();
-            let pttl = match replies.next() {
-                Some(Value::Int(ms)) => ms,
-                other => return Err(self.protocol_error(&other)),
-            };
-            let Some(value) = value else {
-                return Err(self.protocol_error(&None));
-            };
+            let (value, pttl) = registry::next_fetched(replies, &self.target)?;
             let Some(member) = self.members.get_mut(id) else {
                 continue; // pruned earlier in this pipeline
             };
@@ -429,15 +373,12 @@ impl RedisReplicas {
                 MemberState::Missing { had_value, .. } => (false, had_value, !had_value),
                 MemberState::Unfetched => (false, false, false),
             };
-            if let MemberState::Missing { since, .. } = member.state {
-                if !self.prune_refused
-                    && !member.prune_pending
-                    && now.duration_since(since) >= self.prune_after
-                {
-                    member.prune_pending = true;
-                    self.prune.push(id.clone());
-                }
-            }
+            let missing_since = match member.state {
+                MemberState::Missing { since, .. } => Some(since),
+                _ => None,
+            };
+            self.pruning
+                .queue_if_due(id, &mut member.prune_pending, missing_since, now);
             for (set, member_of) in [
                 (&mut self.live, live),
                 (&mut self.gone, gone),
@@ -457,59 +398,15 @@ impl RedisReplicas {
     /// missing are probed next; at the scan's end, members it did not see
     /// have left the registry).
     fn apply_step(&mut self, step: Value) -> Result<(), Error> {
-        if let Value::ServerError(e) = step {
-            let error: redis::RedisError = e.into();
-            return Err(self
-                .target
-                .error("cannot read the router replica registry", &error));
-        }
-        let Value::Array(parts) = &step else {
-            return Err(self.protocol_error(&Some(step)));
-        };
-        let cursor = match parts.first() {
-            Some(Value::BulkString(bytes)) => std::str::from_utf8(bytes).ok(),
-            _ => None,
-        }
-        .and_then(|c| c.parse::<u64>().ok());
-        let (Some(cursor), Some(Value::Array(members) | Value::Set(members))) =
-            (cursor, parts.get(1))
-        else {
-            return Err(self.protocol_error(&Some(step.clone())));
-        };
         let scan = self
             .scan
             .as_mut()
             .expect("a step is only sent during a scan");
-        for member in members {
-            let bytes: &[u8] = match member {
-                Value::BulkString(bytes) => bytes,
-                Value::SimpleString(s) => s.as_bytes(),
-                other => return Err(self.protocol_error(&Some(other.clone()))),
-            };
-            let valid = match std::str::from_utf8(bytes) {
-                Ok(member) => EngineId::new(member)
-                    .map(|_| member)
-                    .map_err(|e| e.to_string()),
-                Err(_) => Err("not UTF-8".to_owned()),
-            };
-            let member = match valid {
-                Ok(member) => member,
-                Err(why) => {
-                    if scan.seen_invalid.insert(bytes.to_vec()) {
-                        scan.invalid += 1;
-                        scan.first_invalid.get_or_insert_with(|| {
-                            (String::from_utf8_lossy(bytes).into_owned(), why)
-                        });
-                    }
-                    continue;
-                }
-            };
-            if scan.seen.contains(member) {
-                continue; // SSCAN may return a member twice
-            }
-            let id: Arc<str> = Arc::from(member);
-            scan.seen.insert(id.clone());
-            match self.members.get(&id) {
+        let done = scan.apply_step(
+            step,
+            &self.target,
+            "cannot read the router replica registry",
+            |id| match self.members.get(&id) {
                 Some(known) if known.prune_pending => {} // its SREM is on the way
                 Some(_) if self.live.contains(&id) => {}
                 Some(_) => self.probe.push(id),
@@ -524,49 +421,24 @@ impl RedisReplicas {
                     );
                     self.probe.push(id);
                 }
-            }
-        }
-        scan.cursor = cursor;
-        if cursor == 0 {
+            },
+        )?;
+        if done {
             let scan = self.scan.take().expect("scanning");
-            let left: Vec<Arc<str>> = self
-                .members
-                .keys()
-                .filter(|id| !scan.seen.contains(*id))
-                .cloned()
-                .collect();
+            let (left, invalid) =
+                scan.finish(self.members.keys(), &self.registry, "router replica ids");
             for id in &left {
                 self.remove_member(id);
             }
-            self.invalid_members = scan.first_invalid.map(|(member, why)| Error::ForeignValue {
-                key: self.registry.clone(),
-                what: format!(
-                    "{} member(s) are not router replica ids and are skipped, e.g. {member:?}: \
-                     {why}; remove them with SREM",
-                    scan.invalid
-                ),
-            });
+            self.invalid_members = invalid;
         }
         Ok(())
-    }
-
-    fn protocol_error(&self, got: &Option<Value>) -> Error {
-        Error::Redis {
-            uri: self.target.to_string(),
-            error: format!("unexpected reply {got:?}"),
-            hint: "check that the URI names a Redis server (not another service)",
-        }
     }
 }
 
 /// `GETRANGE` (one byte more than the largest value) and `PTTL` of `key`.
 fn pack_fetch(key: &str, out: &mut Vec<u8>) {
-    redis::cmd("GETRANGE")
-        .arg(key)
-        .arg(0)
-        .arg(MAX_ROUTER_VALUE_SIZE)
-        .write_packed_command(out);
-    redis::cmd("PTTL").arg(key).write_packed_command(out);
+    registry::pack_fetch(key, MAX_ROUTER_VALUE_SIZE, out);
 }
 
 impl Member {
@@ -586,17 +458,8 @@ impl Member {
             }
             return;
         }
-        let decoded = match value {
-            Value::BulkString(bytes) => decode_fetched_router(&self.key, &bytes, pttl),
-            Value::ServerError(e) if e.code() == "WRONGTYPE" => Err(Error::ForeignValue {
-                key: self.key.clone(),
-                what: "the key holds a list, hash, set or other non-string type".to_owned(),
-            }),
-            other => Err(Error::ForeignValue {
-                key: self.key.clone(),
-                what: format!("unexpected reply {other:?}"),
-            }),
-        };
+        let decoded = registry::fetched_bytes(&self.key, value)
+            .and_then(|bytes| decode_fetched_router(&self.key, &bytes, pttl));
         self.state = match decoded {
             Err(error) => MemberState::Fault(error),
             Ok(value) => {

@@ -1,16 +1,17 @@
 //! The Redis source: every engine of one key prefix, in one round trip per
 //! read (docs/REDIS.md, "One round trip per read").
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use engine_state_shm_format::{CacheDigest, EngineId};
+use engine_state_shm_format::CacheDigest;
 use redis::Value;
 
 use crate::backoff::Backoff;
 use crate::error::Error;
 use crate::fetch::{decode_fetched, heartbeat_age_at_fetch};
+use crate::registry::{self, RegistryScan};
 use crate::schema::{engine_key, registry_key, RedisRecord, RECORD_SIZE};
 use crate::target::{query_by, RedisTarget};
 
@@ -76,15 +77,8 @@ pub struct RedisSource {
     last_scan_start: Option<Instant>,
     /// Members to fetch once (new, or their key was missing).
     probe: Vec<Arc<str>>,
-    /// Engines due for `SREM` (each `prune_pending`); an engine leaves
-    /// `engines` only once its `SREM` succeeded.
-    prune: Vec<Arc<str>>,
-    /// The server refused `SREM` (`NOPERM`: a read-only ACL user;
-    /// `READONLY`: a replica): this reader no longer prunes, and engines
-    /// whose keys are gone stay listed as dead (said once, as a warning).
-    prune_refused: bool,
-    /// [`PRUNE_AFTER`]; shorter in tests.
-    prune_after: Duration,
+    /// Engines due for `SREM`, and whether this reader may prune.
+    pruning: registry::Pruning,
     /// What the last complete scan found that is not an engine id.
     invalid_members: Option<Error>,
     retry_at: Instant,
@@ -98,21 +92,6 @@ pub struct RedisSource {
     refreshes: u64,
 }
 
-/// One pass over the registry, a [`SCAN_STEP`] at a time.
-#[derive(Default)]
-struct RegistryScan {
-    /// The `SSCAN` cursor (0: start, or done once a step returned it).
-    cursor: u64,
-    /// Valid members seen so far: who is not seen by the end left.
-    seen: HashSet<Arc<str>>,
-    /// Members that are not engine ids seen so far (`SSCAN` may return a
-    /// member twice: each is counted once).
-    seen_invalid: HashSet<Vec<u8>>,
-    /// Members that are not engine ids (or not UTF-8): how many, and the first.
-    invalid: usize,
-    first_invalid: Option<(String, String)>,
-}
-
 /// An engine the registry names, and what its key held at the last refresh.
 #[derive(Debug)]
 struct RegisteredEngine {
@@ -123,7 +102,7 @@ struct RegisteredEngine {
     fault: Option<Error>,
     /// Fetched at least once (an engine not yet fetched is not listed).
     fetched_once: bool,
-    /// Queued for, or in, an `SREM` (see [`RedisSource::prune`]).
+    /// Queued for, or in, an `SREM` (see [`RedisSource::pruning`]).
     prune_pending: bool,
     /// The engine's cache digest (fetched only with
     /// [`RedisSource::read_cache_digests`]).
@@ -218,9 +197,7 @@ impl RedisSource {
             scan: None,
             last_scan_start: None,
             probe: Vec::new(),
-            prune: Vec::new(),
-            prune_refused: false,
-            prune_after: PRUNE_AFTER,
+            pruning: registry::Pruning::new(PRUNE_AFTER),
             invalid_members: None,
             retry_at: now,
             backoff: Backoff::default(),
@@ -243,7 +220,7 @@ impl RedisSource {
     /// shorten [`PRUNE_AFTER`]).
     #[doc(hidden)]
     pub fn set_prune_after(&mut self, prune_after: Duration) {
-        self.prune_after = prune_after;
+        self.pruning.after = prune_after;
     }
 
     /// Whether refreshes also fetch the engines' cache digests (default
@@ -309,7 +286,7 @@ impl RedisSource {
                  reader read one) and are not listed; they are removed from the registry \
                  {} s after this reader found their key missing",
                 self.no_key,
-                self.prune_after.as_secs()
+                self.pruning.after.as_secs()
             ),
         })
     }
@@ -364,29 +341,12 @@ impl RedisSource {
             self.last_scan_start = Some(now);
         }
         let mut request = Vec::new();
-        let mut count = 0;
-        // SREM first: a scan step after it cannot name (and re-add) an id
-        // it removes.
-        let from = self.prune.len().saturating_sub(SCAN_STEP);
-        let pruning: Vec<Arc<str>> = self.prune.drain(from..).collect();
-        if !pruning.is_empty() {
-            let mut srem = redis::cmd("SREM");
-            srem.arg(&self.registry);
-            for id in &pruning {
-                srem.arg(&**id);
-            }
-            srem.write_packed_command(&mut request);
-            count += 1;
-        }
-        if let Some(scan) = &self.scan {
-            redis::cmd("SSCAN")
-                .arg(&self.registry)
-                .arg(scan.cursor)
-                .arg("COUNT")
-                .arg(SCAN_STEP)
-                .write_packed_command(&mut request);
-            count += 1;
-        }
+        let (pruning, mut count) = registry::pack_registry(
+            &self.registry,
+            &mut self.pruning.due,
+            self.scan.as_ref(),
+            &mut request,
+        );
         let fetched: Vec<Arc<str>> = self
             .live
             .iter()
@@ -409,7 +369,7 @@ impl RedisSource {
             Ok(replies) => replies.into_iter(),
             Err(error) => {
                 self.probe = probing;
-                self.prune.extend(pruning);
+                self.pruning.due.extend(pruning);
                 return Err(error);
             }
         };
@@ -449,42 +409,23 @@ impl RedisSource {
     /// ends pruning; they stay listed as dead. Any other failure puts them
     /// back for the next refresh.
     fn apply_srem(&mut self, ids: Vec<Arc<str>>, reply: Option<Value>) -> Result<(), Error> {
-        match reply {
-            Some(Value::Int(_)) => {
-                for id in &ids {
-                    self.remove_engine(id);
+        let engines = &mut self.engines;
+        let removed = self.pruning.apply_srem(
+            ids,
+            reply,
+            &self.target,
+            &self.registry,
+            ("engines", "dead", "cannot prune the engine registry"),
+            |id| {
+                if let Some(engine) = engines.get_mut(id) {
+                    engine.prune_pending = false;
                 }
-                Ok(())
-            }
-            Some(Value::ServerError(e)) if matches!(e.code(), "NOPERM" | "READONLY") => {
-                let error: redis::RedisError = e.into();
-                crate::log::warn(format_args!(
-                    "{}: this reader may not remove engines whose keys are gone from the \
-                     registry {} ({error}); they stay listed as dead. Grant the user SREM \
-                     on it, or read from the primary, to have them pruned",
-                    self.target, self.registry
-                ));
-                self.prune_refused = true;
-                for id in ids.iter().chain(&self.prune) {
-                    if let Some(engine) = self.engines.get_mut(id) {
-                        engine.prune_pending = false;
-                    }
-                }
-                self.prune.clear();
-                Ok(())
-            }
-            other => {
-                self.prune.extend(ids);
-                Err(match other {
-                    Some(Value::ServerError(e)) => {
-                        let error: redis::RedisError = e.into();
-                        self.target
-                            .error("cannot prune the engine registry", &error)
-                    }
-                    other => self.protocol_error(&other),
-                })
-            }
+            },
+        )?;
+        for id in &removed {
+            self.remove_engine(id);
         }
+        Ok(())
     }
 
     /// Removes an engine from this reader (it left the registry).
@@ -514,7 +455,7 @@ impl RedisSource {
         match after {
             Some(Class::Live) => {
                 let mut packed = Vec::new();
-                Self::pack_fetch(&self.engines[id].key, &mut packed);
+                registry::pack_fetch(&self.engines[id].key, RECORD_SIZE, &mut packed);
                 self.live.insert(id.clone(), packed);
                 self.listed.insert(id.clone());
             }
@@ -524,17 +465,6 @@ impl RedisSource {
             Some(Class::NoKey) => self.no_key += 1,
             Some(Class::Unfetched) | None => {}
         }
-    }
-
-    /// `GETRANGE` (one byte more than a record tells "too large" from "a
-    /// record") and `PTTL` of `key`.
-    fn pack_fetch(key: &str, out: &mut Vec<u8>) {
-        redis::cmd("GETRANGE")
-            .arg(key)
-            .arg(0)
-            .arg(RECORD_SIZE)
-            .write_packed_command(out);
-        redis::cmd("PTTL").arg(key).write_packed_command(out);
     }
 
     /// The members to fetch once that are still registered.
@@ -548,7 +478,7 @@ impl RedisSource {
     /// commands that is.
     fn pack_probes(&self, ids: &[Arc<str>], out: &mut Vec<u8>) -> usize {
         for id in ids {
-            Self::pack_fetch(&self.engines[id].key, out);
+            registry::pack_fetch(&self.engines[id].key, RECORD_SIZE, out);
         }
         2 * ids.len()
     }
@@ -563,13 +493,8 @@ impl RedisSource {
         let con = self.con.as_mut().expect("connected before fetch");
         let replies = query_by(con, request, count, deadline)
             .map_err(|e| self.target.error("cannot read engines", &e))?;
-        // WRONGTYPE concerns one engine's key (a hash where a record should
-        // be) or the registry (reported by `apply_step`): not the read's;
-        // the SREM's reply is `apply_srem`'s.
-        if let Some((_, Value::ServerError(e))) = replies.iter().enumerate().find(|(i, v)| {
-            Some(*i) != srem_reply && matches!(v, Value::ServerError(e) if e.code() != "WRONGTYPE")
-        }) {
-            let error: redis::RedisError = e.clone().into();
+        // The SREM's reply is `apply_srem`'s.
+        if let Some(error) = registry::read_error(&replies, srem_reply) {
             return Err(self.target.error("cannot read engines", &error));
         }
         Ok(replies)
@@ -585,29 +510,15 @@ impl RedisSource {
         now: Instant,
     ) -> Result<(), Error> {
         for id in ids {
-            let value = replies.next();
-            let pttl = match replies.next() {
-                Some(Value::Int(ms)) => ms,
-                other => return Err(self.protocol_error(&other)),
-            };
-            let Some(value) = value else {
-                return Err(self.protocol_error(&None));
-            };
+            let (value, pttl) = registry::next_fetched(replies, &self.target)?;
             let Some(engine) = self.engines.get_mut(id) else {
                 continue; // pruned earlier in this pipeline
             };
             let before = engine.class();
             engine.apply(value, pttl, now);
             let after = engine.class();
-            if !self.prune_refused
-                && !engine.prune_pending
-                && engine
-                    .missing_since
-                    .is_some_and(|t| now.duration_since(t) >= self.prune_after)
-            {
-                engine.prune_pending = true;
-                self.prune.push(id.clone());
-            }
+            self.pruning
+                .queue_if_due(id, &mut engine.prune_pending, engine.missing_since, now);
             self.index(id, Some(before), Some(after));
         }
         Ok(())
@@ -617,58 +528,17 @@ impl RedisSource {
     /// missing are fetched next; at the end of the scan, engines it did not
     /// see have left the registry.
     fn apply_step(&mut self, step: Value) -> Result<(), Error> {
-        if let Value::ServerError(e) = step {
-            // WRONGTYPE: the registry key holds something else; no engine
-            // can be found, so the read as a whole fails.
-            let error: redis::RedisError = e.into();
-            return Err(self.target.error("cannot read the engine registry", &error));
-        }
-        let Value::Array(parts) = &step else {
-            return Err(self.protocol_error(&Some(step)));
-        };
-        let (Some(cursor), Some(Value::Array(members) | Value::Set(members))) =
-            (parts.first().and_then(text), parts.get(1))
-        else {
-            return Err(self.protocol_error(&Some(step.clone())));
-        };
-        let Ok(cursor) = cursor.parse::<u64>() else {
-            return Err(self.protocol_error(&Some(step.clone())));
-        };
         let scan = self
             .scan
             .as_mut()
             .expect("a step is only sent during a scan");
-        for member in members {
-            let bytes: &[u8] = match member {
-                Value::BulkString(bytes) => bytes,
-                Value::SimpleString(s) => s.as_bytes(),
-                other => return Err(self.protocol_error(&Some(other.clone()))),
-            };
-            let valid = match std::str::from_utf8(bytes) {
-                Ok(member) => EngineId::new(member)
-                    .map(|_| member)
-                    .map_err(|e| e.to_string()),
-                Err(_) => Err("not UTF-8".to_owned()),
-            };
-            let member = match valid {
-                Ok(member) => member,
-                Err(why) => {
-                    // SSCAN may return a member twice: counted once.
-                    if scan.seen_invalid.insert(bytes.to_vec()) {
-                        scan.invalid += 1;
-                        scan.first_invalid.get_or_insert_with(|| {
-                            (String::from_utf8_lossy(bytes).into_owned(), why)
-                        });
-                    }
-                    continue;
-                }
-            };
-            if scan.seen.contains(member) {
-                continue; // SSCAN may return a member twice
-            }
-            let id: Arc<str> = Arc::from(member);
-            scan.seen.insert(id.clone());
-            match self.engines.get(&id) {
+        // WRONGTYPE: the registry key holds something else; no engine can
+        // be found, so the read as a whole fails.
+        let done = scan.apply_step(
+            step,
+            &self.target,
+            "cannot read the engine registry",
+            |id| match self.engines.get(&id) {
                 Some(engine) if engine.prune_pending => {} // its SREM is on the way
                 Some(engine) if engine.class() == Class::Live => {}
                 Some(_) => self.probe.push(id),
@@ -688,48 +558,17 @@ impl RedisSource {
                     );
                     self.probe.push(id);
                 }
-            }
-        }
-        scan.cursor = cursor;
-        if cursor == 0 {
+            },
+        )?;
+        if done {
             let scan = self.scan.take().expect("scanning");
-            // Once per scan, not per read.
-            let gone: Vec<Arc<str>> = self
-                .engines
-                .keys()
-                .filter(|id| !scan.seen.contains(*id))
-                .cloned()
-                .collect();
+            let (gone, invalid) = scan.finish(self.engines.keys(), &self.registry, "engine ids");
             for id in &gone {
                 self.remove_engine(id);
             }
-            self.invalid_members = scan.first_invalid.map(|(member, why)| Error::ForeignValue {
-                key: self.registry.clone(),
-                what: format!(
-                    "{} member(s) are not engine ids and are skipped, e.g. {member:?}: {why}; \
-                     remove them with SREM",
-                    scan.invalid
-                ),
-            });
+            self.invalid_members = invalid;
         }
         Ok(())
-    }
-
-    fn protocol_error(&self, got: &Option<Value>) -> Error {
-        Error::Redis {
-            uri: self.target.to_string(),
-            error: format!("unexpected reply {got:?}"),
-            hint: "check that the URI names a Redis server (not another service)",
-        }
-    }
-}
-
-/// A registry member or cursor as text (None: not a string).
-fn text(value: &Value) -> Option<String> {
-    match value {
-        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
-        Value::SimpleString(s) => Some(s.clone()),
-        _ => None,
     }
 }
 
@@ -758,25 +597,19 @@ impl RegisteredEngine {
             self.missing_since.get_or_insert(now);
             return;
         }
-        let decoded = match value {
-            Value::BulkString(bytes) if bytes.len() > RECORD_SIZE => Err(Error::ForeignValue {
-                key: self.key.clone(),
-                what: format!(
-                    "a value larger than a {RECORD_SIZE}-byte record (only its first \
-                     {} bytes were read)",
-                    RECORD_SIZE + 1
-                ),
-            }),
-            Value::BulkString(bytes) => decode_fetched(&self.key, &bytes, pttl),
-            Value::ServerError(e) if e.code() == "WRONGTYPE" => Err(Error::ForeignValue {
-                key: self.key.clone(),
-                what: "the key holds a list, hash, set or other non-string type".to_owned(),
-            }),
-            other => Err(Error::ForeignValue {
-                key: self.key.clone(),
-                what: format!("unexpected reply {other:?}"),
-            }),
-        };
+        let decoded = registry::fetched_bytes(&self.key, value).and_then(|bytes| {
+            if bytes.len() > RECORD_SIZE {
+                return Err(Error::ForeignValue {
+                    key: self.key.clone(),
+                    what: format!(
+                        "a value larger than a {RECORD_SIZE}-byte record (only its first \
+                         {} bytes were read)",
+                        RECORD_SIZE + 1
+                    ),
+                });
+            }
+            decode_fetched(&self.key, &bytes, pttl)
+        });
         let record = match decoded {
             Ok(record) => record,
             Err(error) => {
@@ -883,12 +716,12 @@ mod tests {
         source
             .apply_values(&probing, &mut missing().into_iter(), now)
             .unwrap();
-        assert_eq!(source.prune, [Arc::<str>::from("gone")]);
+        assert_eq!(source.pruning.due, [Arc::<str>::from("gone")]);
         source.scan = Some(RegistryScan::default());
         source.apply_step(step(0, &[b"gone"])).unwrap();
         assert!(source.probe.is_empty(), "{:?}", source.probe);
         assert!(source.engines.contains_key("gone"));
-        let ids = std::mem::take(&mut source.prune);
+        let ids = std::mem::take(&mut source.pruning.due);
         source.apply_srem(ids, Some(Value::Int(1))).unwrap();
         assert!(source.engines.is_empty());
         assert!(source.unkeyed_members().is_none());
@@ -905,19 +738,19 @@ mod tests {
         source
             .apply_values(&probing, &mut missing().into_iter(), Instant::now())
             .unwrap();
-        let ids = std::mem::take(&mut source.prune);
+        let ids = std::mem::take(&mut source.pruning.due);
         let refused = redis::parse_redis_value(
             b"-NOPERM User r has no permissions to run the 'srem' command\r\n",
         )
         .unwrap();
         assert!(matches!(refused, Value::ServerError(_)), "{refused:?}");
         source.apply_srem(ids, Some(refused)).unwrap();
-        assert!(source.prune_refused);
+        assert!(source.pruning.refused);
         assert!(source.engines.contains_key("gone"));
         let probing: Vec<Arc<str>> = vec![Arc::from("gone")];
         source
             .apply_values(&probing, &mut missing().into_iter(), Instant::now())
             .unwrap();
-        assert!(source.prune.is_empty(), "no SREM again");
+        assert!(source.pruning.due.is_empty(), "no SREM again");
     }
 }
