@@ -9,15 +9,16 @@
 //! rule is the reader's: this file only copies what it decides.
 
 use std::ffi::c_char;
-use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::sync::{Mutex, MutexGuard};
 
 use engine_state_reader::{open_replicas, ReplicaReading, ReplicaSource, StateUri};
 use engine_state_shm_format::EngineId;
 
-use crate::c_string::{copy_arg, text_arg};
+use crate::c_string::text_arg;
 use crate::code::EsCode;
 use crate::digest::check_out;
 use crate::ffi_call::{ffi_call, Failure};
+use crate::handle::{describe_error, lock_handle, write_error_count, ErrorOut};
 use crate::options::{reader_options, EsOptions};
 use crate::reservation::{EsReplica, EsReservation};
 
@@ -45,21 +46,8 @@ impl std::fmt::Debug for EsReplicas {
 /// # Safety
 /// `replicas` is null or a handle from `es_open_replicas` not yet closed.
 unsafe fn lock<'a>(replicas: *mut EsReplicas) -> Result<MutexGuard<'a, ReplicasInner>, Failure> {
-    if replicas.is_null() {
-        return Err(Failure::new(EsCode::NullArgument, "replicas is null"));
-    }
-    // SAFETY: a live handle (the caller's contract); only shared references
-    // are made to it, the Mutex serializes the rest.
-    let replicas = unsafe { &*replicas };
-    match replicas.inner.try_lock() {
-        Ok(inner) => Ok(inner),
-        // Every read clears and refills what it uses: go on after a panic.
-        Err(TryLockError::Poisoned(poisoned)) => Ok(poisoned.into_inner()),
-        Err(TryLockError::WouldBlock) => Err(Failure::new(
-            EsCode::Busy,
-            "another thread is inside a call on this replicas handle; use one handle per thread",
-        )),
-    }
+    // SAFETY: the caller's contract, passed on.
+    unsafe { lock_handle(replicas, "replicas", |r| &r.inner) }
 }
 
 /// Opens the router replicas' reservations at the place `uri` names — the
@@ -243,14 +231,8 @@ pub unsafe extern "C" fn es_replica_error_count(
     count: *mut usize,
 ) -> EsCode {
     ffi_call(|| {
-        if count.is_null() {
-            return Err(Failure::new(EsCode::NullArgument, "count is null"));
-        }
-        // SAFETY: a live handle (the caller's contract).
-        let inner = unsafe { lock(source) }?;
-        // SAFETY: writable (checked non-null above).
-        unsafe { count.write(inner.reading.errors.len()) };
-        Ok(())
+        // SAFETY: writable or null (the caller's contract); a live handle.
+        unsafe { write_error_count(count, || Ok(lock(source)?.reading.errors.len())) }
     })
 }
 
@@ -283,26 +265,23 @@ pub unsafe extern "C" fn es_replica_error(
     ffi_call(|| {
         // SAFETY: a live handle (the caller's contract).
         let inner = unsafe { lock(source) }?;
-        let errors = &inner.reading.errors;
-        let error = errors.get(index).ok_or_else(|| {
-            Failure::new(
-                EsCode::NotFound,
-                format!(
-                    "no per-replica error {index}: the last read has {} (es_replica_error_count)",
-                    errors.len()
-                ),
+        let out = ErrorOut {
+            class_out,
+            name,
+            name_size,
+            message,
+            message_size,
+        };
+        // SAFETY: the caller's contract on the out-pointers.
+        unsafe {
+            describe_error(
+                &inner.reading.errors,
+                index,
+                "per-replica",
+                "es_replica_error_count",
+                out,
             )
-        })?;
-        if !class_out.is_null() {
-            // SAFETY: writable (the caller's contract).
-            unsafe { class_out.write(EsCode::of(&error.error)) };
         }
-        // SAFETY: the caller's contract on both buffers.
-        let copied_name = unsafe { copy_arg(&error.name, name, name_size, "name") };
-        // SAFETY: as above.
-        let copied_message =
-            unsafe { copy_arg(&error.error.to_string(), message, message_size, "message") };
-        copied_name.and(copied_message)
     })
 }
 
