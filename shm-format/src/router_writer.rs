@@ -31,6 +31,7 @@ use crate::reservations::{
 };
 use crate::router_layout::*;
 use crate::seqlock;
+use crate::shm_file::{read_prefix, read_start};
 use crate::writer::create::{create_reserved, place, take_over_with, tmp_path, TakeOver};
 use crate::writer::DEFAULT_FILE_MODE;
 
@@ -596,11 +597,8 @@ fn store_control(map: &Mapping, count: usize, changed_mono_ns: u64) {
 
 /// The error for a router file whose lock a live writer holds.
 fn live_writer(file: File, path: &Path, replica_id: &EngineId) -> Error {
-    let mut start = [0u8; ROUTER_HEADER_SIZE];
-    let pid = match std::os::unix::fs::FileExt::read_at(&file, &mut start, 0) {
-        Ok(n) if n == start.len() => RouterHeader::from_le_bytes(&start).writer_pid,
-        _ => 0,
-    };
+    let pid = read_start::<ROUTER_HEADER_SIZE>(&file)
+        .map_or(0, |s| RouterHeader::from_le_bytes(&s).writer_pid);
     Error::ReplicaInUse {
         replica_id: replica_id.to_string(),
         path: path.to_owned(),
@@ -616,8 +614,7 @@ fn live_writer(file: File, path: &Path, replica_id: &EngineId) -> Error {
 fn retire_dead(lock: &Flock<File>, path: &Path) -> Result<u64, Error> {
     let meta = lock.metadata().map_err(|e| Error::io("stat", path, e))?;
     let mut start = [0u8; ROUTER_HEADER_SIZE];
-    let have = std::os::unix::fs::FileExt::read_at(&**lock, &mut start, 0)
-        .map_err(|e| Error::io("read", path, e))?;
+    let have = read_prefix(lock, &mut start).map_err(|e| Error::io("read", path, e))?;
     let header = RouterHeader::from_le_bytes(&start);
     if have >= 8 && header.magic != ROUTER_MAGIC {
         return Err(Error::Router {
