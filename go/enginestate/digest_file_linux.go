@@ -39,19 +39,9 @@ func OpenDigestFile(path string) (*DigestFile, error) {
 	// The header alone (pread: mapping a short file would fault), then the
 	// size it implies, before anything is mapped.
 	var start [DigestHeaderSize]byte
-	have := 0
-	for have < len(start) {
-		n, err := syscall.Pread(fd, start[have:], int64(have))
-		if err == syscall.EINTR {
-			continue
-		}
-		if err != nil {
-			return nil, &Error{Class: IO, Name: path, What: "read", Err: err}
-		}
-		if n == 0 {
-			break
-		}
-		have += n
+	have, err := preadPrefix(fd, path, start[:])
+	if err != nil {
+		return nil, err
 	}
 	header, err := checkDigestStart(path, start[:have], st.Size)
 	if err != nil {
@@ -116,9 +106,7 @@ func (d *DigestFile) IsRetired() bool {
 
 // Seq is the sequence word now (one load): a cheap "did anything change?".
 func (d *DigestFile) Seq() uint64 {
-	var seq uint64
-	d.m.guard(func() { seq = d.m.load(digestSeqOffset) })
-	return seq
+	return d.m.guardedLoad(digestSeqOffset)
 }
 
 // Truncated reports that a load faulted: the file was truncated under the

@@ -182,9 +182,7 @@ func (f *File) Read() (snapshot Snapshot, seq uint64, torn bool) {
 
 // Seq is the sequence word now (one load): a cheap "did anything change?".
 func (f *File) Seq() uint64 {
-	var seq uint64
-	f.m.guard(func() { seq = f.m.load(SeqOffset) })
-	return seq
+	return f.m.guardedLoad(SeqOffset)
 }
 
 // Truncated reports that a load faulted: the file was truncated under the
@@ -207,4 +205,26 @@ func (f *File) Inode() uint64 { return f.inode }
 func (f *File) Close() error {
 	f.m.close()
 	return nil
+}
+
+// preadPrefix reads up to len(buf) bytes from the start of fd (fewer at its
+// end: a short file) into buf, retrying interrupted reads; a failure is an
+// IO *Error naming path. What the router and digest files' opens read their
+// header with before mapping anything (mapping a short file would fault).
+func preadPrefix(fd int, path string, buf []byte) (int, error) {
+	have := 0
+	for have < len(buf) {
+		n, err := syscall.Pread(fd, buf[have:], int64(have))
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return have, &Error{Class: IO, Name: path, What: "read", Err: err}
+		}
+		if n == 0 {
+			break
+		}
+		have += n
+	}
+	return have, nil
 }

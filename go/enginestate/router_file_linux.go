@@ -44,19 +44,9 @@ func OpenRouterFile(path string) (*RouterFile, error) {
 	// The header alone (pread: mapping a short file would fault), then the
 	// size it implies, before anything is mapped.
 	var start [RouterHeaderSize]byte
-	have := 0
-	for have < len(start) {
-		n, err := syscall.Pread(fd, start[have:], int64(have))
-		if err == syscall.EINTR {
-			continue
-		}
-		if err != nil {
-			return nil, &Error{Class: IO, Name: path, What: "read", Err: err}
-		}
-		if n == 0 {
-			break
-		}
-		have += n
+	have, err := preadPrefix(fd, path, start[:])
+	if err != nil {
+		return nil, err
 	}
 	header, err := checkRouterStart(path, start[:have], st.Size)
 	if err != nil {
@@ -216,16 +206,12 @@ func (f *RouterFile) IsRetired() bool {
 
 // HeartbeatMonoNs is the last heartbeat stamp (one load; 0 when faulted).
 func (f *RouterFile) HeartbeatMonoNs() uint64 {
-	var heartbeat uint64
-	f.m.guard(func() { heartbeat = f.m.load(routerHeartbeatOffset) })
-	return heartbeat
+	return f.m.guardedLoad(routerHeartbeatOffset)
 }
 
 // Seq is the sequence word now (one load): a cheap "did anything change?".
 func (f *RouterFile) Seq() uint64 {
-	var seq uint64
-	f.m.guard(func() { seq = f.m.load(routerSeqOffset) })
-	return seq
+	return f.m.guardedLoad(routerSeqOffset)
 }
 
 // Truncated reports that a load faulted: the file was truncated under the
