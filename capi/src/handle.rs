@@ -5,11 +5,55 @@
 use std::ffi::c_char;
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
-use engine_state_reader::EngineError;
+use engine_state_reader::{EngineError, StateUri};
 
-use crate::c_string::copy_arg;
+use crate::c_string::{copy_arg, text_arg};
 use crate::code::EsCode;
 use crate::ffi_call::Failure;
+
+/// Opens a handle: `*out` is null until `make` succeeds, then owns the new
+/// handle (the caller frees it with `close_handle`, through its `es_close…`).
+///
+/// # Safety
+/// `out` is null (an error) or writable.
+pub(crate) unsafe fn open_handle<H>(
+    out: *mut *mut H,
+    make: impl FnOnce() -> Result<H, Failure>,
+) -> Result<(), Failure> {
+    if out.is_null() {
+        return Err(Failure::new(EsCode::NullArgument, "out is null"));
+    }
+    // SAFETY: writable (the caller's contract); null until success.
+    unsafe { out.write(std::ptr::null_mut()) };
+    let handle = Box::new(make()?);
+    // SAFETY: writable (checked above); ownership passes to the caller.
+    unsafe { out.write(Box::into_raw(handle)) };
+    Ok(())
+}
+
+/// Frees a handle made by `open_handle`. Null is ignored.
+///
+/// # Safety
+/// `handle` is null or from `open_handle`, used by no thread, closed once.
+pub(crate) unsafe fn close_handle<H>(handle: *mut H) {
+    if !handle.is_null() {
+        // SAFETY: made by Box::into_raw in open_handle, closed once.
+        drop(unsafe { Box::from_raw(handle) });
+    }
+}
+
+/// The place `uri` names (null: `StateUri::from_env`'s).
+///
+/// # Safety
+/// `uri` is null or NUL-terminated.
+pub(crate) unsafe fn state_uri(uri: *const c_char) -> Result<StateUri, Failure> {
+    Ok(if uri.is_null() {
+        StateUri::from_env()?
+    } else {
+        // SAFETY: NUL-terminated (the caller's contract).
+        StateUri::parse(unsafe { text_arg(uri, "uri") }?)?
+    })
+}
 
 /// The state behind `handle` (`inner` finds its Mutex), or `Busy` while
 /// another thread is inside a call on it; `what` names the handle in the

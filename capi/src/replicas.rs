@@ -11,14 +11,16 @@
 use std::ffi::c_char;
 use std::sync::{Mutex, MutexGuard};
 
-use engine_state_reader::{open_replicas, ReplicaReading, ReplicaSource, StateUri};
+use engine_state_reader::{open_replicas, ReplicaReading, ReplicaSource};
 use engine_state_shm_format::EngineId;
 
 use crate::c_string::text_arg;
 use crate::code::EsCode;
 use crate::digest::check_out;
 use crate::ffi_call::{ffi_call, Failure};
-use crate::handle::{describe_error, lock_handle, write_error_count, ErrorOut};
+use crate::handle::{
+    close_handle, describe_error, lock_handle, open_handle, state_uri, write_error_count, ErrorOut,
+};
 use crate::options::{reader_options, EsOptions};
 use crate::reservation::{EsReplica, EsReservation};
 
@@ -75,42 +77,34 @@ pub unsafe extern "C" fn es_open_replicas(
     out: *mut *mut EsReplicas,
 ) -> EsCode {
     ffi_call(|| {
-        if out.is_null() {
-            return Err(Failure::new(EsCode::NullArgument, "out is null"));
-        }
-        // SAFETY: writable (the caller's contract); null until success.
-        unsafe { out.write(std::ptr::null_mut()) };
-        let uri = if uri.is_null() {
-            StateUri::from_env()?
-        } else {
-            // SAFETY: NUL-terminated (the caller's contract).
-            StateUri::parse(unsafe { text_arg(uri, "uri") }?)?
+        let make = || {
+            // SAFETY: null or NUL-terminated (the caller's contract).
+            let uri = unsafe { state_uri(uri) }?;
+            let own = if own_replica_id.is_null() {
+                None
+            } else {
+                // SAFETY: NUL-terminated (the caller's contract).
+                let own = unsafe { text_arg(own_replica_id, "own_replica_id") }?;
+                EngineId::new(own).map_err(|e| {
+                    Failure::new(
+                        EsCode::BadArgument,
+                        format!("own_replica_id {own:?} is no valid replica id: {e}"),
+                    )
+                })?;
+                Some(own)
+            };
+            // SAFETY: the caller's contract, passed on.
+            let options = unsafe { reader_options(options) }?;
+            let source = open_replicas(&uri, own, options)?;
+            Ok(EsReplicas {
+                inner: Mutex::new(ReplicasInner {
+                    source,
+                    reading: ReplicaReading::default(),
+                }),
+            })
         };
-        let own = if own_replica_id.is_null() {
-            None
-        } else {
-            // SAFETY: NUL-terminated (the caller's contract).
-            let own = unsafe { text_arg(own_replica_id, "own_replica_id") }?;
-            EngineId::new(own).map_err(|e| {
-                Failure::new(
-                    EsCode::BadArgument,
-                    format!("own_replica_id {own:?} is no valid replica id: {e}"),
-                )
-            })?;
-            Some(own)
-        };
-        // SAFETY: the caller's contract, passed on.
-        let options = unsafe { reader_options(options) }?;
-        let source = open_replicas(&uri, own, options)?;
-        let handle = Box::new(EsReplicas {
-            inner: Mutex::new(ReplicasInner {
-                source,
-                reading: ReplicaReading::default(),
-            }),
-        });
-        // SAFETY: writable (checked above); ownership passes to the caller.
-        unsafe { out.write(Box::into_raw(handle)) };
-        Ok(())
+        // SAFETY: `out` is null or writable (the caller's contract).
+        unsafe { open_handle(out, make) }
     })
 }
 
@@ -122,10 +116,8 @@ pub unsafe extern "C" fn es_open_replicas(
 #[no_mangle]
 pub unsafe extern "C" fn es_close_replicas(replicas: *mut EsReplicas) {
     let _ = ffi_call(|| {
-        if !replicas.is_null() {
-            // SAFETY: made by Box::into_raw in es_open_replicas, closed once.
-            drop(unsafe { Box::from_raw(replicas) });
-        }
+        // SAFETY: null or a live handle closed once (the caller's contract).
+        unsafe { close_handle(replicas) };
         Ok(())
     });
 }

@@ -12,7 +12,9 @@ use crate::c_string::text_arg;
 use crate::code::EsCode;
 use crate::engine::EsEngine;
 use crate::ffi_call::{ffi_call, Failure};
-use crate::handle::{describe_error, lock_handle, write_error_count, ErrorOut};
+use crate::handle::{
+    close_handle, describe_error, lock_handle, open_handle, state_uri, write_error_count, ErrorOut,
+};
 use crate::options::{reader_options, EsOptions};
 
 /// An open source of engine state (opaque). Made by `es_open`, freed by
@@ -76,36 +78,28 @@ pub unsafe extern "C" fn es_open(
     out: *mut *mut EsSource,
 ) -> EsCode {
     ffi_call(|| {
-        if out.is_null() {
-            return Err(Failure::new(EsCode::NullArgument, "out is null"));
-        }
-        // SAFETY: writable (the caller's contract); null until success.
-        unsafe { out.write(std::ptr::null_mut()) };
-        let uri = if uri.is_null() {
-            StateUri::from_env()?
-        } else {
-            // SAFETY: NUL-terminated (the caller's contract).
-            StateUri::parse(unsafe { text_arg(uri, "uri") }?)?
+        let make = || {
+            // SAFETY: null or NUL-terminated (the caller's contract).
+            let uri = unsafe { state_uri(uri) }?;
+            // SAFETY: the caller's contract, passed on.
+            let options = unsafe { reader_options(options) }?;
+            let cache_digests = options.cache_digests;
+            let backend = match &uri {
+                StateUri::Shm { dir } => Backend::Shm(ShmDir::open(dir, options)?),
+                #[allow(unreachable_patterns)] // without the redis feature
+                _ => Backend::Other(open(&uri, options)?),
+            };
+            Ok(EsSource {
+                inner: Mutex::new(Inner {
+                    backend,
+                    reading: Reading::default(),
+                    scratch: Reading::default(),
+                    cache_digests,
+                }),
+            })
         };
-        // SAFETY: the caller's contract, passed on.
-        let options = unsafe { reader_options(options) }?;
-        let cache_digests = options.cache_digests;
-        let backend = match &uri {
-            StateUri::Shm { dir } => Backend::Shm(ShmDir::open(dir, options)?),
-            #[allow(unreachable_patterns)] // without the redis feature
-            _ => Backend::Other(open(&uri, options)?),
-        };
-        let source = Box::new(EsSource {
-            inner: Mutex::new(Inner {
-                backend,
-                reading: Reading::default(),
-                scratch: Reading::default(),
-                cache_digests,
-            }),
-        });
-        // SAFETY: writable (checked above); ownership passes to the caller.
-        unsafe { out.write(Box::into_raw(source)) };
-        Ok(())
+        // SAFETY: `out` is null or writable (the caller's contract).
+        unsafe { open_handle(out, make) }
     })
 }
 
@@ -117,10 +111,8 @@ pub unsafe extern "C" fn es_open(
 #[no_mangle]
 pub unsafe extern "C" fn es_close(source: *mut EsSource) {
     let _ = ffi_call(|| {
-        if !source.is_null() {
-            // SAFETY: made by Box::into_raw in es_open, closed once (the contract).
-            drop(unsafe { Box::from_raw(source) });
-        }
+        // SAFETY: null or a live handle closed once (the caller's contract).
+        unsafe { close_handle(source) };
         Ok(())
     });
 }

@@ -8,7 +8,7 @@ mod c_program;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use c_program::{build_c, run_c, vectors};
+use c_program::{build_c, code_line, run_c, vector_json, vectors};
 
 use serde_json::Value;
 
@@ -45,17 +45,10 @@ fn a_c_program_reads_every_cache_vector_and_reproduces_block_hashes() {
         let lines = run(&exe, mode, &vectors().join(case["file"].as_str().unwrap()));
         match case["error"].as_str() {
             Some(error) => {
-                assert_eq!(
-                    lines,
-                    [format!("code ES_CODE_{}", error.to_uppercase())],
-                    "{name}"
-                )
+                assert_eq!(lines, [code_line(error)], "{name}")
             }
             None => {
-                let e: Value = serde_json::from_slice(
-                    &std::fs::read(vectors().join(case["expect"].as_str().unwrap())).unwrap(),
-                )
-                .unwrap();
+                let e: Value = vector_json(case, "expect");
                 let state = if e["state"] == "active" { 1 } else { 2 };
                 let mut expected = vec![
                     "code ES_CODE_OK".to_owned(),

@@ -17,7 +17,7 @@ use engine_state_shm_format::{
 };
 use serde_json::Value;
 
-use c_program::{build_c, run_c, vectors};
+use c_program::{build_c, code_line, run_c, vector_json, vectors};
 
 /// Builds `tests/c/router_read.c`.
 fn build() -> (tempfile::TempDir, PathBuf) {
@@ -53,16 +53,9 @@ fn a_c_program_reads_every_router_vector() {
         std::fs::copy(vectors().join(case["file"].as_str().unwrap()), &path).unwrap();
         let lines = run_c(&exe, &["file", path.to_str().unwrap()]);
         match case["error"].as_str() {
-            Some(error) => assert_eq!(
-                lines,
-                [format!("code ES_CODE_{}", error.to_uppercase())],
-                "{name}"
-            ),
+            Some(error) => assert_eq!(lines, [code_line(error)], "{name}"),
             None => {
-                let e: Value = serde_json::from_slice(
-                    &std::fs::read(vectors().join(case["expect"].as_str().unwrap())).unwrap(),
-                )
-                .unwrap();
+                let e: Value = vector_json(case, "expect");
                 let state = if e["state"] == "active" { 1 } else { 2 };
                 let mut expected = vec![
                     "code ES_CODE_OK".to_owned(),

@@ -5,9 +5,24 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use serde_json::Value;
+
 /// `format/vectors/`.
 pub fn vectors() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../format/vectors")
+}
+
+/// The JSON file of `format/vectors/` that `case[field]` names (a case's
+/// `expect`).
+pub fn vector_json(case: &Value, field: &str) -> Value {
+    let path = vectors().join(case[field].as_str().unwrap());
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+/// What the C programs print for a failed call of error class `class`
+/// (a vector's `error`, e.g. `not_router`).
+pub fn code_line(class: &str) -> String {
+    format!("code ES_CODE_{}", class.to_uppercase())
 }
 
 /// Builds one C file of this repository (`source`, from `capi/`) into a
