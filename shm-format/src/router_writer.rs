@@ -33,6 +33,7 @@ use crate::router_layout::*;
 use crate::seqlock;
 use crate::shm_file::{read_prefix, read_start};
 use crate::writer::create::{create_reserved, place, take_over_with, tmp_path, TakeOver};
+use crate::writer::retire::retire_mapped;
 use crate::writer::DEFAULT_FILE_MODE;
 
 /// How a [`RouterFileWriter`] creates its file.
@@ -477,17 +478,12 @@ impl RouterFileWriter {
             return;
         }
         self.retired = true;
-        // Release: pairs with the readers' Relaxed state load followed by
-        // their seqlock fences; readers only need to see it eventually.
-        self.map
-            .word(ROUTER_STATE_WORD * 8)
-            .store(STATE_RETIRED, Ordering::Release);
-        // Only our own inode (`lstat`: not a link that points to it).
-        if std::fs::symlink_metadata(&self.path)
-            .is_ok_and(|m| (m.dev(), m.ino()) == (self.dev, self.inode))
-        {
-            let _ = std::fs::remove_file(&self.path);
-        }
+        retire_mapped(
+            &self.map,
+            ROUTER_STATE_WORD,
+            &self.path,
+            (self.dev, self.inode),
+        );
     }
 
     /// Retires the file and releases the lock (as dropping the writer does).
