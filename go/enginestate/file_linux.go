@@ -228,3 +228,36 @@ func preadPrefix(fd int, path string, buf []byte) (int, error) {
 	}
 	return have, nil
 }
+
+// mapHeaderFile opens path as openRegular does, reads its header alone
+// (pread of up to headerSize bytes: mapping a short file would fault),
+// lets check validate it against the file's size and say how many bytes to
+// map, and maps them read-only: what the router and digest files' opens
+// share. It returns the mapping, the checked header and the inode.
+func mapHeaderFile[H any](path string, headerSize int,
+	check func(start []byte, size int64) (H, int, error)) (*mapping, H, uint64, error) {
+	var header H
+	fd, err := openRegular(path)
+	if err != nil {
+		return nil, header, 0, err
+	}
+	defer syscall.Close(fd) // the mapping outlives the descriptor
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		return nil, header, 0, &Error{Class: IO, Name: path, What: "stat", Err: err}
+	}
+	start := make([]byte, headerSize)
+	have, err := preadPrefix(fd, path, start)
+	if err != nil {
+		return nil, header, 0, err
+	}
+	header, size, err := check(start[:have], st.Size)
+	if err != nil {
+		return nil, header, 0, err
+	}
+	m, err := mapFile(fd, size)
+	if err != nil {
+		return nil, header, 0, &Error{Class: IO, Name: path, What: "map", Err: err}
+	}
+	return m, header, st.Ino, nil
+}

@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"sync/atomic"
-	"syscall"
 )
 
 // RouterFile is one router replica's reservations file
@@ -32,31 +31,18 @@ type RouterFile struct {
 // (valid and the file's name) (steps 2 to 7, a *RouterError), then one
 // read (a torn read does not fail the open, a malformed one does).
 func OpenRouterFile(path string) (*RouterFile, error) {
-	fd, err := openRegular(path)
+	m, header, inode, err := mapHeaderFile(path, RouterHeaderSize,
+		func(start []byte, size int64) (RouterHeader, int, error) {
+			h, err := checkRouterStart(path, start, size)
+			if err != nil {
+				return h, 0, err
+			}
+			return h, int(routerFileSize(h.Capacity)), nil
+		})
 	if err != nil {
 		return nil, err
 	}
-	defer syscall.Close(fd) // the mapping outlives the descriptor
-	var st syscall.Stat_t
-	if err := syscall.Fstat(fd, &st); err != nil {
-		return nil, &Error{Class: IO, Name: path, What: "stat", Err: err}
-	}
-	// The header alone (pread: mapping a short file would fault), then the
-	// size it implies, before anything is mapped.
-	var start [RouterHeaderSize]byte
-	have, err := preadPrefix(fd, path, start[:])
-	if err != nil {
-		return nil, err
-	}
-	header, err := checkRouterStart(path, start[:have], st.Size)
-	if err != nil {
-		return nil, err
-	}
-	m, err := mapFile(fd, int(routerFileSize(header.Capacity)))
-	if err != nil {
-		return nil, &Error{Class: IO, Name: path, What: "map", Err: err}
-	}
-	f := &RouterFile{m: m, path: path, header: header, inode: st.Ino}
+	f := &RouterFile{m: m, path: path, header: header, inode: inode}
 	if err := f.checkReplicaID(); err != nil {
 		m.close()
 		return nil, err
