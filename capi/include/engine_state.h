@@ -652,30 +652,23 @@ EsCode es_read_replicas(struct EsReplicas *source,
                         size_t engines_capacity,
                         size_t *engine_count);
 
-// Sets `*count` to the number of per-replica errors of the last
+// `es_error_count` for the per-replica errors of the last
 // `es_read_replicas` (files or keys that could not be read as a replica).
 //
 // # Safety
-// `source` is a live handle from `es_open_replicas`; `count` is null (an
-// error) or writable.
+// As `es_error_count`'s, `source` from `es_open_replicas`.
 EsCode es_replica_error_count(struct EsReplicas *source, size_t *count);
 
-// Describes per-replica error `index` (from 0 to `es_replica_error_count -
-// 1`) of the last `es_read_replicas`, as `es_engine_error` does an
-// engine's: its class in `*class_out` (a per-replica code, 100 or more:
+// `es_engine_error` for per-replica error `index` (from 0 to
+// `es_replica_error_count - 1`) of the last `es_read_replicas`, with the
+// same buffers and rules. The class is a per-replica code (100 or more:
 // `ES_CODE_NOT_ROUTER`, `ES_CODE_UNKNOWN_VERSION`, `ES_CODE_WRONG_SIZE`,
 // `ES_CODE_CORRUPT_ROUTER`, `ES_CODE_REFUSED_ENTRY`, `ES_CODE_IO`, or one
-// this header does not know yet; a replica whose reading is torn is no
-// error, only `ES_STATUS_TORN`), the
-// replica id or entry name in `name` and the message in `message`, each
-// NUL-terminated (a buffer may be null with size 0 to skip it; one too
-// small gets what fits and the result is `ES_CODE_BUFFER_TOO_SMALL`).
-// `class_out` may be null.
+// this header does not know yet; a torn reading is no error, only
+// `ES_STATUS_TORN`); `name` gets the replica id or entry name.
 //
 // # Safety
-// `source` is a live handle from `es_open_replicas`; `class_out` is null
-// or writable; `name` and `message` are null or have `name_size` /
-// `message_size` writable bytes.
+// As `es_engine_error`'s, `source` from `es_open_replicas`.
 EsCode es_replica_error(struct EsReplicas *source,
                         size_t index,
                         EsCode *class_out,

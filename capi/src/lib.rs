@@ -70,6 +70,7 @@ mod code;
 mod digest;
 mod engine;
 mod ffi_call;
+mod handle;
 mod options;
 mod record;
 mod replicas;

@@ -9,15 +9,18 @@
 //! rule is the reader's: this file only copies what it decides.
 
 use std::ffi::c_char;
-use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::sync::{Mutex, MutexGuard};
 
-use engine_state_reader::{open_replicas, ReplicaReading, ReplicaSource, StateUri};
+use engine_state_reader::{open_replicas, ReplicaReading, ReplicaSource};
 use engine_state_shm_format::EngineId;
 
-use crate::c_string::{copy_arg, text_arg};
+use crate::c_string::text_arg;
 use crate::code::EsCode;
 use crate::digest::check_out;
 use crate::ffi_call::{ffi_call, Failure};
+use crate::handle::{
+    close_handle, describe_error, lock_handle, open_handle, state_uri, write_error_count, ErrorOut,
+};
 use crate::options::{reader_options, EsOptions};
 use crate::reservation::{EsReplica, EsReservation};
 
@@ -45,21 +48,8 @@ impl std::fmt::Debug for EsReplicas {
 /// # Safety
 /// `replicas` is null or a handle from `es_open_replicas` not yet closed.
 unsafe fn lock<'a>(replicas: *mut EsReplicas) -> Result<MutexGuard<'a, ReplicasInner>, Failure> {
-    if replicas.is_null() {
-        return Err(Failure::new(EsCode::NullArgument, "replicas is null"));
-    }
-    // SAFETY: a live handle (the caller's contract); only shared references
-    // are made to it, the Mutex serializes the rest.
-    let replicas = unsafe { &*replicas };
-    match replicas.inner.try_lock() {
-        Ok(inner) => Ok(inner),
-        // Every read clears and refills what it uses: go on after a panic.
-        Err(TryLockError::Poisoned(poisoned)) => Ok(poisoned.into_inner()),
-        Err(TryLockError::WouldBlock) => Err(Failure::new(
-            EsCode::Busy,
-            "another thread is inside a call on this replicas handle; use one handle per thread",
-        )),
-    }
+    // SAFETY: the caller's contract, passed on.
+    unsafe { lock_handle(replicas, "replicas", |r| &r.inner) }
 }
 
 /// Opens the router replicas' reservations at the place `uri` names — the
@@ -87,42 +77,34 @@ pub unsafe extern "C" fn es_open_replicas(
     out: *mut *mut EsReplicas,
 ) -> EsCode {
     ffi_call(|| {
-        if out.is_null() {
-            return Err(Failure::new(EsCode::NullArgument, "out is null"));
-        }
-        // SAFETY: writable (the caller's contract); null until success.
-        unsafe { out.write(std::ptr::null_mut()) };
-        let uri = if uri.is_null() {
-            StateUri::from_env()?
-        } else {
-            // SAFETY: NUL-terminated (the caller's contract).
-            StateUri::parse(unsafe { text_arg(uri, "uri") }?)?
+        let make = || {
+            // SAFETY: null or NUL-terminated (the caller's contract).
+            let uri = unsafe { state_uri(uri) }?;
+            let own = if own_replica_id.is_null() {
+                None
+            } else {
+                // SAFETY: NUL-terminated (the caller's contract).
+                let own = unsafe { text_arg(own_replica_id, "own_replica_id") }?;
+                EngineId::new(own).map_err(|e| {
+                    Failure::new(
+                        EsCode::BadArgument,
+                        format!("own_replica_id {own:?} is no valid replica id: {e}"),
+                    )
+                })?;
+                Some(own)
+            };
+            // SAFETY: the caller's contract, passed on.
+            let options = unsafe { reader_options(options) }?;
+            let source = open_replicas(&uri, own, options)?;
+            Ok(EsReplicas {
+                inner: Mutex::new(ReplicasInner {
+                    source,
+                    reading: ReplicaReading::default(),
+                }),
+            })
         };
-        let own = if own_replica_id.is_null() {
-            None
-        } else {
-            // SAFETY: NUL-terminated (the caller's contract).
-            let own = unsafe { text_arg(own_replica_id, "own_replica_id") }?;
-            EngineId::new(own).map_err(|e| {
-                Failure::new(
-                    EsCode::BadArgument,
-                    format!("own_replica_id {own:?} is no valid replica id: {e}"),
-                )
-            })?;
-            Some(own)
-        };
-        // SAFETY: the caller's contract, passed on.
-        let options = unsafe { reader_options(options) }?;
-        let source = open_replicas(&uri, own, options)?;
-        let handle = Box::new(EsReplicas {
-            inner: Mutex::new(ReplicasInner {
-                source,
-                reading: ReplicaReading::default(),
-            }),
-        });
-        // SAFETY: writable (checked above); ownership passes to the caller.
-        unsafe { out.write(Box::into_raw(handle)) };
-        Ok(())
+        // SAFETY: `out` is null or writable (the caller's contract).
+        unsafe { open_handle(out, make) }
     })
 }
 
@@ -134,10 +116,8 @@ pub unsafe extern "C" fn es_open_replicas(
 #[no_mangle]
 pub unsafe extern "C" fn es_close_replicas(replicas: *mut EsReplicas) {
     let _ = ffi_call(|| {
-        if !replicas.is_null() {
-            // SAFETY: made by Box::into_raw in es_open_replicas, closed once.
-            drop(unsafe { Box::from_raw(replicas) });
-        }
+        // SAFETY: null or a live handle closed once (the caller's contract).
+        unsafe { close_handle(replicas) };
         Ok(())
     });
 }
@@ -231,45 +211,32 @@ pub unsafe extern "C" fn es_read_replicas(
     })
 }
 
-/// Sets `*count` to the number of per-replica errors of the last
+/// `es_error_count` for the per-replica errors of the last
 /// `es_read_replicas` (files or keys that could not be read as a replica).
 ///
 /// # Safety
-/// `source` is a live handle from `es_open_replicas`; `count` is null (an
-/// error) or writable.
+/// As `es_error_count`'s, `source` from `es_open_replicas`.
 #[no_mangle]
 pub unsafe extern "C" fn es_replica_error_count(
     source: *mut EsReplicas,
     count: *mut usize,
 ) -> EsCode {
     ffi_call(|| {
-        if count.is_null() {
-            return Err(Failure::new(EsCode::NullArgument, "count is null"));
-        }
-        // SAFETY: a live handle (the caller's contract).
-        let inner = unsafe { lock(source) }?;
-        // SAFETY: writable (checked non-null above).
-        unsafe { count.write(inner.reading.errors.len()) };
-        Ok(())
+        // SAFETY: writable or null (the caller's contract); a live handle.
+        unsafe { write_error_count(count, || Ok(lock(source)?.reading.errors.len())) }
     })
 }
 
-/// Describes per-replica error `index` (from 0 to `es_replica_error_count -
-/// 1`) of the last `es_read_replicas`, as `es_engine_error` does an
-/// engine's: its class in `*class_out` (a per-replica code, 100 or more:
+/// `es_engine_error` for per-replica error `index` (from 0 to
+/// `es_replica_error_count - 1`) of the last `es_read_replicas`, with the
+/// same buffers and rules. The class is a per-replica code (100 or more:
 /// `ES_CODE_NOT_ROUTER`, `ES_CODE_UNKNOWN_VERSION`, `ES_CODE_WRONG_SIZE`,
 /// `ES_CODE_CORRUPT_ROUTER`, `ES_CODE_REFUSED_ENTRY`, `ES_CODE_IO`, or one
-/// this header does not know yet; a replica whose reading is torn is no
-/// error, only `ES_STATUS_TORN`), the
-/// replica id or entry name in `name` and the message in `message`, each
-/// NUL-terminated (a buffer may be null with size 0 to skip it; one too
-/// small gets what fits and the result is `ES_CODE_BUFFER_TOO_SMALL`).
-/// `class_out` may be null.
+/// this header does not know yet; a torn reading is no error, only
+/// `ES_STATUS_TORN`); `name` gets the replica id or entry name.
 ///
 /// # Safety
-/// `source` is a live handle from `es_open_replicas`; `class_out` is null
-/// or writable; `name` and `message` are null or have `name_size` /
-/// `message_size` writable bytes.
+/// As `es_engine_error`'s, `source` from `es_open_replicas`.
 #[no_mangle]
 pub unsafe extern "C" fn es_replica_error(
     source: *mut EsReplicas,
@@ -283,26 +250,23 @@ pub unsafe extern "C" fn es_replica_error(
     ffi_call(|| {
         // SAFETY: a live handle (the caller's contract).
         let inner = unsafe { lock(source) }?;
-        let errors = &inner.reading.errors;
-        let error = errors.get(index).ok_or_else(|| {
-            Failure::new(
-                EsCode::NotFound,
-                format!(
-                    "no per-replica error {index}: the last read has {} (es_replica_error_count)",
-                    errors.len()
-                ),
+        let out = ErrorOut {
+            class_out,
+            name,
+            name_size,
+            message,
+            message_size,
+        };
+        // SAFETY: the caller's contract on the out-pointers.
+        unsafe {
+            describe_error(
+                &inner.reading.errors,
+                index,
+                "per-replica",
+                "es_replica_error_count",
+                out,
             )
-        })?;
-        if !class_out.is_null() {
-            // SAFETY: writable (the caller's contract).
-            unsafe { class_out.write(EsCode::of(&error.error)) };
         }
-        // SAFETY: the caller's contract on both buffers.
-        let copied_name = unsafe { copy_arg(&error.name, name, name_size, "name") };
-        // SAFETY: as above.
-        let copied_message =
-            unsafe { copy_arg(&error.error.to_string(), message, message_size, "message") };
-        copied_name.and(copied_message)
     })
 }
 

@@ -27,6 +27,34 @@ fn open(uri: &str, own: Option<&str>) -> (EsCode, *mut EsReplicas) {
     (code, out)
 }
 
+/// `es_read_replicas` into the arrays given: the code, the replica count
+/// and the entry count written back.
+///
+/// # Safety
+/// As `es_read_replicas`'s, for `source` and the arrays.
+unsafe fn read(
+    source: *mut EsReplicas,
+    replicas: *mut EsReplica,
+    capacity: usize,
+    engines: *mut EsReservation,
+    engines_capacity: usize,
+) -> (EsCode, usize, usize) {
+    let (mut count, mut entries) = (usize::MAX, usize::MAX);
+    // SAFETY: the caller's contract, passed on; the counts are writable.
+    let code = unsafe {
+        es_read_replicas(
+            source,
+            replicas,
+            capacity,
+            &mut count,
+            engines,
+            engines_capacity,
+            &mut entries,
+        )
+    };
+    (code, count, entries)
+}
+
 #[test]
 fn arrays_too_small_get_whole_replicas_and_the_counts() {
     let tmp = tempfile::tempdir().unwrap();
@@ -48,34 +76,14 @@ fn arrays_too_small_get_whole_replicas_and_the_counts() {
     }
     let (code, source) = open(&format!("file://{}", state.display()), None);
     assert_eq!(code, EsCode::Ok);
-    let (mut count, mut entries) = (0, 0);
     // SAFETY: a live handle, counting only.
-    let code = unsafe {
-        es_read_replicas(
-            source,
-            null_mut(),
-            0,
-            &mut count,
-            null_mut(),
-            0,
-            &mut entries,
-        )
-    };
+    let (code, count, entries) = unsafe { read(source, null_mut(), 0, null_mut(), 0) };
     assert_eq!((code, count, entries), (EsCode::BufferTooSmall, 3, 5));
     let mut replicas = [EsReplica::default(); 3];
     let mut slots = [EsReservation::default(); 5];
     // SAFETY: arrays of 3 and 4 (one entry short: c does not fit).
-    let code = unsafe {
-        es_read_replicas(
-            source,
-            replicas.as_mut_ptr(),
-            3,
-            &mut count,
-            slots.as_mut_ptr(),
-            4,
-            &mut entries,
-        )
-    };
+    let (code, count, entries) =
+        unsafe { read(source, replicas.as_mut_ptr(), 3, slots.as_mut_ptr(), 4) };
     assert_eq!((code, count, entries), (EsCode::BufferTooSmall, 3, 5));
     assert_eq!(
         (replicas[0].replica_id(), replicas[1].replica_id()),
@@ -83,18 +91,9 @@ fn arrays_too_small_get_whole_replicas_and_the_counts() {
     );
     assert_eq!(replicas[2].replica_id(), "", "c was not written");
     // SAFETY: arrays that fit.
-    let code = unsafe {
-        es_read_replicas(
-            source,
-            replicas.as_mut_ptr(),
-            3,
-            &mut count,
-            slots.as_mut_ptr(),
-            5,
-            &mut entries,
-        )
-    };
-    assert_eq!(code, EsCode::Ok);
+    let (code, count, entries) =
+        unsafe { read(source, replicas.as_mut_ptr(), 3, slots.as_mut_ptr(), 5) };
+    assert_eq!((code, count, entries), (EsCode::Ok, 3, 5));
     let c = &replicas[2];
     assert_eq!(
         (c.replica_id(), c.status, c.first_engine, c.engine_count),
@@ -105,18 +104,9 @@ fn arrays_too_small_get_whole_replicas_and_the_counts() {
     assert_ne!(c.changed_age_ns, u64::MAX);
     // A null count, a null array with a capacity: refused.
     // SAFETY: the null pointers are refused before any write.
-    let code = unsafe {
-        es_read_replicas(
-            source,
-            null_mut(),
-            1,
-            &mut count,
-            null_mut(),
-            0,
-            &mut entries,
-        )
-    };
+    let (code, _, _) = unsafe { read(source, null_mut(), 1, null_mut(), 0) };
     assert_eq!(code, EsCode::NullArgument);
+    let mut entries = 0;
     // SAFETY: as above.
     let code = unsafe {
         es_read_replicas(
@@ -152,37 +142,16 @@ fn a_call_while_the_handle_is_in_use_is_busy() {
     let tmp = tempfile::tempdir().unwrap();
     let (code, source) = open(&format!("file://{}", tmp.path().display()), Some("own"));
     assert_eq!(code, EsCode::Ok);
-    let (mut count, mut entries) = (0, 0);
     {
         // Another call in progress on this handle.
         // SAFETY: the live handle from es_open_replicas.
         let _held = unsafe { &*source }.inner.lock().unwrap();
         // SAFETY: the live handle, counting only.
-        let busy = unsafe {
-            es_read_replicas(
-                source,
-                null_mut(),
-                0,
-                &mut count,
-                null_mut(),
-                0,
-                &mut entries,
-            )
-        };
+        let (busy, _, _) = unsafe { read(source, null_mut(), 0, null_mut(), 0) };
         assert_eq!(busy, EsCode::Busy);
     }
     // SAFETY: as above, the lock released; no replica yet (no routers directory).
-    let code = unsafe {
-        es_read_replicas(
-            source,
-            null_mut(),
-            0,
-            &mut count,
-            null_mut(),
-            0,
-            &mut entries,
-        )
-    };
+    let (code, count, entries) = unsafe { read(source, null_mut(), 0, null_mut(), 0) };
     assert_eq!((code, count, entries), (EsCode::Ok, 0, 0));
     // SAFETY: closed once.
     unsafe { es_close_replicas(source) };

@@ -4,14 +4,17 @@
 //! `es_read` for the exceptions).
 
 use std::ffi::c_char;
-use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::sync::{Mutex, MutexGuard};
 
 use engine_state_reader::{open, EngineState, Reading, ShmDir, Source, StateUri};
 
-use crate::c_string::{copy_arg, text_arg};
+use crate::c_string::text_arg;
 use crate::code::EsCode;
 use crate::engine::EsEngine;
 use crate::ffi_call::{ffi_call, Failure};
+use crate::handle::{
+    close_handle, describe_error, lock_handle, open_handle, state_uri, write_error_count, ErrorOut,
+};
 use crate::options::{reader_options, EsOptions};
 
 /// An open source of engine state (opaque). Made by `es_open`, freed by
@@ -19,9 +22,7 @@ use crate::options::{reader_options, EsOptions};
 /// returns `ES_CODE_BUSY`: use one handle per thread.
 #[derive(Debug)]
 pub struct EsSource {
-    /// Never contended in correct use: `try_lock` turns a second thread's
-    /// call into `Busy` instead of a data race (one uncontended atomic swap
-    /// per call).
+    /// One call at a time (`handle.rs`, `lock_handle`).
     inner: Mutex<Inner>,
 }
 
@@ -57,22 +58,8 @@ pub(crate) enum Backend {
 /// # Safety
 /// `source` is null or a handle from `es_open` not yet closed.
 pub(crate) unsafe fn lock<'a>(source: *mut EsSource) -> Result<MutexGuard<'a, Inner>, Failure> {
-    if source.is_null() {
-        return Err(Failure::new(EsCode::NullArgument, "source is null"));
-    }
-    // SAFETY: a live handle from es_open (the caller's contract); only
-    // shared references are made to it, the Mutex serializes the rest.
-    let source = unsafe { &*source };
-    match source.inner.try_lock() {
-        Ok(inner) => Ok(inner),
-        // A panic inside an earlier call: every call rebuilds what it reads
-        // (readings are cleared, directory listings redone), so go on.
-        Err(TryLockError::Poisoned(poisoned)) => Ok(poisoned.into_inner()),
-        Err(TryLockError::WouldBlock) => Err(Failure::new(
-            EsCode::Busy,
-            "another thread is inside a call on this source handle; use one handle per thread",
-        )),
-    }
+    // SAFETY: the caller's contract, passed on.
+    unsafe { lock_handle(source, "source", |s| &s.inner) }
 }
 
 /// Opens the source `uri` names (`file:///dir`, a bare absolute path, or
@@ -91,36 +78,28 @@ pub unsafe extern "C" fn es_open(
     out: *mut *mut EsSource,
 ) -> EsCode {
     ffi_call(|| {
-        if out.is_null() {
-            return Err(Failure::new(EsCode::NullArgument, "out is null"));
-        }
-        // SAFETY: writable (the caller's contract); null until success.
-        unsafe { out.write(std::ptr::null_mut()) };
-        let uri = if uri.is_null() {
-            StateUri::from_env()?
-        } else {
-            // SAFETY: NUL-terminated (the caller's contract).
-            StateUri::parse(unsafe { text_arg(uri, "uri") }?)?
+        let make = || {
+            // SAFETY: null or NUL-terminated (the caller's contract).
+            let uri = unsafe { state_uri(uri) }?;
+            // SAFETY: the caller's contract, passed on.
+            let options = unsafe { reader_options(options) }?;
+            let cache_digests = options.cache_digests;
+            let backend = match &uri {
+                StateUri::Shm { dir } => Backend::Shm(ShmDir::open(dir, options)?),
+                #[allow(unreachable_patterns)] // without the redis feature
+                _ => Backend::Other(open(&uri, options)?),
+            };
+            Ok(EsSource {
+                inner: Mutex::new(Inner {
+                    backend,
+                    reading: Reading::default(),
+                    scratch: Reading::default(),
+                    cache_digests,
+                }),
+            })
         };
-        // SAFETY: the caller's contract, passed on.
-        let options = unsafe { reader_options(options) }?;
-        let cache_digests = options.cache_digests;
-        let backend = match &uri {
-            StateUri::Shm { dir } => Backend::Shm(ShmDir::open(dir, options)?),
-            #[allow(unreachable_patterns)] // without the redis feature
-            _ => Backend::Other(open(&uri, options)?),
-        };
-        let source = Box::new(EsSource {
-            inner: Mutex::new(Inner {
-                backend,
-                reading: Reading::default(),
-                scratch: Reading::default(),
-                cache_digests,
-            }),
-        });
-        // SAFETY: writable (checked above); ownership passes to the caller.
-        unsafe { out.write(Box::into_raw(source)) };
-        Ok(())
+        // SAFETY: `out` is null or writable (the caller's contract).
+        unsafe { open_handle(out, make) }
     })
 }
 
@@ -132,10 +111,8 @@ pub unsafe extern "C" fn es_open(
 #[no_mangle]
 pub unsafe extern "C" fn es_close(source: *mut EsSource) {
     let _ = ffi_call(|| {
-        if !source.is_null() {
-            // SAFETY: made by Box::into_raw in es_open, closed once (the contract).
-            drop(unsafe { Box::from_raw(source) });
-        }
+        // SAFETY: null or a live handle closed once (the caller's contract).
+        unsafe { close_handle(source) };
         Ok(())
     });
 }
@@ -339,14 +316,8 @@ pub unsafe extern "C" fn es_read_engine(
 #[no_mangle]
 pub unsafe extern "C" fn es_error_count(source: *mut EsSource, count: *mut usize) -> EsCode {
     ffi_call(|| {
-        if count.is_null() {
-            return Err(Failure::new(EsCode::NullArgument, "count is null"));
-        }
-        // SAFETY: a live handle (the caller's contract).
-        let inner = unsafe { lock(source) }?;
-        // SAFETY: writable (checked non-null above).
-        unsafe { count.write(inner.reading.errors.len()) };
-        Ok(())
+        // SAFETY: writable or null (the caller's contract); a live handle.
+        unsafe { write_error_count(count, || Ok(lock(source)?.reading.errors.len())) }
     })
 }
 
@@ -374,26 +345,23 @@ pub unsafe extern "C" fn es_engine_error(
     ffi_call(|| {
         // SAFETY: a live handle (the caller's contract).
         let inner = unsafe { lock(source) }?;
-        let errors = &inner.reading.errors;
-        let error = errors.get(index).ok_or_else(|| {
-            Failure::new(
-                EsCode::NotFound,
-                format!(
-                    "no per-engine error {index}: the last read has {} (es_error_count)",
-                    errors.len()
-                ),
+        let out = ErrorOut {
+            class_out,
+            name,
+            name_size,
+            message,
+            message_size,
+        };
+        // SAFETY: the caller's contract on the out-pointers.
+        unsafe {
+            describe_error(
+                &inner.reading.errors,
+                index,
+                "per-engine",
+                "es_error_count",
+                out,
             )
-        })?;
-        if !class_out.is_null() {
-            // SAFETY: writable (the caller's contract).
-            unsafe { class_out.write(EsCode::of(&error.error)) };
         }
-        // SAFETY: the caller's contract on both buffers.
-        let copied_name = unsafe { copy_arg(&error.name, name, name_size, "name") };
-        // SAFETY: as above.
-        let copied_message =
-            unsafe { copy_arg(&error.error.to_string(), message, message_size, "message") };
-        copied_name.and(copied_message)
     })
 }
 

@@ -3,74 +3,22 @@
 //! and UBSan, as `make test-capi` builds the examples): every digest
 //! vector's entries or class, and `block_hashes.json`.
 
+mod c_program;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use c_program::{build_c, code_line, run_c, vector_json, vectors};
+
 use serde_json::Value;
 
-fn vectors() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../format/vectors")
-}
-
-/// Builds the C program; the static library is the one cargo built for
-/// this test (next to the test binary, in `deps`).
+/// Builds the C program.
 fn build() -> (tempfile::TempDir, PathBuf) {
     build_c("tests/c/cache_read.c", "cache_read")
 }
 
-/// Builds one C file of this repository into a fresh directory.
-fn build_c(source: &str, name: &str) -> (tempfile::TempDir, PathBuf) {
-    let deps = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .to_owned();
-    let lib = deps.join("libengine_state.a");
-    assert!(lib.exists(), "{} missing", lib.display());
-    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = tempfile::tempdir().unwrap();
-    let exe = out.path().join(name);
-    let status = Command::new("cc")
-        .args(["-std=c11", "-O1", "-g", "-Wall", "-Wextra", "-Werror"])
-        .args(["-fsanitize=address,undefined", "-fno-sanitize-recover=all"])
-        .arg("-I")
-        .arg(crate_dir.join("include"))
-        .arg(crate_dir.join(source))
-        .arg(&lib)
-        .args([
-            "-lgcc_s",
-            "-lutil",
-            "-lrt",
-            "-lpthread",
-            "-lm",
-            "-ldl",
-            "-o",
-        ])
-        .arg(&exe)
-        .status()
-        .expect("cc (the system C compiler) is needed");
-    assert!(status.success(), "cc failed");
-    (out, exe)
-}
-
 fn run(exe: &Path, mode: &str, path: &Path) -> Vec<String> {
-    let out = Command::new(exe)
-        .args([mode, path.to_str().unwrap()])
-        .env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=1")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{mode} {}: {:?} {}",
-        path.display(),
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(str::to_owned)
-        .collect()
+    run_c(exe, &[mode, path.to_str().unwrap()])
 }
 
 fn hex(values: &Value) -> Vec<String> {
@@ -97,17 +45,10 @@ fn a_c_program_reads_every_cache_vector_and_reproduces_block_hashes() {
         let lines = run(&exe, mode, &vectors().join(case["file"].as_str().unwrap()));
         match case["error"].as_str() {
             Some(error) => {
-                assert_eq!(
-                    lines,
-                    [format!("code ES_CODE_{}", error.to_uppercase())],
-                    "{name}"
-                )
+                assert_eq!(lines, [code_line(error)], "{name}")
             }
             None => {
-                let e: Value = serde_json::from_slice(
-                    &std::fs::read(vectors().join(case["expect"].as_str().unwrap())).unwrap(),
-                )
-                .unwrap();
+                let e: Value = vector_json(case, "expect");
                 let state = if e["state"] == "active" { 1 } else { 2 };
                 let mut expected = vec![
                     "code ES_CODE_OK".to_owned(),

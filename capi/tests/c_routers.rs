@@ -5,8 +5,9 @@
 //! `es_read_router_file` (the reading field by field, or the class), and a
 //! live routers directory with `es_open_replicas` / `es_read_replicas`.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod c_program;
+
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,63 +17,11 @@ use engine_state_shm_format::{
 };
 use serde_json::Value;
 
-fn vectors() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../format/vectors")
-}
+use c_program::{build_c, code_line, run_c, vector_json, vectors};
 
-/// Builds `tests/c/router_read.c` into a fresh directory; the static
-/// library is the one cargo built for this test (next to it, in `deps`).
+/// Builds `tests/c/router_read.c`.
 fn build() -> (tempfile::TempDir, PathBuf) {
-    let deps = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .to_owned();
-    let lib = deps.join("libengine_state.a");
-    assert!(lib.exists(), "{} missing", lib.display());
-    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = tempfile::tempdir().unwrap();
-    let exe = out.path().join("router_read");
-    let status = Command::new("cc")
-        .args(["-std=c11", "-O1", "-g", "-Wall", "-Wextra", "-Werror"])
-        .args(["-fsanitize=address,undefined", "-fno-sanitize-recover=all"])
-        .arg("-I")
-        .arg(crate_dir.join("include"))
-        .arg(crate_dir.join("tests/c/router_read.c"))
-        .arg(&lib)
-        .args([
-            "-lgcc_s",
-            "-lutil",
-            "-lrt",
-            "-lpthread",
-            "-lm",
-            "-ldl",
-            "-o",
-        ])
-        .arg(&exe)
-        .status()
-        .expect("cc (the system C compiler) is needed");
-    assert!(status.success(), "cc failed");
-    (out, exe)
-}
-
-fn run(exe: &Path, args: &[&str]) -> Vec<String> {
-    let out = Command::new(exe)
-        .args(args)
-        .env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=1")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?}: {:?} {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(str::to_owned)
-        .collect()
+    build_c("tests/c/router_read.c", "router_read")
 }
 
 fn entry_line(engine_id: &str, c: &Reservations) -> String {
@@ -102,18 +51,11 @@ fn a_c_program_reads_every_router_vector() {
         std::fs::create_dir(&dir).unwrap();
         let path = dir.join(case["replica_id"].as_str().unwrap());
         std::fs::copy(vectors().join(case["file"].as_str().unwrap()), &path).unwrap();
-        let lines = run(&exe, &["file", path.to_str().unwrap()]);
+        let lines = run_c(&exe, &["file", path.to_str().unwrap()]);
         match case["error"].as_str() {
-            Some(error) => assert_eq!(
-                lines,
-                [format!("code ES_CODE_{}", error.to_uppercase())],
-                "{name}"
-            ),
+            Some(error) => assert_eq!(lines, [code_line(error)], "{name}"),
             None => {
-                let e: Value = serde_json::from_slice(
-                    &std::fs::read(vectors().join(case["expect"].as_str().unwrap())).unwrap(),
-                )
-                .unwrap();
+                let e: Value = vector_json(case, "expect");
                 let state = if e["state"] == "active" { 1 } else { 2 };
                 let mut expected = vec![
                     "code ES_CODE_OK".to_owned(),
@@ -140,7 +82,7 @@ fn a_c_program_reads_every_router_vector() {
     // A path that is not there: the open fails.
     let gone = tmp.path().join("gone");
     assert_eq!(
-        run(&exe, &["file", gone.to_str().unwrap()]),
+        run_c(&exe, &["file", gone.to_str().unwrap()]),
         ["code ES_CODE_IO"]
     );
 }
@@ -192,7 +134,7 @@ fn a_c_program_reads_live_replicas_leaving_out_its_own() {
         }
     });
     let uri = format!("file://{}", state.display());
-    let lines = run(&exe, &["dir", &uri, "own"]);
+    let lines = run_c(&exe, &["dir", &uri, "own"]);
     stop.store(true, Ordering::Relaxed);
     beater.join().unwrap();
     assert_eq!(
@@ -208,7 +150,7 @@ fn a_c_program_reads_live_replicas_leaving_out_its_own() {
     );
     // Without an own id every replica is read; a closed one is gone.
     a.close();
-    let lines = run(&exe, &["dir", &uri]);
+    let lines = run_c(&exe, &["dir", &uri]);
     let replicas: Vec<&str> = lines
         .iter()
         .filter(|l| l.starts_with("replica "))
@@ -216,7 +158,7 @@ fn a_c_program_reads_live_replicas_leaving_out_its_own() {
         .collect();
     assert_eq!(replicas, ["own", "r-b"], "{lines:?}");
     // An own id that is no replica id is refused.
-    let lines = run(&exe, &["dir", &uri, "bad/id"]);
+    let lines = run_c(&exe, &["dir", &uri, "bad/id"]);
     assert!(
         lines[0].starts_with("code ES_CODE_BAD_ARGUMENT"),
         "{lines:?}"

@@ -1,9 +1,5 @@
 package enginestate
 
-import (
-	"syscall"
-)
-
 // DigestFile is one engine's cache digest file (<dir>.cache/<id>,
 // docs/FORMAT.md, "Cache residency"), opened like an engine file (never
 // blocks, never follows a link, refuses anything but a regular file),
@@ -27,41 +23,18 @@ type DigestFile struct {
 // 2 to 6, a *DigestError), then one read (steps 7 to 9: a torn read does
 // not fail the open, a damaged digest does).
 func OpenDigestFile(path string) (*DigestFile, error) {
-	fd, err := openRegular(path)
+	m, header, inode, err := mapHeaderFile(path, DigestHeaderSize,
+		func(start []byte, size int64) (DigestHeader, int, error) {
+			h, err := checkDigestStart(path, start, size)
+			if err != nil {
+				return h, 0, err
+			}
+			return h, int(digestSize(h.Capacity)), nil
+		})
 	if err != nil {
 		return nil, err
 	}
-	defer syscall.Close(fd) // the mapping outlives the descriptor
-	var st syscall.Stat_t
-	if err := syscall.Fstat(fd, &st); err != nil {
-		return nil, &Error{Class: IO, Name: path, What: "stat", Err: err}
-	}
-	// The header alone (pread: mapping a short file would fault), then the
-	// size it implies, before anything is mapped.
-	var start [DigestHeaderSize]byte
-	have := 0
-	for have < len(start) {
-		n, err := syscall.Pread(fd, start[have:], int64(have))
-		if err == syscall.EINTR {
-			continue
-		}
-		if err != nil {
-			return nil, &Error{Class: IO, Name: path, What: "read", Err: err}
-		}
-		if n == 0 {
-			break
-		}
-		have += n
-	}
-	header, err := checkDigestStart(path, start[:have], st.Size)
-	if err != nil {
-		return nil, err
-	}
-	m, err := mapFile(fd, int(digestSize(header.Capacity)))
-	if err != nil {
-		return nil, &Error{Class: IO, Name: path, What: "map", Err: err}
-	}
-	d := &DigestFile{m: m, path: path, header: header, inode: st.Ino}
+	d := &DigestFile{m: m, path: path, header: header, inode: inode}
 	if _, err := d.Read(); err != nil && !isTornDigest(err) {
 		m.close()
 		return nil, err
@@ -116,9 +89,7 @@ func (d *DigestFile) IsRetired() bool {
 
 // Seq is the sequence word now (one load): a cheap "did anything change?".
 func (d *DigestFile) Seq() uint64 {
-	var seq uint64
-	d.m.guard(func() { seq = d.m.load(digestSeqOffset) })
-	return seq
+	return d.m.guardedLoad(digestSeqOffset)
 }
 
 // Truncated reports that a load faulted: the file was truncated under the

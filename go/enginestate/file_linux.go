@@ -182,9 +182,7 @@ func (f *File) Read() (snapshot Snapshot, seq uint64, torn bool) {
 
 // Seq is the sequence word now (one load): a cheap "did anything change?".
 func (f *File) Seq() uint64 {
-	var seq uint64
-	f.m.guard(func() { seq = f.m.load(SeqOffset) })
-	return seq
+	return f.m.guardedLoad(SeqOffset)
 }
 
 // Truncated reports that a load faulted: the file was truncated under the
@@ -207,4 +205,59 @@ func (f *File) Inode() uint64 { return f.inode }
 func (f *File) Close() error {
 	f.m.close()
 	return nil
+}
+
+// preadPrefix reads up to len(buf) bytes from the start of fd (fewer at its
+// end: a short file) into buf, retrying interrupted reads; a failure is an
+// IO *Error naming path. What the router and digest files' opens read their
+// header with before mapping anything (mapping a short file would fault).
+func preadPrefix(fd int, path string, buf []byte) (int, error) {
+	have := 0
+	for have < len(buf) {
+		n, err := syscall.Pread(fd, buf[have:], int64(have))
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return have, &Error{Class: IO, Name: path, What: "read", Err: err}
+		}
+		if n == 0 {
+			break
+		}
+		have += n
+	}
+	return have, nil
+}
+
+// mapHeaderFile opens path as openRegular does, reads its header alone
+// (pread of up to headerSize bytes: mapping a short file would fault),
+// lets check validate it against the file's size and say how many bytes to
+// map, and maps them read-only: what the router and digest files' opens
+// share. It returns the mapping, the checked header and the inode.
+func mapHeaderFile[H any](path string, headerSize int,
+	check func(start []byte, size int64) (H, int, error)) (*mapping, H, uint64, error) {
+	var header H
+	fd, err := openRegular(path)
+	if err != nil {
+		return nil, header, 0, err
+	}
+	defer syscall.Close(fd) // the mapping outlives the descriptor
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		return nil, header, 0, &Error{Class: IO, Name: path, What: "stat", Err: err}
+	}
+	start := make([]byte, headerSize)
+	have, err := preadPrefix(fd, path, start)
+	if err != nil {
+		return nil, header, 0, err
+	}
+	header, size, err := check(start[:have], st.Size)
+	if err != nil {
+		return nil, header, 0, err
+	}
+	m, err := mapFile(fd, size)
+	if err != nil {
+		return nil, header, 0, &Error{Class: IO, Name: path, What: "map", Err: err}
+	}
+	return m, header, st.Ino, nil
 }

@@ -78,6 +78,14 @@ func (m *mapping) words(off, n int) []uint64 {
 // loads are sequentially consistent, FORMAT.md).
 func (m *mapping) load(off int) uint64 { return atomic.LoadUint64(m.word(off)) }
 
+// guardedLoad is one load at off under guard (0 when the file was truncated
+// under the mapping: faulted then says so).
+func (m *mapping) guardedLoad(off int) uint64 {
+	var v uint64
+	m.guard(func() { v = m.load(off) })
+	return v
+}
+
 // guard runs loads, which may fault: a file can be truncated under the
 // mapping by another process, and a load from a page beyond its end raises
 // SIGBUS. debug.SetPanicOnFault turns that fault into a panic of this

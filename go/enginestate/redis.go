@@ -115,30 +115,45 @@ func DecodeFetched(key string, b []byte, pttlMs int64) (Record, error) {
 	if err != nil {
 		return Record{}, err
 	}
-	switch {
-	case pttlMs < 0:
-		return Record{}, &Error{Class: NoExpiry, Name: key,
-			What: "the key has no expiry (PTTL -1; PERSISTed, copied or written without PX)"}
-	case uint64(pttlMs) > uint64(r.TTLMs):
-		return Record{}, &Error{Class: NoExpiry, Name: key, What: fmt.Sprintf(
-			"the key expires in %d ms but its record says it was written with PX %d (re-expired or written by hand)",
-			pttlMs, r.TTLMs)}
+	if what := expiryProblem(pttlMs, r.TTLMs, "record"); what != "" {
+		return Record{}, &Error{Class: NoExpiry, Name: key, What: what}
 	}
 	return r, nil
+}
+
+// expiryProblem is what is wrong with a key's expiry (its PTTL reply
+// pttlMs) for a value of kind (a "record", a router "value") written with
+// PX ttlMs, or "" when nothing is: no expiry, or one longer than the PX
+// (the value must not read as "written just now" forever).
+func expiryProblem(pttlMs int64, ttlMs uint32, kind string) string {
+	switch {
+	case pttlMs < 0:
+		return "the key has no expiry (PTTL -1; PERSISTed, copied or written without PX)"
+	case uint64(pttlMs) > uint64(ttlMs):
+		return fmt.Sprintf("the key expires in %d ms but its %s says it was written with PX %d "+
+			"(re-expired or written by hand)", pttlMs, kind, ttlMs)
+	}
+	return ""
 }
 
 // HeartbeatAgeAtFetch is the time from the record's heartbeat to the fetch
 // that returned it with pttlMs: (ttl_ms - PTTL) by the server's clock plus
 // write_delay_us by the writer's; never a difference of two hosts' clocks.
 func (r *Record) HeartbeatAgeAtFetch(pttlMs int64) time.Duration {
+	return sinceWrite(r.TTLMs, pttlMs) + time.Duration(r.WriteDelayUs)*time.Microsecond
+}
+
+// sinceWrite is ttl_ms - PTTL (never below 0; a negative PTTL counts as 0):
+// the time since a key written with SET ... PX ttlMs was written, by the
+// server's clock.
+func sinceWrite(ttlMs uint32, pttlMs int64) time.Duration {
 	if pttlMs < 0 {
 		pttlMs = 0
 	}
-	sinceWrite := uint64(0)
-	if uint64(r.TTLMs) > uint64(pttlMs) {
-		sinceWrite = uint64(r.TTLMs) - uint64(pttlMs)
+	if uint64(ttlMs) <= uint64(pttlMs) {
+		return 0
 	}
-	return time.Duration(sinceWrite)*time.Millisecond + time.Duration(r.WriteDelayUs)*time.Microsecond
+	return time.Duration(uint64(ttlMs)-uint64(pttlMs)) * time.Millisecond
 }
 
 // RecordState is the state of an engine whose latest record is r (nil: none

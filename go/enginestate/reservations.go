@@ -499,14 +499,8 @@ func DecodeFetchedRouter(key string, b []byte, pttlMs int64) (RouterValue, error
 	if err != nil {
 		return RouterValue{}, err
 	}
-	switch {
-	case pttlMs < 0:
-		return RouterValue{}, &RouterError{Class: NoExpiry, Name: key,
-			What: "the key has no expiry (PTTL -1; PERSISTed, copied or written without PX)"}
-	case uint64(pttlMs) > uint64(v.TTLMs):
-		return RouterValue{}, &RouterError{Class: NoExpiry, Name: key, What: fmt.Sprintf(
-			"the key expires in %d ms but its value says it was written with PX %d (re-expired or written by hand)",
-			pttlMs, v.TTLMs)}
+	if what := expiryProblem(pttlMs, v.TTLMs, "value"); what != "" {
+		return RouterValue{}, &RouterError{Class: NoExpiry, Name: key, What: what}
 	}
 	return v, nil
 }
@@ -515,13 +509,7 @@ func DecodeFetchedRouter(key string, b []byte, pttlMs int64) (RouterValue, error
 // returned it with pttlMs (ttl_ms - PTTL, by the server's clock: the writer
 // stamps its heartbeat as it sends the value).
 func (v *RouterValue) HeartbeatAgeAtFetch(pttlMs int64) time.Duration {
-	if pttlMs < 0 {
-		pttlMs = 0
-	}
-	if uint64(v.TTLMs) <= uint64(pttlMs) {
-		return 0
-	}
-	return time.Duration(uint64(v.TTLMs)-uint64(pttlMs)) * time.Millisecond
+	return sinceWrite(v.TTLMs, pttlMs)
 }
 
 // ReplicaAtFetch judges one fetch of a replica's key (the GETRANGE key 0

@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"sync/atomic"
-	"syscall"
 )
 
 // RouterFile is one router replica's reservations file
@@ -32,41 +31,18 @@ type RouterFile struct {
 // (valid and the file's name) (steps 2 to 7, a *RouterError), then one
 // read (a torn read does not fail the open, a malformed one does).
 func OpenRouterFile(path string) (*RouterFile, error) {
-	fd, err := openRegular(path)
+	m, header, inode, err := mapHeaderFile(path, RouterHeaderSize,
+		func(start []byte, size int64) (RouterHeader, int, error) {
+			h, err := checkRouterStart(path, start, size)
+			if err != nil {
+				return h, 0, err
+			}
+			return h, int(routerFileSize(h.Capacity)), nil
+		})
 	if err != nil {
 		return nil, err
 	}
-	defer syscall.Close(fd) // the mapping outlives the descriptor
-	var st syscall.Stat_t
-	if err := syscall.Fstat(fd, &st); err != nil {
-		return nil, &Error{Class: IO, Name: path, What: "stat", Err: err}
-	}
-	// The header alone (pread: mapping a short file would fault), then the
-	// size it implies, before anything is mapped.
-	var start [RouterHeaderSize]byte
-	have := 0
-	for have < len(start) {
-		n, err := syscall.Pread(fd, start[have:], int64(have))
-		if err == syscall.EINTR {
-			continue
-		}
-		if err != nil {
-			return nil, &Error{Class: IO, Name: path, What: "read", Err: err}
-		}
-		if n == 0 {
-			break
-		}
-		have += n
-	}
-	header, err := checkRouterStart(path, start[:have], st.Size)
-	if err != nil {
-		return nil, err
-	}
-	m, err := mapFile(fd, int(routerFileSize(header.Capacity)))
-	if err != nil {
-		return nil, &Error{Class: IO, Name: path, What: "map", Err: err}
-	}
-	f := &RouterFile{m: m, path: path, header: header, inode: st.Ino}
+	f := &RouterFile{m: m, path: path, header: header, inode: inode}
 	if err := f.checkReplicaID(); err != nil {
 		m.close()
 		return nil, err
@@ -216,16 +192,12 @@ func (f *RouterFile) IsRetired() bool {
 
 // HeartbeatMonoNs is the last heartbeat stamp (one load; 0 when faulted).
 func (f *RouterFile) HeartbeatMonoNs() uint64 {
-	var heartbeat uint64
-	f.m.guard(func() { heartbeat = f.m.load(routerHeartbeatOffset) })
-	return heartbeat
+	return f.m.guardedLoad(routerHeartbeatOffset)
 }
 
 // Seq is the sequence word now (one load): a cheap "did anything change?".
 func (f *RouterFile) Seq() uint64 {
-	var seq uint64
-	f.m.guard(func() { seq = f.m.load(routerSeqOffset) })
-	return seq
+	return f.m.guardedLoad(routerSeqOffset)
 }
 
 // Truncated reports that a load faulted: the file was truncated under the

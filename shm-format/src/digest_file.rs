@@ -5,7 +5,7 @@
 //! the mapping reads as torn, never `SIGBUS` (module `sigbus`).
 
 use std::fs::File;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
@@ -16,7 +16,7 @@ use crate::error::{DigestError, Error};
 use crate::layout::STATE_RETIRED;
 use crate::mapping::Mapping;
 use crate::seqlock::{self, Torn};
-use crate::shm_file::open_regular;
+use crate::shm_file::{open_regular, read_prefix};
 
 /// One engine's cache digest file, mapped read-only.
 ///
@@ -191,20 +191,6 @@ impl DigestFile {
     pub fn inode(&self) -> u64 {
         self.inode
     }
-}
-
-/// Reads up to `buf.len()` bytes from the start of `file` (fewer at its end).
-fn read_prefix(file: &File, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut have = 0;
-    while have < buf.len() {
-        match file.read_at(&mut buf[have..], have as u64) {
-            Ok(0) => break,
-            Ok(n) => have += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(have)
 }
 
 /// The header of a file whose first bytes are `start` and whose size is

@@ -24,7 +24,9 @@ use crate::fork::fork_generation;
 use crate::layout::{STATE_ACTIVE, STATE_RETIRED};
 use crate::mapping::Mapping;
 use crate::seqlock;
+use crate::shm_file::{read_prefix, read_start};
 use crate::writer::create::{create_reserved, place, take_over_with, tmp_path, TakeOver};
+use crate::writer::retire::retire_mapped;
 use crate::writer::DEFAULT_FILE_MODE;
 
 /// How a [`DigestWriter`] creates its file.
@@ -286,17 +288,12 @@ impl DigestWriter {
             return;
         }
         self.retired = true;
-        // Pairs with the readers' Relaxed state load followed by their
-        // seqlock fences; readers only need to see it eventually.
-        self.map
-            .word(DIGEST_STATE_WORD * 8)
-            .store(STATE_RETIRED, Ordering::Release);
-        // Only our own inode (`lstat`: not a link that points to it).
-        if std::fs::symlink_metadata(&self.path)
-            .is_ok_and(|m| (m.dev(), m.ino()) == (self.dev, self.inode))
-        {
-            let _ = std::fs::remove_file(&self.path);
-        }
+        retire_mapped(
+            &self.map,
+            DIGEST_STATE_WORD,
+            &self.path,
+            (self.dev, self.inode),
+        );
     }
 
     /// Retires the file and releases the lock (as dropping the writer does).
@@ -402,11 +399,8 @@ pub(crate) fn ensure_sibling_dir(state_dir: &Path, sibling: PathBuf) -> Result<P
 
 /// The error for a digest file whose lock a live writer holds.
 fn live_writer(file: File, path: &Path, engine_id: &EngineId) -> Error {
-    let mut start = [0u8; DIGEST_FIXED_HEADER_SIZE];
-    let pid = match std::os::unix::fs::FileExt::read_at(&file, &mut start, 0) {
-        Ok(n) if n == start.len() => DigestHeader::from_le_bytes(&start).writer_pid,
-        _ => 0,
-    };
+    let pid = read_start::<DIGEST_FIXED_HEADER_SIZE>(&file)
+        .map_or(0, |s| DigestHeader::from_le_bytes(&s).writer_pid);
     Error::AlreadyPublished {
         engine_id: engine_id.to_string(),
         path: path.to_owned(),
@@ -422,8 +416,7 @@ fn live_writer(file: File, path: &Path, engine_id: &EngineId) -> Error {
 fn retire_dead(lock: &Flock<File>, path: &Path) -> Result<u64, Error> {
     let meta = lock.metadata().map_err(|e| Error::io("stat", path, e))?;
     let mut start = [0u8; DIGEST_FIXED_HEADER_SIZE];
-    let have = std::os::unix::fs::FileExt::read_at(&**lock, &mut start, 0)
-        .map_err(|e| Error::io("read", path, e))?;
+    let have = read_prefix(lock, &mut start).map_err(|e| Error::io("read", path, e))?;
     let header = DigestHeader::from_le_bytes(&start);
     if have >= 8 && header.magic != DIGEST_MAGIC {
         return Err(Error::Digest {

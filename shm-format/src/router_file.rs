@@ -6,7 +6,7 @@
 //! torn, never `SIGBUS` (module `sigbus`).
 
 use std::fs::File;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
@@ -17,7 +17,7 @@ use crate::mapping::Mapping;
 use crate::reservations::{decode_reservation_slots_into, Reservations, SLOT_WORDS};
 use crate::router_layout::*;
 use crate::seqlock::{self, Torn};
-use crate::shm_file::open_regular;
+use crate::shm_file::{open_regular, read_prefix};
 
 /// One consistent reading of a replica's reservations.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -252,20 +252,6 @@ impl RouterFile {
     pub fn inode(&self) -> u64 {
         self.inode
     }
-}
-
-/// Reads up to `buf.len()` bytes from the start of `file` (fewer at its end).
-fn read_prefix(file: &File, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut have = 0;
-    while have < buf.len() {
-        match file.read_at(&mut buf[have..], have as u64) {
-            Ok(0) => break,
-            Ok(n) => have += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(have)
 }
 
 /// The header of a file whose first bytes are `start` and whose size is

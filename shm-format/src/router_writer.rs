@@ -31,7 +31,9 @@ use crate::reservations::{
 };
 use crate::router_layout::*;
 use crate::seqlock;
+use crate::shm_file::{read_prefix, read_start};
 use crate::writer::create::{create_reserved, place, take_over_with, tmp_path, TakeOver};
+use crate::writer::retire::retire_mapped;
 use crate::writer::DEFAULT_FILE_MODE;
 
 /// How a [`RouterFileWriter`] creates its file.
@@ -476,17 +478,12 @@ impl RouterFileWriter {
             return;
         }
         self.retired = true;
-        // Release: pairs with the readers' Relaxed state load followed by
-        // their seqlock fences; readers only need to see it eventually.
-        self.map
-            .word(ROUTER_STATE_WORD * 8)
-            .store(STATE_RETIRED, Ordering::Release);
-        // Only our own inode (`lstat`: not a link that points to it).
-        if std::fs::symlink_metadata(&self.path)
-            .is_ok_and(|m| (m.dev(), m.ino()) == (self.dev, self.inode))
-        {
-            let _ = std::fs::remove_file(&self.path);
-        }
+        retire_mapped(
+            &self.map,
+            ROUTER_STATE_WORD,
+            &self.path,
+            (self.dev, self.inode),
+        );
     }
 
     /// Retires the file and releases the lock (as dropping the writer does).
@@ -596,11 +593,8 @@ fn store_control(map: &Mapping, count: usize, changed_mono_ns: u64) {
 
 /// The error for a router file whose lock a live writer holds.
 fn live_writer(file: File, path: &Path, replica_id: &EngineId) -> Error {
-    let mut start = [0u8; ROUTER_HEADER_SIZE];
-    let pid = match std::os::unix::fs::FileExt::read_at(&file, &mut start, 0) {
-        Ok(n) if n == start.len() => RouterHeader::from_le_bytes(&start).writer_pid,
-        _ => 0,
-    };
+    let pid = read_start::<ROUTER_HEADER_SIZE>(&file)
+        .map_or(0, |s| RouterHeader::from_le_bytes(&s).writer_pid);
     Error::ReplicaInUse {
         replica_id: replica_id.to_string(),
         path: path.to_owned(),
@@ -616,8 +610,7 @@ fn live_writer(file: File, path: &Path, replica_id: &EngineId) -> Error {
 fn retire_dead(lock: &Flock<File>, path: &Path) -> Result<u64, Error> {
     let meta = lock.metadata().map_err(|e| Error::io("stat", path, e))?;
     let mut start = [0u8; ROUTER_HEADER_SIZE];
-    let have = std::os::unix::fs::FileExt::read_at(&**lock, &mut start, 0)
-        .map_err(|e| Error::io("read", path, e))?;
+    let have = read_prefix(lock, &mut start).map_err(|e| Error::io("read", path, e))?;
     let header = RouterHeader::from_le_bytes(&start);
     if have >= 8 && header.magic != ROUTER_MAGIC {
         return Err(Error::Router {

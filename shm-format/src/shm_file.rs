@@ -311,3 +311,27 @@ fn check_header(header: &Header, path: &Path) -> Result<(), Error> {
     }
     Ok(())
 }
+
+/// Reads up to `buf.len()` bytes from the start of `file` (fewer at its end).
+pub(crate) fn read_prefix(file: &File, buf: &mut [u8]) -> io::Result<usize> {
+    let mut have = 0;
+    while have < buf.len() {
+        match file.read_at(&mut buf[have..], have as u64) {
+            Ok(0) => break,
+            Ok(n) => have += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(have)
+}
+
+/// The first `N` bytes of `file` (a header), or `None` when it has fewer
+/// or cannot be read.
+pub(crate) fn read_start<const N: usize>(file: &File) -> Option<[u8; N]> {
+    let mut start = [0u8; N];
+    match read_prefix(file, &mut start) {
+        Ok(n) if n == N => Some(start),
+        _ => None,
+    }
+}

@@ -12,7 +12,7 @@
 
 pub(crate) mod create;
 mod damage;
-mod retire;
+pub(crate) mod retire;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};

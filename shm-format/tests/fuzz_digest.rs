@@ -12,6 +12,11 @@
 // Under `--cfg loom` the crate has no files (only the protocol is built).
 #![cfg(not(loom))]
 
+#[path = "fuzz_support/scratch.rs"]
+mod scratch;
+#[path = "fuzz_support/words.rs"]
+mod words;
+
 use std::sync::OnceLock;
 
 use engine_state_shm_format::{
@@ -19,20 +24,10 @@ use engine_state_shm_format::{
     DigestWriter, EngineId, MAX_DIGEST_ENTRIES,
 };
 use proptest::prelude::*;
+use scratch::SCRATCH;
+use words::{u16_at, u32_at, u64_at};
 
 const NAME: &str = "fuzzed-engine";
-
-thread_local! {
-    /// A scratch directory per test thread, on tmpfs when there is one.
-    static SCRATCH: tempfile::TempDir = {
-        let shm = std::path::Path::new("/dev/shm");
-        if shm.is_dir() {
-            tempfile::tempdir_in(shm).unwrap()
-        } else {
-            tempfile::tempdir().unwrap()
-        }
-    };
-}
 
 fn digest() -> CacheDigest {
     CacheDigest::new(4, 99, vec![3, 1 << 40, 7, u64::MAX - 1, 12])
@@ -69,18 +64,6 @@ fn valid_file() -> &'static [u8] {
         let writer = DigestWriter::create(state.path(), &id, &options, &digest(), 9, 6).unwrap();
         std::fs::read(writer.path()).unwrap()
     })
-}
-
-fn u16_at(b: &[u8], at: usize) -> u64 {
-    u64::from(u16::from_le_bytes(b[at..at + 2].try_into().unwrap()))
-}
-
-fn u32_at(b: &[u8], at: usize) -> u64 {
-    u64::from(u32::from_le_bytes(b[at..at + 4].try_into().unwrap()))
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
 }
 
 /// Whether the rules accept `b` (a value when `value`, else a file whose

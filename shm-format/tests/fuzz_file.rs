@@ -12,6 +12,9 @@
 // Under `--cfg loom` the crate has no files (only the protocol is built).
 #![cfg(not(loom))]
 
+#[path = "fuzz_support/scratch.rs"]
+mod scratch;
+
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
@@ -23,23 +26,10 @@ use engine_state_shm_format::{
     EngineId, ShmFile, ShmWriter, Snapshot, WriterOptions, FILE_SIZE, LAYOUT_VERSION,
 };
 use proptest::prelude::*;
+use scratch::SCRATCH;
 
 /// The name every fuzzed file is opened under (and the id of the valid file).
 const NAME: &str = "fuzzed-engine";
-
-thread_local! {
-    /// A scratch directory per test thread (the properties run in parallel),
-    /// on tmpfs like the real state directory when there is one: a disk
-    /// under /tmp makes the long `make fuzz` runs wait on writeback.
-    static SCRATCH: tempfile::TempDir = {
-        let shm = std::path::Path::new("/dev/shm");
-        if shm.is_dir() {
-            tempfile::tempdir_in(shm).unwrap()
-        } else {
-            tempfile::tempdir().unwrap()
-        }
-    };
-}
 
 /// The bytes of a valid file of engine [`NAME`], made by the real writer.
 fn valid() -> &'static [u8] {

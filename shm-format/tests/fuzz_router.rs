@@ -12,6 +12,11 @@
 // Under `--cfg loom` the crate has no files (only the protocol is built).
 #![cfg(not(loom))]
 
+#[path = "fuzz_support/scratch.rs"]
+mod scratch;
+#[path = "fuzz_support/words.rs"]
+mod words;
+
 use std::collections::HashSet;
 use std::sync::OnceLock;
 
@@ -20,20 +25,10 @@ use engine_state_shm_format::{
     RouterWriterOptions,
 };
 use proptest::prelude::*;
+use scratch::SCRATCH;
+use words::{u16_at, u32_at, u64_at};
 
 const NAME: &str = "fuzzed-router";
-
-thread_local! {
-    /// A scratch directory per test thread, on tmpfs when there is one.
-    static SCRATCH: tempfile::TempDir = {
-        let shm = std::path::Path::new("/dev/shm");
-        if shm.is_dir() {
-            tempfile::tempdir_in(shm).unwrap()
-        } else {
-            tempfile::tempdir().unwrap()
-        }
-    };
-}
 
 /// A valid file of three engines, made by the real writer.
 fn valid_file() -> &'static [u8] {
@@ -49,18 +44,6 @@ fn valid_file() -> &'static [u8] {
         }
         std::fs::read(writer.path()).unwrap()
     })
-}
-
-fn u16_at(b: &[u8], at: usize) -> u64 {
-    u64::from(u16::from_le_bytes(b[at..at + 2].try_into().unwrap()))
-}
-
-fn u32_at(b: &[u8], at: usize) -> u64 {
-    u64::from(u32::from_le_bytes(b[at..at + 4].try_into().unwrap()))
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
 }
 
 /// An engine (or replica) id by the rules, from its NUL-padded field; the
