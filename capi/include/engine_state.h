@@ -416,11 +416,12 @@ typedef struct EsReplica {
 typedef struct EsReservations {
   // Requests the replica reserved on the engine and has not seen complete.
   uint64_t num_requests;
-  // Prompt plus expected output tokens of those requests.
+  // Prompt tokens of those requests.
   uint64_t ongoing_tokens;
-  // Prefill tokens of those requests not yet prefilled.
+  // Prefill still to do (prompt − cache hit) of those requests before
+  // their first token.
   uint64_t pending_prefill_tokens;
-  // Tokens of those requests whose prefill is done.
+  // Prompt tokens of those requests past their first token.
   uint64_t ongoing_decode_tokens;
   // Those requests still prefilling.
   uint64_t num_prefilling;

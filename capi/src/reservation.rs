@@ -27,11 +27,12 @@ const _: () = assert!(ES_MAX_ROUTER_ENGINES == engine_state_shm_format::MAX_ROUT
 pub struct EsReservations {
     /// Requests the replica reserved on the engine and has not seen complete.
     pub num_requests: u64,
-    /// Prompt plus expected output tokens of those requests.
+    /// Prompt tokens of those requests.
     pub ongoing_tokens: u64,
-    /// Prefill tokens of those requests not yet prefilled.
+    /// Prefill still to do (prompt − cache hit) of those requests before
+    /// their first token.
     pub pending_prefill_tokens: u64,
-    /// Tokens of those requests whose prefill is done.
+    /// Prompt tokens of those requests past their first token.
     pub ongoing_decode_tokens: u64,
     /// Those requests still prefilling.
     pub num_prefilling: u64,
