@@ -38,7 +38,9 @@ impl FromStr for EngineSpec {
             .parse()
             .map_err(|_| bad("the URL after '=' does not parse"))?;
         if uri.scheme_str() != Some("http") || uri.authority().is_none() {
-            return Err(bad("the URL must be http://host:port (TLS is not supported)"));
+            return Err(bad(
+                "the URL must be http://host:port (TLS is not supported)",
+            ));
         }
         if uri.path() != "/" && !uri.path().is_empty() {
             return Err(bad(

@@ -37,7 +37,9 @@ pub enum Error {
     #[error("{0}")]
     BadRequest(String),
     /// A request body over the bound (413).
-    #[error("the request body is over {limit} bytes; send a smaller prompt or raise --max-body-bytes")]
+    #[error(
+        "the request body is over {limit} bytes; send a smaller prompt or raise --max-body-bytes"
+    )]
     TooLarge {
         /// The bound in bytes.
         limit: usize,

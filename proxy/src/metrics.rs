@@ -69,28 +69,36 @@ impl ProxyMetrics {
             .expect("non-empty bucket list")
             .build_recorder();
         let engine_ids: Vec<&str> = engine_ids.into_iter().collect();
-        let (engines, refused, client_cancels, held, engines_down) = metrics::with_local_recorder(&recorder, || {
-            metrics::describe_counter!(DECISIONS, "Picks made (reservations taken), by engine");
-            metrics::describe_counter!(
-                UPSTREAM_ERRORS,
-                "Upstream failures by engine and kind (connect, status, stream, timeout)"
-            );
-            metrics::describe_gauge!(
-                RESERVATIONS_HELD,
-                "Reservations the router holds now (made minus released)"
-            );
-            metrics::describe_histogram!(
-                UPSTREAM_LATENCY,
-                metrics::Unit::Seconds,
-                "Time from forwarding a request to its first response chunk"
-            );
-            metrics::describe_counter!(REFUSED, "Requests refused before forwarding, by reason");
-            metrics::describe_counter!(
-                CLIENT_CANCELS,
-                "Client streams that ended before the upstream's"
-            );
-            metrics::describe_gauge!(ENGINES_DOWN, "Engines out of routing after a failed connection");
-            let engines = engine_ids
+        let (engines, refused, client_cancels, held, engines_down) = metrics::with_local_recorder(
+            &recorder,
+            || {
+                metrics::describe_counter!(DECISIONS, "Picks made (reservations taken), by engine");
+                metrics::describe_counter!(
+                    UPSTREAM_ERRORS,
+                    "Upstream failures by engine and kind (connect, status, stream, timeout)"
+                );
+                metrics::describe_gauge!(
+                    RESERVATIONS_HELD,
+                    "Reservations the router holds now (made minus released)"
+                );
+                metrics::describe_histogram!(
+                    UPSTREAM_LATENCY,
+                    metrics::Unit::Seconds,
+                    "Time from forwarding a request to its first response chunk"
+                );
+                metrics::describe_counter!(
+                    REFUSED,
+                    "Requests refused before forwarding, by reason"
+                );
+                metrics::describe_counter!(
+                    CLIENT_CANCELS,
+                    "Client streams that ended before the upstream's"
+                );
+                metrics::describe_gauge!(
+                    ENGINES_DOWN,
+                    "Engines out of routing after a failed connection"
+                );
+                let engines = engine_ids
                 .iter()
                 .map(|id| {
                     let id = id.to_string();
@@ -104,14 +112,15 @@ impl ProxyMetrics {
                     (id, handles)
                 })
                 .collect();
-            (
-                engines,
-                REASONS.map(|reason| metrics::counter!(REFUSED, "reason" => reason)),
-                metrics::counter!(CLIENT_CANCELS),
-                metrics::gauge!(RESERVATIONS_HELD),
-                metrics::gauge!(ENGINES_DOWN),
-            )
-        });
+                (
+                    engines,
+                    REASONS.map(|reason| metrics::counter!(REFUSED, "reason" => reason)),
+                    metrics::counter!(CLIENT_CANCELS),
+                    metrics::gauge!(RESERVATIONS_HELD),
+                    metrics::gauge!(ENGINES_DOWN),
+                )
+            },
+        );
         ProxyMetrics {
             recorder,
             engines,

@@ -117,7 +117,9 @@ pub async fn serve(
             .iter()
             .map(|e| (e.id.clone(), e.url.clone()))
             .collect(),
-        metrics: Arc::new(ProxyMetrics::new(config.engines.iter().map(|e| e.id.as_str()))),
+        metrics: Arc::new(ProxyMetrics::new(
+            config.engines.iter().map(|e| e.id.as_str()),
+        )),
         router: router.clone(),
         client,
         health: Health::default(),
@@ -166,11 +168,7 @@ async fn completions(State(app): State<Arc<App>>, headers: HeaderMap, body: Body
         .unwrap_or_else(|error| refuse(&app, error))
 }
 
-async fn chat_completions(
-    State(app): State<Arc<App>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
+async fn chat_completions(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
     route(&app, headers, body, "/v1/chat/completions", true)
         .await
         .unwrap_or_else(|error| refuse(&app, error))
@@ -258,16 +256,18 @@ async fn route(
                 engine_metrics.upstream_error("timeout");
                 return Err(Error::Upstream {
                     engine,
-                    what: format!("sent no response head within {read_timeout:?} (--read-timeout-ms)"),
+                    what: format!(
+                        "sent no response head within {read_timeout:?} (--read-timeout-ms)"
+                    ),
                     timeout: true,
                 });
             }
             Ok(Err(error)) if error.is_connect() => {
                 reservation.fail();
                 engine_metrics.upstream_error("connect");
-                let down = app
-                    .health
-                    .mark_down(&app.router, &engine, format!("cannot connect: {error}"));
+                let down =
+                    app.health
+                        .mark_down(&app.router, &engine, format!("cannot connect: {error}"));
                 app.metrics.engines_down.set(down as f64);
             }
             Ok(Err(error)) => {

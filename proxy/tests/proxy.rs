@@ -43,7 +43,9 @@ impl http_body::Body for ChannelBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
-        self.0.poll_recv(cx).map(|item| item.map(|r| r.map(Frame::data)))
+        self.0
+            .poll_recv(cx)
+            .map(|item| item.map(|r| r.map(Frame::data)))
     }
 }
 
@@ -80,7 +82,8 @@ async fn fake_completions(State(fake): State<Arc<Fake>>, body: Bytes) -> Respons
                 return;
             }
         }
-        let usage = json!({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": chunks}});
+        let usage =
+            json!({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": chunks}});
         let _ = tx.send(Ok(Bytes::from(format!("data: {usage}\n\n")))).await;
         let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;
     });
@@ -155,7 +158,9 @@ async fn post(http: &Http, url: &str, body: Vec<u8>) -> hyper::Response<hyper::b
 }
 
 async fn get_text(http: &Http, url: &str) -> String {
-    let request = hyper::Request::get(url).body(Full::new(Bytes::new())).unwrap();
+    let request = hyper::Request::get(url)
+        .body(Full::new(Bytes::new()))
+        .unwrap();
     let response = http.request(request).await.unwrap();
     let body = response.into_body().collect().await.unwrap().to_bytes();
     String::from_utf8(body.to_vec()).unwrap()
@@ -177,7 +182,10 @@ async fn reservations_return_to_zero(http: &Http, proxy: &Proxy) -> String {
         if metric(&text, "esroute_reservations_held") == Some(0.0) {
             return text;
         }
-        assert!(Instant::now() < deadline, "reservations still held:\n{text}");
+        assert!(
+            Instant::now() < deadline,
+            "reservations still held:\n{text}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -271,7 +279,11 @@ async fn a_client_cancel_releases_the_reservation() {
     let first = stream.frame().await.unwrap().unwrap();
     assert!(first.is_data());
     let held = get_text(&http, &format!("{}/metrics", proxy.url)).await;
-    assert_eq!(metric(&held, "esroute_reservations_held"), Some(1.0), "{held}");
+    assert_eq!(
+        metric(&held, "esroute_reservations_held"),
+        Some(1.0),
+        "{held}"
+    );
     drop(stream);
     reservations_return_to_zero(&http, &proxy).await;
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -322,6 +334,9 @@ async fn bad_json_oversized_and_no_engine_are_refused_clearly() {
     assert_eq!(response.status(), 503);
     let text = response.into_body().collect().await.unwrap().to_bytes();
     let text = String::from_utf8(text.to_vec()).unwrap();
-    assert!(text.contains("no healthy engine") && text.contains("gone"), "{text}");
+    assert!(
+        text.contains("no healthy engine") && text.contains("gone"),
+        "{text}"
+    );
     reservations_return_to_zero(&http, &dead).await;
 }
