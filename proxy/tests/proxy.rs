@@ -76,6 +76,9 @@ async fn fake_completions(State(fake): State<Arc<Fake>>, body: Bytes) -> Respons
                 fake.disconnects.fetch_add(1, Ordering::Relaxed);
                 return;
             }
+            if mode == "slow" {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+            }
             if mode == "stall" {
                 tx.closed().await;
                 fake.disconnects.fetch_add(1, Ordering::Relaxed);
@@ -97,6 +100,7 @@ async fn start_fake() -> (String, Arc<Fake>) {
     let fake = Arc::new(Fake::default());
     let app = axum::Router::new()
         .route("/v1/completions", axum::routing::post(fake_completions))
+        .route("/v1/chat/completions", axum::routing::post(fake_completions))
         .route("/health", axum::routing::get(|| async { "ok" }))
         .with_state(fake.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -150,7 +154,11 @@ fn client() -> Http {
 }
 
 async fn post(http: &Http, url: &str, body: Vec<u8>) -> hyper::Response<hyper::body::Incoming> {
-    let request = hyper::Request::post(format!("{url}/v1/completions"))
+    post_to(http, &format!("{url}/v1/completions"), body).await
+}
+
+async fn post_to(http: &Http, url: &str, body: Vec<u8>) -> hyper::Response<hyper::body::Incoming> {
+    let request = hyper::Request::post(url)
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from(body)))
         .unwrap();
@@ -255,10 +263,17 @@ async fn an_upstream_failing_mid_stream_fails_the_client_and_releases() {
     let proxy = start_proxy(&[("a", &url)], &["--no-engine-state"]);
     let http = client();
     let body = json!({"prompt": [1, 2, 3], "max_tokens": 5, "fake": "fail"});
-    let response = post(&http, &proxy.url, serde_json::to_vec(&body).unwrap()).await;
-    assert_eq!(response.status(), 200, "the head came before the failure");
-    let outcome = response.into_body().collect().await;
-    assert!(outcome.is_err(), "the client must see the failure");
+    let request = hyper::Request::post(format!("{}/v1/completions", proxy.url))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(serde_json::to_vec(&body).unwrap())))
+        .unwrap();
+    // The connection is aborted: before the head reached the client (the
+    // failure came first) or in the body, never a clean end.
+    if let Ok(response) = http.request(request).await {
+        assert_eq!(response.status(), 200);
+        let outcome = response.into_body().collect().await;
+        assert!(outcome.is_err(), "the client must see the failure");
+    }
     let text = reservations_return_to_zero(&http, &proxy).await;
     assert!(
         text.contains("esroute_upstream_errors_total{engine=\"a\",kind=\"stream\"} 1"),
@@ -339,4 +354,140 @@ async fn bad_json_oversized_and_no_engine_are_refused_clearly() {
         "{text}"
     );
     reservations_return_to_zero(&http, &dead).await;
+}
+
+/// An engine that sends nothing for longer than `--read-timeout-ms`: the
+/// client's stream fails, the reservation is released, a timeout counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_upstream_times_out_and_releases() {
+    let (url, _fake) = start_fake().await;
+    let proxy = start_proxy(
+        &[("a", &url)],
+        &["--no-engine-state", "--read-timeout-ms", "300"],
+    );
+    let http = client();
+    let body = json!({"prompt": [1, 2, 3], "max_tokens": 5, "fake": "stall"});
+    let response = post(&http, &proxy.url, serde_json::to_vec(&body).unwrap()).await;
+    assert!(response.into_body().collect().await.is_err());
+    let text = reservations_return_to_zero(&http, &proxy).await;
+    assert!(
+        text.contains("esroute_upstream_errors_total{engine=\"a\",kind=\"timeout\"} 1"),
+        "{text}"
+    );
+}
+
+/// `/v1/chat/completions` with text messages and the session in the header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_completions_are_routed_too() {
+    let (url, fake) = start_fake().await;
+    let proxy = start_proxy(&[("a", &url)], &["--no-engine-state"]);
+    let http = client();
+    let body = json!({"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 2});
+    let request = hyper::Request::post(format!("{}/v1/chat/completions", proxy.url))
+        .header("content-type", "application/json")
+        .header("x-session-id", "chat-1")
+        .body(Full::new(Bytes::from(serde_json::to_vec(&body).unwrap())))
+        .unwrap();
+    let response = http.request(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let text = response.into_body().collect().await.unwrap().to_bytes();
+    assert!(String::from_utf8_lossy(&text).ends_with("data: [DONE]\n\n"));
+    assert_eq!(fake.requests.load(Ordering::Relaxed), 1);
+    reservations_return_to_zero(&http, &proxy).await;
+}
+
+/// SIGTERM with a stream in flight: the stream still ends with `[DONE]`,
+/// then the process exits cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_in_flight_streams() {
+    let (url, _fake) = start_fake().await;
+    let mut proxy = start_proxy(&[("a", &url)], &["--no-engine-state"]);
+    let http = client();
+    let body = json!({"prompt": [1, 2, 3], "max_tokens": 10, "fake": "slow"});
+    let response = post(&http, &proxy.url, serde_json::to_vec(&body).unwrap()).await;
+    let mut stream = response.into_body();
+    assert!(stream.frame().await.unwrap().unwrap().is_data());
+    let killed = Command::new("kill")
+        .args(["-TERM", &proxy.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let rest = stream.collect().await.expect("the stream is drained, not cut");
+    assert!(String::from_utf8_lossy(&rest.to_bytes()).ends_with("data: [DONE]\n\n"));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let status = loop {
+        if let Some(status) = proxy.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "esroute did not exit after draining");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "{status}");
+}
+
+/// Engine state steers: an engine whose fresh state says it is shutting
+/// down gets no requests; when every engine says so, a 503 says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_state_steers_away_from_a_shutting_down_engine() {
+    use engine_state_shm_format::{
+        monotonic_ns, EngineId, ShmWriter, Snapshot, WriterOptions, FLAG_SHUTTING_DOWN,
+    };
+    let (url_a, fake_a) = start_fake().await;
+    let (url_b, _fake_b) = start_fake().await;
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = |flags| Snapshot {
+        captured_mono_ns: monotonic_ns(),
+        flags,
+        ..Snapshot::default()
+    };
+    let options = WriterOptions::default();
+    let _a = ShmWriter::create(
+        dir.path(),
+        &EngineId::new("a").unwrap(),
+        &options,
+        &snapshot(FLAG_SHUTTING_DOWN),
+    )
+    .unwrap();
+    let mut b = ShmWriter::create(dir.path(), &EngineId::new("b").unwrap(), &options, &snapshot(0))
+        .unwrap();
+    let uri = format!("file://{}", dir.path().display());
+    let proxy = start_proxy(&[("a", &url_a), ("b", &url_b)], &["--uri", &uri]);
+    let http = client();
+    let one = |http: Http, url: String| async move {
+        let body = json!({"prompt": [1, 2, 3], "max_tokens": 1});
+        let response = post(&http, &url, serde_json::to_vec(&body).unwrap()).await;
+        let status = response.status();
+        let engine = response
+            .headers()
+            .get("x-esroute-engine")
+            .map(|v| v.to_str().unwrap().to_owned());
+        let text = response.into_body().collect().await.unwrap().to_bytes();
+        (status, engine, String::from_utf8(text.to_vec()).unwrap())
+    };
+    // Polled: the feed reads every 50 ms; once read, "a" gets nothing.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let before = fake_a.requests.load(Ordering::Relaxed);
+        let mut engines = Vec::new();
+        for _ in 0..10 {
+            engines.push(one(http.clone(), proxy.url.clone()).await.1);
+        }
+        if engines.iter().all(|e| e.as_deref() == Some("b"))
+            && fake_a.requests.load(Ordering::Relaxed) == before
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still routed to a: {engines:?}");
+    }
+    b.publish(&snapshot(FLAG_SHUTTING_DOWN)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (status, _, text) = one(http.clone(), proxy.url.clone()).await;
+        if status == 503 {
+            assert!(text.contains("shutting down"), "{text}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "still routed: {status}");
+    }
+    reservations_return_to_zero(&http, &proxy).await;
 }
