@@ -22,10 +22,15 @@ pub const UPSTREAM_LATENCY: &str = "esroute_upstream_first_chunk_seconds";
 pub const REFUSED: &str = "esroute_refused_total";
 /// Client streams that ended before the upstream did.
 pub const CLIENT_CANCELS: &str = "esroute_client_cancels_total";
+/// Requests in flight per engine as the router sees them, by `view`:
+/// `own` (this replica's reservations), `peers` (the other replicas'),
+/// `effective` (`max(own + peers, real)`).
+pub const ENGINE_REQUESTS: &str = "esroute_engine_requests";
 /// Engines currently taken out of routing after a failed connection.
 pub const ENGINES_DOWN: &str = "esroute_engines_down";
 
 const KINDS: [&str; 4] = ["connect", "status", "stream", "timeout"];
+const VIEWS: [&str; 3] = ["own", "peers", "effective"];
 const REASONS: [&str; 3] = ["bad_request", "too_large", "unavailable"];
 
 /// Per-engine handles.
@@ -34,6 +39,8 @@ pub(crate) struct EngineMetrics {
     pub decisions: Counter,
     pub latency: Histogram,
     errors: [Counter; 4],
+    /// `own`, `peers`, `effective`.
+    requests: [Gauge; 3],
 }
 
 impl EngineMetrics {
@@ -105,6 +112,9 @@ impl ProxyMetrics {
                     let handles = EngineMetrics {
                         decisions: metrics::counter!(DECISIONS, "engine" => id.clone()),
                         latency: metrics::histogram!(UPSTREAM_LATENCY, "engine" => id.clone()),
+                        requests: VIEWS.map(|view| {
+                            metrics::gauge!(ENGINE_REQUESTS, "engine" => id.clone(), "view" => view)
+                        }),
                         errors: KINDS.map(|kind| {
                             metrics::counter!(UPSTREAM_ERRORS, "engine" => id.clone(), "kind" => kind)
                         }),
@@ -144,6 +154,20 @@ impl ProxyMetrics {
     /// The text exposition, with the held reservations read from the router now.
     pub fn render(&self, router: &Router) -> String {
         self.held.set(reservations_held(router) as f64);
+        let views = router.instances();
+        for (id, handles) in &self.engines {
+            let view = views.iter().find(|v| &v.instance_id == id);
+            let values = view.map_or([0; 3], |v| {
+                [
+                    v.shadow.num_requests,
+                    v.peers.num_requests,
+                    v.effective.num_requests,
+                ]
+            });
+            for (gauge, value) in handles.requests.iter().zip(values) {
+                gauge.set(value as f64);
+            }
+        }
         self.recorder.handle().render()
     }
 }

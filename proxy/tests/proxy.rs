@@ -100,7 +100,10 @@ async fn start_fake() -> (String, Arc<Fake>) {
     let fake = Arc::new(Fake::default());
     let app = axum::Router::new()
         .route("/v1/completions", axum::routing::post(fake_completions))
-        .route("/v1/chat/completions", axum::routing::post(fake_completions))
+        .route(
+            "/v1/chat/completions",
+            axum::routing::post(fake_completions),
+        )
         .route("/health", axum::routing::get(|| async { "ok" }))
         .with_state(fake.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -204,8 +207,9 @@ async fn reservations_return_to_zero(http: &Http, proxy: &Proxy) -> String {
 async fn streams_one_hundred_requests_and_releases_every_reservation() {
     let (url_a, fake_a) = start_fake().await;
     let (url_b, fake_b) = start_fake().await;
-    let state = std::env::temp_dir().join(format!("esroute-test-{}", std::process::id()));
-    let uri = format!("file://{}", state.display());
+    // Engine state is read (an empty directory: shadow counters alone).
+    let state = tempfile::tempdir().unwrap();
+    let uri = format!("file://{}", state.path().display());
     let proxy = start_proxy(&[("a", &url_a), ("b", &url_b)], &["--uri", &uri]);
     let http = client();
     let mut tasks = Vec::new();
@@ -252,7 +256,6 @@ async fn streams_one_hundred_requests_and_releases_every_reservation() {
     assert!(text.contains("esroute_upstream_first_chunk_seconds_bucket"));
     let health = get_text(&http, &format!("{}/health", proxy.url)).await;
     assert!(health.contains("\"down\":[]"), "{health}");
-    let _ = std::fs::remove_dir_all(&state);
 }
 
 /// An engine failing mid-stream: the client's stream ends in an error (not
@@ -412,14 +415,20 @@ async fn sigterm_drains_in_flight_streams() {
         .status()
         .unwrap();
     assert!(killed.success());
-    let rest = stream.collect().await.expect("the stream is drained, not cut");
+    let rest = stream
+        .collect()
+        .await
+        .expect("the stream is drained, not cut");
     assert!(String::from_utf8_lossy(&rest.to_bytes()).ends_with("data: [DONE]\n\n"));
     let deadline = Instant::now() + Duration::from_secs(5);
     let status = loop {
         if let Some(status) = proxy.child.try_wait().unwrap() {
             break status;
         }
-        assert!(Instant::now() < deadline, "esroute did not exit after draining");
+        assert!(
+            Instant::now() < deadline,
+            "esroute did not exit after draining"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert!(status.success(), "{status}");
@@ -448,8 +457,13 @@ async fn engine_state_steers_away_from_a_shutting_down_engine() {
         &snapshot(FLAG_SHUTTING_DOWN),
     )
     .unwrap();
-    let mut b = ShmWriter::create(dir.path(), &EngineId::new("b").unwrap(), &options, &snapshot(0))
-        .unwrap();
+    let mut b = ShmWriter::create(
+        dir.path(),
+        &EngineId::new("b").unwrap(),
+        &options,
+        &snapshot(0),
+    )
+    .unwrap();
     let uri = format!("file://{}", dir.path().display());
     let proxy = start_proxy(&[("a", &url_a), ("b", &url_b)], &["--uri", &uri]);
     let http = client();
@@ -490,4 +504,58 @@ async fn engine_state_steers_away_from_a_shutting_down_engine() {
         assert!(Instant::now() < deadline, "still routed: {status}");
     }
     reservations_return_to_zero(&http, &proxy).await;
+}
+
+/// Two replicas sharing reservations: a request one of them holds shows in
+/// the other's view of the engine as a peer's, and leaves it when released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_reservations() {
+    let (url, _fake) = start_fake().await;
+    let parent = tempfile::tempdir().unwrap();
+    // The replicas' directory is `<dir>.routers`: inside `parent` too.
+    let uri = format!("file://{}", parent.path().join("engines").display());
+    let share = |id: &'static str| {
+        let args = ["--uri", &uri, "--replica-id", id, "--share-reservations"];
+        start_proxy(&[("a", &url)], &args)
+    };
+    let (one, two) = (share("r1"), share("r2"));
+    let http = client();
+    let peers_of_a =
+        |text: &str| metric_line(text, "esroute_engine_requests{engine=\"a\",view=\"peers\"}");
+    let body = json!({"prompt": [1, 2, 3], "max_tokens": 5, "fake": "stall"});
+    let response = post(&http, &one.url, serde_json::to_vec(&body).unwrap()).await;
+    let mut stream = response.into_body();
+    assert!(stream.frame().await.unwrap().unwrap().is_data());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = get_text(&http, &format!("{}/metrics", two.url)).await;
+        if peers_of_a(&text) == Some(1.0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "r2 never saw r1's reservation:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(stream);
+    reservations_return_to_zero(&http, &one).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = get_text(&http, &format!("{}/metrics", two.url)).await;
+        if peers_of_a(&text) == Some(0.0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "r1's released reservation stays in r2:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The value of the sample whose name and labels are exactly `series`.
+fn metric_line(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
 }
