@@ -559,3 +559,56 @@ fn metric_line(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
 }
+
+/// 300 requests at once, 5 % cancelled by the client after the first chunk
+/// and 2 % failing upstream mid-stream: every other one completes, and no
+/// reservation is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_reservation_leaks_under_cancels_and_failures() {
+    let (url_a, _a) = start_fake().await;
+    let (url_b, _b) = start_fake().await;
+    let proxy = start_proxy(&[("a", &url_a), ("b", &url_b)], &["--no-engine-state"]);
+    let http = client();
+    let mut tasks = Vec::new();
+    for i in 0..300u32 {
+        let (http, url) = (http.clone(), proxy.url.clone());
+        tasks.push(tokio::spawn(async move {
+            let mode = match i {
+                _ if i % 20 == 0 => "stall",
+                _ if i % 50 == 7 => "fail",
+                _ => "",
+            };
+            let prompt: Vec<u32> = (0..100 + i).collect();
+            let body = json!({"prompt": prompt, "max_tokens": 3, "fake": mode});
+            let request = hyper::Request::post(format!("{url}/v1/completions"))
+                .body(Full::new(Bytes::from(serde_json::to_vec(&body).unwrap())))
+                .unwrap();
+            let outcome = http.request(request).await;
+            match mode {
+                "stall" => {
+                    let mut stream = outcome.unwrap().into_body();
+                    assert!(stream.frame().await.unwrap().unwrap().is_data());
+                    drop(stream);
+                }
+                "fail" => {
+                    if let Ok(response) = outcome {
+                        assert!(response.into_body().collect().await.is_err());
+                    }
+                }
+                _ => {
+                    let text = outcome.unwrap().into_body().collect().await.unwrap();
+                    assert!(String::from_utf8_lossy(&text.to_bytes()).ends_with("[DONE]\n\n"));
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let text = reservations_return_to_zero(&http, &proxy).await;
+    assert_eq!(
+        metric(&text, "esroute_client_cancels_total"),
+        Some(15.0),
+        "{text}"
+    );
+}
