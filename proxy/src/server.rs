@@ -1,5 +1,6 @@
 //! The routes: `POST /v1/completions` and `/v1/chat/completions` (pick,
-//! reserve, forward, stream back), `GET /health`, `GET /metrics`; and
+//! reserve, forward, stream back), `GET /v1/models` (passed through),
+//! `GET /health`, `GET /metrics`; and
 //! [`run`] / [`serve`], which start the feed and serve until shutdown.
 
 use std::collections::HashMap;
@@ -130,6 +131,7 @@ pub async fn serve(
     let routes = axum::Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .with_state(app.clone());
@@ -329,6 +331,48 @@ async fn retry_down_engines(app: Arc<App>) {
                 app.metrics.engines_down.set(down as f64);
             }
         }
+    }
+}
+
+/// `GET /v1/models`: the first routed engine's answer (every engine is
+/// expected to serve the same model; benchmark clients ask for its name).
+async fn models(State(app): State<Arc<App>>) -> Response {
+    let Some(engine) = app.router.instance_ids().into_iter().next() else {
+        return refuse(&app, Error::Unavailable(app.health.describe()));
+    };
+    let request = format!("{}/v1/models", app.urls[&engine])
+        .parse::<hyper::Uri>()
+        .ok()
+        .and_then(|uri| hyper::Request::get(uri).body(Full::new(Bytes::new())).ok());
+    let Some(request) = request else {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    };
+    let timeout = app.config.read_timeout;
+    let answer = match tokio::time::timeout(timeout, app.client.request(request)).await {
+        Ok(Ok(response)) => {
+            let (parts, body) = response.into_parts();
+            match tokio::time::timeout(timeout, body.collect()).await {
+                Ok(Ok(body)) => Ok((parts.status, body.to_bytes())),
+                Ok(Err(error)) => Err(error.to_string()),
+                Err(_) => Err(format!("no answer within {timeout:?}")),
+            }
+        }
+        Ok(Err(error)) => Err(error.to_string()),
+        Err(_) => Err(format!("no answer within {timeout:?}")),
+    };
+    match answer {
+        Ok((status, body)) => (
+            status,
+            [(header::CONTENT_TYPE, "application/json")],
+            Body::from(body),
+        )
+            .into_response(),
+        Err(what) => Error::Upstream {
+            engine,
+            what: format!("did not answer GET /v1/models: {what}"),
+            timeout: false,
+        }
+        .into_response(),
     }
 }
 

@@ -105,6 +105,10 @@ async fn start_fake() -> (String, Arc<Fake>) {
             axum::routing::post(fake_completions),
         )
         .route("/health", axum::routing::get(|| async { "ok" }))
+        .route(
+            "/v1/models",
+            axum::routing::get(|| async { r#"{"object":"list","data":[{"id":"fake"}]}"# }),
+        )
         .with_state(fake.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -379,7 +383,8 @@ async fn a_stalled_upstream_times_out_and_releases() {
     );
 }
 
-/// `/v1/chat/completions` with text messages and the session in the header.
+/// `/v1/chat/completions` with text messages and the session in the
+/// header; `/v1/models` passed through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_completions_are_routed_too() {
     let (url, fake) = start_fake().await;
@@ -396,6 +401,8 @@ async fn chat_completions_are_routed_too() {
     let text = response.into_body().collect().await.unwrap().to_bytes();
     assert!(String::from_utf8_lossy(&text).ends_with("data: [DONE]\n\n"));
     assert_eq!(fake.requests.load(Ordering::Relaxed), 1);
+    let models = get_text(&http, &format!("{}/v1/models", proxy.url)).await;
+    assert!(models.contains("\"fake\""), "{models}");
     reservations_return_to_zero(&http, &proxy).await;
 }
 
