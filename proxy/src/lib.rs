@@ -11,6 +11,10 @@
 //! on an upstream error or timeout, and a client that goes away drops the
 //! stream and with it the reservation — no path keeps one.
 //!
+//! - Bounds: the request body by [`Config::max_body_bytes`] (413 above it),
+//!   the request head by hyper's defaults (at most 100 headers and about
+//!   400 KiB: 431 above them); responses name their engine in
+//!   `x-esroute-engine`.
 //! - [`Config`] / [`EngineSpec`]: what the binary's flags become.
 //! - [`run`]: serve until a shutdown future resolves, then drain in-flight
 //!   streams (the binary passes SIGTERM/Ctrl-C; tests their own future).

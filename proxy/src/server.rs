@@ -267,9 +267,11 @@ async fn route(
             Ok(Err(error)) if error.is_connect() => {
                 reservation.fail();
                 engine_metrics.upstream_error("connect");
-                let down =
-                    app.health
-                        .mark_down(&app.router, &engine, format!("cannot connect: {error}"));
+                let down = app.health.mark_down(
+                    &app.router,
+                    &engine,
+                    format!("cannot connect to {}: {}", app.urls[&engine], chain(&error)),
+                );
                 app.metrics.engines_down.set(down as f64);
             }
             Ok(Err(error)) => {
@@ -277,7 +279,7 @@ async fn route(
                 engine_metrics.upstream_error("stream");
                 return Err(Error::Upstream {
                     engine,
-                    what: format!("failed before answering: {error}"),
+                    what: format!("failed before answering: {}", chain(&error)),
                     timeout: false,
                 });
             }
@@ -399,4 +401,17 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
         app.metrics.render(&app.router),
     )
         .into_response()
+}
+
+/// An error with its causes, `outer: inner: innermost` (hyper's own
+/// message alone says only "client error (Connect)").
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }

@@ -346,6 +346,15 @@ async fn bad_json_oversized_and_no_engine_are_refused_clearly() {
         assert_eq!(response.status(), 200);
         response.into_body().collect().await.unwrap();
     }
+    // Headers are bounded by hyper's defaults (100 headers, ~400 KiB).
+    let request = hyper::Request::post(format!("{}/v1/completions", proxy.url))
+        .header("x-filler", "f".repeat(512 << 10))
+        .body(Full::new(Bytes::from_static(b"{\"prompt\": [1]}")))
+        .unwrap();
+    match http.request(request).await {
+        Ok(response) => assert_eq!(response.status(), 431),
+        Err(error) => assert!(!error.is_connect(), "{error}"),
+    }
     let health = get_text(&http, &format!("{}/health", proxy.url)).await;
     assert!(health.contains("\"down\":[\"gone\"]"), "{health}");
     reservations_return_to_zero(&http, &proxy).await;
