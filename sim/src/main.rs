@@ -97,7 +97,7 @@ struct ServeArgs {
     #[arg(long, default_value_t = 1.0)]
     time_scale: f64,
     /// Where engine-state is published (file://DIR or redis://…; default:
-    /// AGENTIC_ENGINE_STATE_URI, then the usual default).
+    /// AGENTIC_ENGINE_STATE_URI, then file:///dev/shm/agentic_engine_state).
     #[arg(long)]
     uri: Option<String>,
     /// Engine profile (TOML; missing keys take the calibrated defaults).

@@ -324,4 +324,19 @@ fn a_client_that_disconnects_aborts_its_request() {
     poll("the abort in engine-state", || {
         (running_in_state()? == 0).then_some(())
     });
+
+    // Not streamed: a client that gives up (its timeout) aborts too.
+    let generated = metrics("vllm:generation_tokens_total");
+    let body = json!({"prompt": (0..600).collect::<Vec<u32>>(), "max_tokens": 20_000});
+    let gave_up = http
+        .post(format!("{}/v1/completions", fleet.urls[0]))
+        .json(&body)
+        .timeout(Duration::from_millis(300))
+        .send();
+    assert!(gave_up.unwrap_err().is_timeout());
+    poll("the abort of the whole request", || {
+        (metrics("vllm:num_requests_running") == 0.0).then_some(())
+    });
+    let ran = metrics("vllm:generation_tokens_total") - generated;
+    assert!(ran > 0.0 && ran < 20_000.0, "it ran, then stopped: {ran}");
 }

@@ -120,6 +120,10 @@ pub fn run(
             state.apply(&mut engine, command, &gauges);
         }
         if engine.num_requests() == 0 {
+            // Aborts emptied it between steps: it turned idle.
+            if !was_idle {
+                state.capture(&mut engine, &mut publisher);
+            }
             state.update(&engine, &gauges);
             continue;
         }

@@ -87,8 +87,9 @@ struct Parsed {
     model: String,
 }
 
-fn parse(body: &[u8], kind: Kind, default_model: &str) -> Result<Parsed, Response> {
-    let bad = |m: String| error(StatusCode::BAD_REQUEST, m);
+/// The request, or why it is a bad one (400).
+fn parse(body: &[u8], kind: Kind, default_model: &str) -> Result<Parsed, String> {
+    let bad = |m: String| m;
     let value: Value =
         serde_json::from_slice(body).map_err(|e| bad(format!("invalid JSON body: {e}")))?;
     let prompt = match kind {
@@ -174,7 +175,7 @@ async fn chat_completions(State(state): State<Arc<EngineHttp>>, body: Bytes) -> 
 async fn serve(state: Arc<EngineHttp>, body: &[u8], kind: Kind) -> Response {
     let parsed = match parse(body, kind, &state.model) {
         Ok(parsed) => parsed,
-        Err(response) => return response,
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
     let total = parsed.prompt.len() as u64 + parsed.max_tokens;
     if total.div_ceil(KV_BLOCK_TOKENS) > state.kv_blocks {
