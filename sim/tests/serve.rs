@@ -183,6 +183,21 @@ fn streams_whole_responses_metrics_health_and_engine_state() {
         whole["usage"],
         json!({"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18})
     );
+    // Time-scaled: 100 decode steps last ≥ 100 × 8 ms (the default
+    // profile's fixed step cost) modelled, a tenth of it on the wall clock
+    // at --time-scale 10 (the bound: the 1× time, ten times the margin).
+    let started = Instant::now();
+    let timed = http
+        .post(format!("{}/v1/completions", fleet.urls[1]))
+        .json(&json!({"prompt": [5, 6, 7], "max_tokens": 100}))
+        .send()
+        .unwrap();
+    assert_eq!(timed.status(), 200);
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed >= Duration::from_millis(80) && elapsed < Duration::from_millis(800),
+        "{elapsed:?}"
+    );
     // The same prompt, the same output (greedy-like).
     let again: Value = http
         .post(format!("{}/v1/completions", fleet.urls[0]))
@@ -299,6 +314,19 @@ fn a_client_that_disconnects_aborts_its_request() {
             .filter(|s| s.status == Status::Fresh)
             .map(|s| s.snapshot.num_running)
     };
+    // At 1×: 50 decode steps last at least 50 × 8 ms on the wall clock.
+    let started = Instant::now();
+    let timed = http
+        .post(format!("{}/v1/completions", fleet.urls[0]))
+        .json(&json!({"prompt": [5, 6, 7], "max_tokens": 50}))
+        .send()
+        .unwrap();
+    assert_eq!(timed.status(), 200);
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "{:?}",
+        started.elapsed()
+    );
     // Long enough to be mid-stream for minutes at 1× (≈ 10 ms a token).
     let body = json!({"prompt": (0..600).collect::<Vec<u32>>(), "max_tokens": 20_000,
         "stream": true});
