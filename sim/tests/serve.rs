@@ -20,9 +20,14 @@ struct Fleet {
 
 impl Fleet {
     fn start(engines: usize, time_scale: f64) -> Fleet {
+        Fleet::start_with(engines, time_scale, &[])
+    }
+
+    fn start_with(engines: usize, time_scale: f64, args: &[&str]) -> Fleet {
         let dir = tempfile::tempdir().unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_essim"))
             .args(["serve", "--listen-base", "127.0.0.1:0"])
+            .args(args)
             .args(["--engines", &engines.to_string()])
             .args(["--time-scale", &time_scale.to_string()])
             .arg("--uri")
@@ -367,4 +372,43 @@ fn a_client_that_disconnects_aborts_its_request() {
     });
     let ran = metrics("vllm:generation_tokens_total") - generated;
     assert!(ran > 0.0 && ran < 20_000.0, "it ran, then stopped: {ran}");
+}
+
+#[test]
+fn a_client_that_leaves_before_its_first_token_aborts_its_waiting_request() {
+    // One running request at a time: the second one waits.
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("one-seq.toml");
+    std::fs::write(&profile, "max_num_seqs = 1\n").unwrap();
+    let profile = profile.display().to_string();
+    let fleet = Fleet::start_with(1, 1.0, &["--profile", &profile]);
+    let http = client();
+    let metrics = |name: &str| {
+        let text = http
+            .get(format!("{}/metrics", fleet.urls[0]))
+            .send()
+            .unwrap()
+            .text()
+            .unwrap();
+        metric(&text, name)
+    };
+    let url = format!("{}/v1/completions", fleet.urls[0]);
+    let long = json!({"prompt": [1, 2, 3], "max_tokens": 20_000, "stream": true});
+    let running = http.post(&url).json(&long).send().unwrap();
+    let mut running = BufReader::new(running).lines();
+    assert!(running.next().unwrap().unwrap().starts_with("data: {"));
+    let waiting = http.post(&url).json(&long).send().unwrap();
+    assert_eq!(waiting.status(), 200);
+    poll("the second request waiting", || {
+        (metrics("vllm:num_requests_waiting") == 1.0).then_some(())
+    });
+    drop(waiting); // no token was ever written to it
+    poll("the waiting request's abort", || {
+        (metrics("vllm:num_requests_waiting") == 0.0).then_some(())
+    });
+    assert_eq!(metrics("vllm:num_requests_running"), 1.0);
+    drop(running);
+    poll("the running request's abort", || {
+        (metrics("vllm:num_requests_running") == 0.0).then_some(())
+    });
 }
