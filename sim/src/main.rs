@@ -60,7 +60,9 @@ enum Command {
     },
     /// Describe a trace: counts, span, lengths, sessions, shared prefixes.
     TraceStats(TraceArgs),
-    /// A fake vLLM fleet in real time: N modelled engines, each stepping
+    /// A fake vLLM fleet in real time over HTTP, for routers and demos.
+    ///
+    /// N modelled engines, each stepping
     /// against the wall clock (a step lasts its modelled duration divided by
     /// --time-scale) behind its own HTTP listener with the subset of vLLM's
     /// OpenAI API routers use (/v1/completions and /v1/chat/completions,
