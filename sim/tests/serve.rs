@@ -412,3 +412,22 @@ fn a_client_that_leaves_before_its_first_token_aborts_its_waiting_request() {
         (metrics("vllm:num_requests_running") == 0.0).then_some(())
     });
 }
+
+#[test]
+fn sigterm_stops_the_fleet_and_removes_its_files() {
+    let mut fleet = Fleet::start(2, 10.0);
+    for id in ["sim-0", "sim-1"] {
+        assert!(fleet.dir.path().join(id).exists(), "{id} publishes");
+    }
+    let pid = fleet.child.id().to_string();
+    let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(status.success());
+    let exit = poll("essim serve to exit", || fleet.child.try_wait().unwrap());
+    assert!(exit.success(), "{exit:?}");
+    for id in ["sim-0", "sim-1"] {
+        assert!(
+            !fleet.dir.path().join(id).exists(),
+            "{id}'s file is retired"
+        );
+    }
+}

@@ -117,6 +117,10 @@ pub fn serve(config: ServeConfig) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let result = runtime.block_on(async move {
+        // Before the ready lines: a signal right after them must be caught.
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut interrupt = signal(SignalKind::interrupt())?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut servers = Vec::new();
         for (listener, state) in listeners.into_iter().zip(states) {
@@ -134,7 +138,10 @@ pub fn serve(config: ServeConfig) -> anyhow::Result<()> {
         }
         use std::io::Write;
         std::io::stdout().flush()?;
-        shutdown_signal().await;
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = interrupt.recv() => {}
+        }
         eprintln!("essim serve: stopping (in-flight streams drain)");
         let _ = stop_tx.send(true);
         for server in servers {
@@ -150,13 +157,4 @@ pub fn serve(config: ServeConfig) -> anyhow::Result<()> {
         let _ = thread.join();
     }
     result
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("a SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
 }
