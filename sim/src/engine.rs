@@ -260,6 +260,30 @@ impl Engine {
         self.waiting.push_back(id);
     }
 
+    /// Remove a request wherever it is (vLLM's abort: a client went away):
+    /// its blocks are freed as at a finish (the computed ones stay cached).
+    /// False if the engine does not hold it (finished, or never added).
+    /// Call it between steps, as vLLM applies aborts between steps.
+    pub fn abort(&mut self, id: u64) -> bool {
+        let Some(live) = self.live.remove(&id) else {
+            return false;
+        };
+        self.pool.release(&live.blocks);
+        if let Some(residency) = &mut self.pool.residency {
+            residency.remove_request(&live.request.router_block_hashes);
+        }
+        match live.status {
+            Status::Running => self.running.retain(|&r| r != id),
+            Status::Waiting | Status::Preempted => self.waiting.retain(|&r| r != id),
+        }
+        true
+    }
+
+    /// Tokens request `id` has sampled so far (`None`: not in the engine).
+    pub fn num_output(&self, id: u64) -> Option<u64> {
+        self.live.get(&id).map(|live| live.num_output)
+    }
+
     /// Requests in the engine.
     pub fn num_requests(&self) -> usize {
         self.live.len()

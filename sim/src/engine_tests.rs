@@ -338,3 +338,31 @@ fn the_digest_lists_exactly_the_router_blocks_a_prompt_would_hit() {
     assert!(drops_seen > 50, "only {drops_seen} hits lost to eviction");
     assert!(engine.counters().preemptions > 0, "no preemption");
 }
+
+#[test]
+fn abort_frees_a_running_or_waiting_request() {
+    let profile = EngineProfile {
+        max_num_batched_tokens: 64,
+        ..EngineProfile::default()
+    };
+    let mut engine = Engine::new(profile);
+    let free = engine.free_blocks();
+    engine.add_request(request(1, 64, 10, 0));
+    engine.add_request(request(2, 64, 10, 0));
+    let step = engine.schedule();
+    assert_eq!(step.scheduled, vec![(1, 64)], "the budget admits one");
+    engine.finish_step(&step);
+    assert_eq!(engine.num_output(1), Some(1));
+    assert_eq!(
+        (engine.snapshot().num_running, engine.snapshot().num_waiting),
+        (1, 1)
+    );
+    assert!(engine.abort(2), "waiting");
+    assert!(engine.abort(1), "running");
+    assert!(!engine.abort(1), "already gone");
+    assert_eq!(engine.num_requests(), 0);
+    assert_eq!(engine.free_blocks(), free);
+    let s = engine.snapshot();
+    assert_eq!((s.num_running, s.num_waiting), (0, 0));
+    assert!(engine.schedule().is_empty());
+}

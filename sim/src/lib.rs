@@ -18,6 +18,8 @@
 //!   placement is made by `engine_state_router::Router` on simulated time.
 //! - [`Summary`], [`markdown`], [`write_report`], [`plots`], [`Sweep`]: reports.
 //!
+//! - [`serve`]: `essim serve`, a fake vLLM fleet in real time over HTTP.
+//!
 //! Layout: `profile`, `kv`, `residency` and `engine` (the engine model), `feed`, `trace`
 //! and `agentic` (inputs), `driver` (the event loop), `share` (replicas
 //! sharing their reservations through the router's API), `metrics`, `output`,
@@ -47,6 +49,7 @@ mod output;
 pub mod plots;
 mod profile;
 mod residency;
+pub mod serve;
 mod share;
 mod step_trace;
 mod sweep;

@@ -60,6 +60,20 @@ enum Command {
     },
     /// Describe a trace: counts, span, lengths, sessions, shared prefixes.
     TraceStats(TraceArgs),
+    /// A fake vLLM fleet in real time over HTTP, for routers and demos.
+    ///
+    /// N modelled engines, each stepping
+    /// against the wall clock (a step lasts its modelled duration divided by
+    /// --time-scale) behind its own HTTP listener with the subset of vLLM's
+    /// OpenAI API routers use (/v1/completions and /v1/chat/completions,
+    /// streamed or not, with usage; /v1/models, /health, /metrics with
+    /// vLLM's metric names), each publishing engine-state through the real
+    /// Publisher as the vLLM hook does. Prompts: a list of token ids, or text
+    /// (one token per UTF-8 byte); every request generates exactly
+    /// max_tokens (default 16) lowercase letters. A client that disconnects
+    /// aborts its request. When ready, prints `sim-<i> http://ADDR` per
+    /// engine on stdout. Stops on SIGINT/SIGTERM, draining streams.
+    Serve(ServeArgs),
     /// One engine model, step by step: a JSON scenario on stdin, one JSON line
     /// per step on stdout (for the check against vLLM's real scheduler,
     /// sim/tests_vllm).
@@ -69,6 +83,35 @@ enum Command {
         #[arg(long)]
         profile: Option<PathBuf>,
     },
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// Engines, with ids sim-0 … sim-<N-1>.
+    #[arg(long, default_value_t = 2)]
+    engines: usize,
+    /// Engine i listens on HOST:PORT+i. Port 0: every engine on a free port
+    /// the OS picks (read them from the `sim-<i> http://ADDR` lines on stdout).
+    #[arg(long, default_value = "127.0.0.1:8100")]
+    listen_base: std::net::SocketAddr,
+    /// Modelled time runs K times faster than the wall clock (every step K
+    /// times shorter; a trace replayed K times denser keeps its dynamics).
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
+    /// Where engine-state is published (file://DIR or redis://…; default:
+    /// AGENTIC_ENGINE_STATE_URI, then file:///dev/shm/agentic_engine_state).
+    #[arg(long)]
+    uri: Option<String>,
+    /// Engine profile (TOML; missing keys take the calibrated defaults).
+    #[arg(long)]
+    profile: Option<PathBuf>,
+    /// The model name served (/v1/models, responses, metric labels).
+    #[arg(long, default_value = "essim")]
+    model: String,
+    /// Capture period (ms): a snapshot at a step boundary at most this often,
+    /// and the publisher's heartbeat period.
+    #[arg(long, default_value_t = 50)]
+    period_ms: u64,
 }
 
 #[derive(Args)]
@@ -209,6 +252,17 @@ fn main() -> anyhow::Result<()> {
         ),
         Command::Plot { csv, out } => plot(&csv, out.as_deref()),
         Command::StepTrace { profile } => step_trace(profile.as_deref()),
+        Command::Serve(args) => {
+            engine_state_sim::serve::serve(engine_state_sim::serve::ServeConfig {
+                engines: args.engines,
+                listen_base: args.listen_base,
+                time_scale: args.time_scale,
+                uri: args.uri,
+                profile: load_profile(args.profile.as_deref())?,
+                model: args.model,
+                period: std::time::Duration::from_millis(args.period_ms),
+            })
+        }
         Command::TraceStats(args) => {
             let trace = args.spec().load(args.rate_scale)?;
             println!("{}", trace.stats());
