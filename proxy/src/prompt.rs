@@ -1,13 +1,13 @@
 //! The prompt of a request body as token ids, for the router's block hashes.
 //!
 //! Token-id prompts (`"prompt": [1, 2, 3]`) are used as given. Text is mapped
-//! by [`text_tokens`]: each whitespace-separated word becomes one token id,
-//! the low 31 bits of the word's 64-bit FNV-1a hash. The mapping only has to
-//! be deterministic: equal prefixes give equal block hashes, so the router's
-//! cache estimate works; it is not the engine's tokenizer (an engine may
-//! count another number of tokens, so prefix-cache hits are estimated in
-//! words, not real tokens). Chat messages are mapped as the text
-//! `"<role>: <content>\n"` per message, in order.
+//! by [`text_tokens`], the router crate's mapping (one token per UTF-8 byte;
+//! `essim serve` uses the same, so the fake fleet's prefix cache and the
+//! router's block hashes agree). It only has to be deterministic: equal
+//! prefixes give equal block hashes; it is not a real engine's tokenizer (a
+//! vLLM engine counts other tokens: send token ids to route by its cache).
+//! Chat messages go through the router crate's template (`chat_prompt`;
+//! content parts: their text ones, joined).
 
 use serde_json::Value;
 
@@ -22,19 +22,8 @@ pub struct RoutedPrompt {
     pub session_id: Option<String>,
 }
 
-/// The deterministic text → token-id mapping (the module docs say how).
-pub fn text_tokens(text: &str) -> Vec<u32> {
-    text.split_whitespace()
-        .map(|word| {
-            let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-            for byte in word.bytes() {
-                hash ^= u64::from(byte);
-                hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-            }
-            (hash & 0x7fff_ffff) as u32
-        })
-        .collect()
-}
+/// The text → token-id mapping (the module docs say how).
+pub use engine_state_router::text_token_ids as text_tokens;
 
 /// Reads the prompt of a `/v1/completions` (`chat: false`: field `prompt`)
 /// or `/v1/chat/completions` (`chat: true`: field `messages`) body.
@@ -48,26 +37,26 @@ pub fn prompt_tokens(body: &Value, chat: bool) -> Result<RoutedPrompt, Error> {
             .get("messages")
             .and_then(Value::as_array)
             .ok_or_else(|| bad("the body needs \"messages\": a list of {role, content}"))?;
-        let mut text = String::new();
+        let mut contents: Vec<(String, String)> = Vec::with_capacity(messages.len());
         for message in messages {
             let role = message.get("role").and_then(Value::as_str).unwrap_or("");
-            text.push_str(role);
-            text.push_str(": ");
-            match message.get("content") {
-                Some(Value::String(content)) => text.push_str(content),
+            let content = match message.get("content") {
+                Some(Value::String(content)) => content.clone(),
                 // Content parts: the text ones, in order.
-                Some(Value::Array(parts)) => {
-                    for part in parts {
-                        if let Some(part) = part.get("text").and_then(Value::as_str) {
-                            text.push_str(part);
-                            text.push(' ');
-                        }
-                    }
-                }
-                _ => {}
-            }
-            text.push('\n');
+                Some(Value::Array(parts)) => parts
+                    .iter()
+                    .filter_map(|part| part.get("text").and_then(Value::as_str))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                _ => String::new(),
+            };
+            contents.push((role.to_owned(), content));
         }
+        let text = engine_state_router::chat_prompt(
+            contents
+                .iter()
+                .map(|(role, content)| (role.as_str(), content.as_str())),
+        );
         text_tokens(&text)
     } else {
         match object.get("prompt") {
@@ -112,15 +101,17 @@ mod tests {
         assert_eq!(ids.tokens, vec![5, 6, 7]);
         assert_eq!(ids.session_id.as_deref(), Some("s1"));
         let text = prompt_tokens(&json!({"prompt": "a b a"}), false).unwrap();
-        assert_eq!(text.tokens.len(), 3);
-        assert_eq!(text.tokens[0], text.tokens[2]);
-        assert_ne!(text.tokens[0], text.tokens[1]);
+        assert_eq!(text.tokens, vec![97, 32, 98, 32, 97], "one per byte");
         let chat = prompt_tokens(
             &json!({"messages": [{"role": "user", "content": "hi there"}]}),
             true,
         )
         .unwrap();
-        assert_eq!(chat.tokens, text_tokens("user: hi there"));
+        assert_eq!(
+            chat.tokens,
+            text_tokens("<|user|>\nhi there\n<|assistant|>\n"),
+            "the router crate's template, as essim serve lays it out"
+        );
     }
 
     #[test]

@@ -75,6 +75,7 @@ mod router;
 mod settings;
 mod shadow;
 mod state;
+mod text;
 
 pub use crate::clock::Clock;
 pub use crate::decision::{Decision, Reason};
@@ -90,6 +91,7 @@ pub use crate::settings::{
     CacheKnowledge, MigrationSettings, Policy, RealStateUse, RouterSettings,
 };
 pub use crate::shadow::ShadowCounters;
+pub use crate::text::{chat_prompt, text_token_ids};
 pub use engine_state_shm_format::blocks::{block_hashes, BLOCK_TOKENS};
 /// An engine's cache digest real state carries (re-exported from `engine-state-shm-format`).
 pub use engine_state_shm_format::CacheDigest;

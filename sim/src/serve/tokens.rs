@@ -12,10 +12,9 @@ use engine_state_shm_format::blocks;
 use crate::profile::KV_BLOCK_TOKENS;
 use crate::trace::mix;
 
-/// A text prompt's token ids: one per UTF-8 byte.
-pub fn text_tokens(text: &str) -> Vec<u32> {
-    text.bytes().map(u32::from).collect()
-}
+/// A text prompt's token ids: the router crate's mapping (one per UTF-8
+/// byte), which `esroute` uses too.
+pub use engine_state_router::text_token_ids as text_tokens;
 
 /// One chat message.
 #[derive(Clone, Debug, serde::Deserialize)]
@@ -26,15 +25,13 @@ pub struct Message {
     pub content: String,
 }
 
-/// The chat template: `<|ROLE|>\nCONTENT\n` per message, then
-/// `<|assistant|>\n` (the generation prompt).
+/// The chat template (the router crate's, which `esroute` uses too).
 pub fn chat_text(messages: &[Message]) -> String {
-    let mut text = String::new();
-    for m in messages {
-        text.push_str(&format!("<|{}|>\n{}\n", m.role, m.content));
-    }
-    text.push_str("<|assistant|>\n");
-    text
+    engine_state_router::chat_prompt(
+        messages
+            .iter()
+            .map(|m| (m.role.as_str(), m.content.as_str())),
+    )
 }
 
 /// The seed a prompt's output is drawn from.
