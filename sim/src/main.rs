@@ -87,9 +87,13 @@ enum Command {
 
 #[derive(Args)]
 struct ServeArgs {
-    /// Engines, with ids sim-0 … sim-<N-1>.
+    /// Engines, with ids sim-<F> … sim-<F+N-1> (F: --first-id).
     #[arg(long, default_value_t = 2)]
     engines: usize,
+    /// The first engine's number F (fleets in several processes under one
+    /// engine-state directory keep their ids apart: --engines 1 --first-id 1).
+    #[arg(long, default_value_t = 0)]
+    first_id: usize,
     /// Engine i listens on HOST:PORT+i. Port 0: every engine on a free port
     /// the OS picks (read them from the `sim-<i> http://ADDR` lines on stdout).
     #[arg(long, default_value = "127.0.0.1:8100")]
@@ -255,6 +259,7 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => {
             engine_state_sim::serve::serve(engine_state_sim::serve::ServeConfig {
                 engines: args.engines,
+                first_id: args.first_id,
                 listen_base: args.listen_base,
                 time_scale: args.time_scale,
                 uri: args.uri,

@@ -28,8 +28,11 @@ use crate::profile::EngineProfile;
 /// What `essim serve` runs.
 #[derive(Clone, Debug)]
 pub struct ServeConfig {
-    /// Engines `sim-0` … `sim-<N-1>`.
+    /// Engines `sim-<F>` … `sim-<F+N-1>`, F = `first_id`.
     pub engines: usize,
+    /// The first engine's number (several fleets, or one engine per
+    /// process, under one engine-state directory keep distinct ids).
+    pub first_id: usize,
     /// Engine `i` listens on this port + `i` (port 0: every engine on a
     /// free port of the OS's choosing).
     pub listen_base: SocketAddr,
@@ -72,7 +75,7 @@ pub fn serve(config: ServeConfig) -> anyhow::Result<()> {
     let mut threads = Vec::new();
     let mut states = Vec::new();
     for i in 0..config.engines {
-        let engine_id = format!("sim-{i}");
+        let engine_id = format!("sim-{}", config.first_id + i);
         let period_ms = config.period.as_millis() as u64;
         let publisher_config = PublisherConfig::resolve(
             config.uri.as_deref(),
@@ -104,7 +107,7 @@ pub fn serve(config: ServeConfig) -> anyhow::Result<()> {
         );
         states.push(Arc::new(http::EngineHttp {
             engine_id,
-            index: i,
+            index: config.first_id + i,
             model: config.model.clone(),
             kv_blocks: config.profile.kv_blocks(),
             commands,
