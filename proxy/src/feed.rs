@@ -2,7 +2,7 @@
 //! the peers' reservations (a poller thread), and which engines answer at
 //! all (engine health, kept by the request path and a retry task).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -10,8 +10,10 @@ use std::time::Duration;
 
 use engine_state_reader::{
     open, open_replicas, ReaderOptions, Reading, ReplicaReading, ReplicaSource, Source, StateUri,
+    Status,
 };
 use engine_state_router::Router;
+use metrics::Gauge;
 
 /// How long a source that could not be opened waits before the next try.
 const REOPEN_AFTER: Duration = Duration::from_secs(1);
@@ -20,12 +22,17 @@ const REOPEN_AFTER: Duration = Duration::from_secs(1);
 /// replica, the other replicas' reservations, every `interval`, into the
 /// router, until `stop` is set. A source that cannot be opened or read is
 /// logged (once until it recovers) and retried; routing goes on on the
-/// shadow counters meanwhile.
+/// shadow counters meanwhile. An engine whose writer the reading finds dead
+/// is taken out of routing ([`DeadWriters`]), counted in `engines_down`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn spawn_feed(
     router: Router,
     uri: StateUri,
     peers_of: Option<String>,
     interval: Duration,
+    health: Arc<Health>,
+    mut dead: DeadWriters,
+    engines_down: Gauge,
     stop: Arc<AtomicBool>,
 ) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
@@ -50,6 +57,9 @@ pub(crate) fn spawn_feed(
                     match source.read_into(&mut reading) {
                         Ok(()) => {
                             router.update_from_reading(&reading);
+                            if let Some(down) = dead.observe(&reading, &router, &health) {
+                                engines_down.set(down as f64);
+                            }
                         }
                         Err(error) => {
                             failed = Some(format!("engine state at {uri}: {error}"));
@@ -99,8 +109,66 @@ pub(crate) fn spawn_feed(
         })
 }
 
-/// Engines taken out of routing because a connection to them failed, with
-/// the reason; [`Health::retry`] puts them back once `GET /health` answers.
+/// Takes an engine out of routing when engine state says its writer is
+/// dead (the process is gone or its file was retired: docs/FORMAT.md,
+/// "Liveness and staleness") — a killed engine is noticed within the
+/// liveness bound, before a request fails to connect to it. Each death
+/// counts once: a writer seen dead is remembered by its pid and creation
+/// time, so an engine that `GET /health` put back while its old file still
+/// reads dead stays routed, and only a new writer's death takes it out
+/// again.
+#[derive(Debug)]
+pub(crate) struct DeadWriters {
+    /// The engines this proxy routes to (other engines in the same
+    /// engine-state directory are not its business).
+    routed: HashSet<String>,
+    /// Engine id → the writer (pid, creation time) last seen dead.
+    seen: HashMap<String, (u32, u64)>,
+}
+
+impl DeadWriters {
+    pub fn new<'a>(routed: impl IntoIterator<Item = &'a str>) -> DeadWriters {
+        DeadWriters {
+            routed: routed.into_iter().map(str::to_owned).collect(),
+            seen: HashMap::new(),
+        }
+    }
+
+    /// Marks down every routed engine whose writer `reading` finds dead for
+    /// the first time. Returns the number of engines down after it, or
+    /// `None` when nothing changed.
+    pub fn observe(
+        &mut self,
+        reading: &Reading,
+        router: &Router,
+        health: &Health,
+    ) -> Option<usize> {
+        let mut down = None;
+        for engine in &reading.engines {
+            if engine.status != Status::Dead || !self.routed.contains(&*engine.engine_id) {
+                continue;
+            }
+            let writer = (engine.writer.pid, engine.writer.created_unix_ns);
+            if self.seen.get(&*engine.engine_id) == Some(&writer) {
+                continue;
+            }
+            self.seen.insert(engine.engine_id.to_string(), writer);
+            down = Some(health.mark_down(
+                router,
+                &engine.engine_id,
+                format!(
+                    "its engine-state writer (pid {}) is dead",
+                    engine.writer.pid
+                ),
+            ));
+        }
+        down
+    }
+}
+
+/// Engines taken out of routing because a connection to them failed or
+/// their engine-state writer died, with the reason; the proxy's retry task
+/// puts them back once `GET /health` answers.
 #[derive(Debug, Default)]
 pub(crate) struct Health {
     down: Mutex<BTreeMap<String, String>>,
@@ -148,5 +216,80 @@ impl Health {
     /// The ids of the engines down now.
     pub fn down_ids(&self) -> Vec<String> {
         self.down().keys().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use engine_state_reader::{EngineState, Writer};
+    use engine_state_router::RouterSettings;
+    use engine_state_shm_format::Snapshot;
+
+    use super::*;
+
+    fn engine(id: &str, status: Status, pid: u32, created_unix_ns: u64) -> EngineState {
+        EngineState {
+            engine_id: id.into(),
+            status,
+            snapshot: Snapshot::default(),
+            heartbeat_age: Duration::from_millis(5),
+            capture_age: Duration::from_millis(5),
+            generation: 1,
+            read_mono_ns: engine_state_shm_format::monotonic_ns(),
+            writer: Writer {
+                pid,
+                created_unix_ns,
+                ..Writer::default()
+            },
+            clock_ahead: false,
+            cache: None,
+        }
+    }
+
+    fn reading(engines: Vec<EngineState>) -> Reading {
+        Reading {
+            engines,
+            errors: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_dead_writer_takes_its_engine_out_once_per_death() {
+        let router = Router::with_instances(RouterSettings::default(), ["a", "b"]).unwrap();
+        let health = Health::default();
+        let mut dead = DeadWriters::new(["a", "b"]);
+
+        // Alive, and a dead writer of an engine this proxy does not route.
+        let alive = reading(vec![
+            engine("a", Status::Fresh, 10, 1),
+            engine("b", Status::Stale, 11, 1),
+            engine("other", Status::Dead, 12, 1),
+        ]);
+        assert_eq!(dead.observe(&alive, &router, &health), None);
+        assert_eq!(router.instance_ids(), ["a", "b"]);
+
+        // a's writer dies: a is out, with the reason.
+        let died = reading(vec![
+            engine("a", Status::Dead, 10, 1),
+            engine("b", Status::Fresh, 11, 1),
+        ]);
+        assert_eq!(dead.observe(&died, &router, &health), Some(1));
+        assert_eq!(router.instance_ids(), ["b"]);
+        assert!(health
+            .describe()
+            .contains("a: its engine-state writer (pid 10) is dead"));
+
+        // GET /health answers again (the retry task): a is back, and the
+        // same dead file does not take it out a second time.
+        assert_eq!(health.mark_up(&router, "a"), 0);
+        assert_eq!(dead.observe(&died, &router, &health), None);
+        assert_eq!(router.instance_ids().len(), 2);
+
+        // A new writer for a (a restarted engine) that dies too: out again.
+        let died_again = reading(vec![engine("a", Status::Dead, 20, 2)]);
+        assert_eq!(dead.observe(&died_again, &router, &health), Some(1));
+        assert_eq!(router.instance_ids(), ["b"]);
     }
 }

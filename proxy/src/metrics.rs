@@ -26,7 +26,8 @@ pub const CLIENT_CANCELS: &str = "esroute_client_cancels_total";
 /// `own` (this replica's reservations), `peers` (the other replicas'),
 /// `effective` (`max(own + peers, real)`).
 pub const ENGINE_REQUESTS: &str = "esroute_engine_requests";
-/// Engines currently taken out of routing after a failed connection.
+/// Engines currently taken out of routing after a failed connection or
+/// because their engine-state writer died.
 pub const ENGINES_DOWN: &str = "esroute_engines_down";
 
 const KINDS: [&str; 4] = ["connect", "status", "stream", "timeout"];
@@ -103,7 +104,7 @@ impl ProxyMetrics {
                 );
                 metrics::describe_gauge!(
                     ENGINES_DOWN,
-                    "Engines out of routing after a failed connection"
+                    "Engines out of routing after a failed connection or a dead writer"
                 );
                 let engines = engine_ids
                 .iter()

@@ -26,7 +26,7 @@ use tokio::net::TcpListener;
 
 use crate::config::Config;
 use crate::error::Error;
-use crate::feed::{spawn_feed, Health};
+use crate::feed::{spawn_feed, DeadWriters, Health};
 use crate::metrics::ProxyMetrics;
 use crate::prompt::prompt_tokens;
 use crate::stream::ReservedBody;
@@ -44,7 +44,7 @@ struct App {
     urls: HashMap<String, String>,
     client: Upstream,
     metrics: Arc<ProxyMetrics>,
-    health: Health,
+    health: Arc<Health>,
     config: Config,
     next_request: AtomicU64,
 }
@@ -91,6 +91,10 @@ pub async fn serve(
             .map_err(|e| Error::Sharing(e.to_string()))?;
         router.set_reservation_sink(Some(Box::new(publisher)));
     }
+    let proxy_metrics = Arc::new(ProxyMetrics::new(
+        config.engines.iter().map(|e| e.id.as_str()),
+    ));
+    let engine_health = Arc::new(Health::default());
     let stop_feed = Arc::new(AtomicBool::new(false));
     let feed = match &config.state_uri {
         Some(uri) => Some(
@@ -102,6 +106,9 @@ pub async fn serve(
                     .then(|| config.replica_id.clone())
                     .flatten(),
                 config.poll_interval,
+                engine_health.clone(),
+                DeadWriters::new(config.engines.iter().map(|e| e.id.as_str())),
+                proxy_metrics.engines_down.clone(),
                 stop_feed.clone(),
             )
             .map_err(|e| Error::Config(format!("could not start the feed thread: {e}")))?,
@@ -118,12 +125,10 @@ pub async fn serve(
             .iter()
             .map(|e| (e.id.clone(), e.url.clone()))
             .collect(),
-        metrics: Arc::new(ProxyMetrics::new(
-            config.engines.iter().map(|e| e.id.as_str()),
-        )),
+        metrics: proxy_metrics,
         router: router.clone(),
         client,
-        health: Health::default(),
+        health: engine_health,
         config,
         next_request: AtomicU64::new(0),
     });
