@@ -22,7 +22,7 @@ fn essim_replay(args: &[&str]) -> Output {
 }
 
 /// The rows of requests.csv, as column → cell maps.
-fn rows(dir: &Path) -> Vec<HashMap<String, String>> {
+fn read_rows(dir: &Path) -> Vec<HashMap<String, String>> {
     let text = std::fs::read_to_string(dir.join("requests.csv")).unwrap();
     let mut lines = text.lines();
     let header: Vec<String> = lines
@@ -76,6 +76,21 @@ const AGENTIC: &[&str] = &[
     "20",
 ];
 
+/// The trace of [`AGENTIC`], loaded as essim does.
+fn agentic_trace() -> engine_state_sim::Trace {
+    TraceSpec {
+        format: TraceFormat::Agentic,
+        sessions_max_turns: Some(3),
+        agentic: AgenticSpec {
+            sessions: 3,
+            ..AgenticSpec::default()
+        },
+        ..TraceSpec::default()
+    }
+    .load(4.0)
+    .unwrap()
+}
+
 #[test]
 fn an_agentic_trace_is_answered_in_session_order_with_its_lengths() {
     let fleet = Fleet::start(1, 20.0);
@@ -86,18 +101,8 @@ fn an_agentic_trace_is_answered_in_session_order_with_its_lengths() {
     let stdout = run_ok(&args);
     assert!(stdout.contains("| TTFT s |"), "{stdout}");
 
-    let trace = TraceSpec {
-        format: TraceFormat::Agentic,
-        sessions_max_turns: Some(3),
-        agentic: AgenticSpec {
-            sessions: 3,
-            ..AgenticSpec::default()
-        },
-        ..TraceSpec::default()
-    }
-    .load(4.0)
-    .unwrap();
-    let rows = rows(out.path());
+    let trace = agentic_trace();
+    let rows = read_rows(out.path());
     assert_eq!(rows.len(), trace.requests.len());
     assert!(rows.len() >= 4, "a few requests: {}", rows.len());
     for (i, (row, request)) in rows.iter().zip(&trace.requests).enumerate() {
@@ -153,7 +158,7 @@ fn an_agentic_trace_is_answered_in_session_order_with_its_lengths() {
 }
 
 #[test]
-fn two_urls_take_requests_round_robin_with_text_prompts() {
+fn two_urls_take_requests_round_robin_and_text_and_chat_prompts_work() {
     let fleet = Fleet::start(2, 20.0);
     let out = tempfile::tempdir().unwrap();
     let mut args = AGENTIC.to_vec();
@@ -168,13 +173,36 @@ fn two_urls_take_requests_round_robin_with_text_prompts() {
         out.path().to_str().unwrap(),
     ]);
     run_ok(&args);
-    let rows = rows(out.path());
+    let rows = read_rows(out.path());
     let count = |url: &str| rows.iter().filter(|r| r["url"] == url).count();
     let (a, b) = (count(&fleet.urls[0]), count(&fleet.urls[1]));
     assert_eq!(a + b, rows.len());
     assert!(a.abs_diff(b) <= 1, "{a} and {b}");
     assert!(rows.iter().all(|r| r["outcome"] == "ok"));
     assert_eq!(summary(out.path())["urls"].as_array().unwrap().len(), 2);
+
+    // Chat: the templated prompt has the trace's length.
+    let chat = tempfile::tempdir().unwrap();
+    let mut args = AGENTIC.to_vec();
+    args.extend([
+        "--url",
+        &fleet.urls[0],
+        "--endpoint",
+        "chat",
+        "--prompt",
+        "text",
+        "--out",
+        chat.path().to_str().unwrap(),
+    ]);
+    run_ok(&args);
+    let trace = agentic_trace();
+    let chat_rows = read_rows(chat.path());
+    assert_eq!(chat_rows.len(), trace.requests.len());
+    for (row, request) in chat_rows.iter().zip(&trace.requests) {
+        assert_eq!(row["outcome"], "ok", "{row:?}");
+        assert_eq!(num(row, "prompt_tokens"), request.input_len as f64);
+        assert_eq!(num(row, "completion_tokens"), request.output_len as f64);
+    }
 }
 
 #[test]
@@ -211,7 +239,7 @@ fn past_max_in_flight_requests_are_skipped_and_counted() {
     let summary = summary(&out);
     assert_eq!(summary["outcomes"]["ok"], 1);
     assert_eq!(summary["outcomes"]["skipped"], 3);
-    let rows = rows(&out);
+    let rows = read_rows(&out);
     assert_eq!(rows.iter().filter(|r| r["outcome"] == "skipped").count(), 3);
     assert!(rows
         .iter()
@@ -250,4 +278,130 @@ fn an_unreachable_url_and_bad_flags_fail_clearly() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("--time-scale must be"));
     let output = essim_replay(&["--format", "agentic", "--url", &url, "--endpoint", "chat"]);
     assert!(String::from_utf8_lossy(&output.stderr).contains("--prompt text"));
+}
+
+/// A hand-written HTTP server: `/v1/models` answers 200; the n-th
+/// completion (0-based) streams two tokens with an `x-esroute-engine`
+/// header (n = 0), answers 503 (n = 1), or never answers (n = 2). The
+/// completions' request heads go to the channel.
+fn scripted_server() -> (String, std::sync::mpsc::Receiver<String>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (heads, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut completions = 0;
+        let mut held = Vec::new();
+        for stream in listener.incoming() {
+            let mut stream = stream.unwrap();
+            let heads = heads.clone();
+            let mut request = Vec::new();
+            let mut buffer = [0u8; 65536];
+            // The head, then the body by its content-length.
+            let (head, body_len) = loop {
+                let n = stream.read(&mut buffer).unwrap();
+                request.extend_from_slice(&buffer[..n]);
+                if let Some(end) = request.windows(4).position(|w| w == b"\r\n\r\n") {
+                    let head = String::from_utf8_lossy(&request[..end]).to_lowercase();
+                    let len = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length: "))
+                        .map_or(0, |v| v.trim().parse::<usize>().unwrap());
+                    break (head, end + 4 + len);
+                }
+            };
+            while request.len() < body_len {
+                let n = stream.read(&mut buffer).unwrap();
+                request.extend_from_slice(&buffer[..n]);
+            }
+            if head.starts_with("get ") {
+                let body = "{\"object\":\"list\",\"data\":[]}";
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                continue;
+            }
+            let _ = heads.send(head);
+            match completions {
+                0 => {
+                    let chunk = |t: &str| {
+                        format!("data: {{\"choices\":[{{\"index\":0,\"text\":\"{t}\"}}]}}\n\n")
+                    };
+                    let body = format!(
+                        "{}{}data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":600,\
+                         \"completion_tokens\":2,\"total_tokens\":602}}}}\n\ndata: [DONE]\n\n",
+                        chunk("a"),
+                        chunk("b")
+                    );
+                    let _ = write!(
+                        stream,
+                        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                         x-esroute-engine: sim-7\r\ncontent-length: {}\r\n\
+                         connection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                }
+                1 => {
+                    let _ = write!(
+                        stream,
+                        "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\
+                         connection: close\r\n\r\n"
+                    );
+                }
+                _ => held.push(stream),
+            }
+            completions += 1;
+        }
+    });
+    (url, receiver)
+}
+
+#[test]
+fn session_headers_engine_headers_http_errors_and_timeouts() {
+    let (url, heads) = scripted_server();
+    let dir = tempfile::tempdir().unwrap();
+    // Three one-turn sessions, 0.2 s apart (so that the script's order is
+    // the trace's).
+    let trace = dir.path().join("three.jsonl");
+    let lines: String = (0..3)
+        .map(|i| {
+            format!(
+                "{{\"timestamp\": {}, \"input_length\": 600, \"output_length\": 2, \
+                 \"hash_ids\": [{}, {}]}}\n",
+                200 * i,
+                10 * i,
+                10 * i + 1
+            )
+        })
+        .collect();
+    std::fs::write(&trace, lines).unwrap();
+    let out = dir.path().join("out");
+    run_ok(&[
+        "--trace",
+        trace.to_str().unwrap(),
+        "--url",
+        &url,
+        "--timeout-s",
+        "0.5",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let rows = read_rows(&out);
+    let outcomes: Vec<&str> = rows.iter().map(|r| r["outcome"].as_str()).collect();
+    assert_eq!(outcomes, ["ok", "http_503", "timeout"]);
+    assert_eq!(rows[0]["engine"], "sim-7");
+    assert_eq!(rows[0]["completion_tokens"], "2");
+    assert_eq!(rows[1]["engine"], "");
+    let heads: Vec<String> = heads.try_iter().collect();
+    assert_eq!(heads.len(), 3);
+    for (i, head) in heads.iter().enumerate() {
+        assert!(head.starts_with("post /v1/completions "), "{head}");
+        assert!(head.contains(&format!("x-session-id: s{i}\r\n")), "{head}");
+    }
+    let summary = summary(&out);
+    assert_eq!(summary["outcomes"]["http_503"], 1);
+    assert_eq!(summary["outcomes"]["timeout"], 1);
+    assert_eq!(summary["outcomes"]["ok"], 1);
 }

@@ -78,8 +78,9 @@ pub fn prompt_tokens(
     tokens
 }
 
-/// Output text as token ids of `kind`, for the next turn's context (the
-/// router crate's text mapping in both kinds: essim serve's output is text).
+/// Output text as token ids, for the next turn's context: the router
+/// crate's text mapping in both prompt kinds (the response is text; with
+/// essim serve, whose tokens are bytes, these are the ids it generated).
 pub fn output_ids(text: &str) -> Vec<u32> {
     engine_state_router::text_token_ids(text)
 }
