@@ -29,14 +29,19 @@
 //! Layout: `prompt` (tokens, text and bodies), `client` (hyper, the probe,
 //! one streamed request), `report` (requests.csv, summary.json, the table).
 //!
-//! Why not `vllm bench serve` (vLLM 0.33, `vllm/benchmarks/serve.py` with
-//! `vllm/benchmarks/datasets/`): it replays a trace's timestamps open loop
-//! but sends no per-request session id (no header, no `user`), takes one
-//! base URL, needs the model's Hugging Face tokenizer to make prompts, seeds
-//! a Mooncake block's tokens with Python's per-process `hash()` (so two runs
-//! do not send the same prompts), and cannot put a turn's output into the
-//! next turn's prompt: a multi-turn session's prefix sharing with the
-//! engine's cached output is lost.
+//! Why not `vllm bench serve` (vLLM 0.33, read for this note:
+//! `vllm/benchmarks/lib/endpoint_request_func.py`,
+//! `vllm/benchmarks/datasets/datasets.py`): a request's only own header is
+//! `x-request-id` (other headers are the same for every request) and its
+//! body has no `user`, so no session id reaches a router; one URL
+//! (`api_url`) takes every request; `SampleRequest` has an optional arrival
+//! `timestamp`, but every dataset makes its prompts with the model's
+//! Hugging Face tokenizer (`tokenizer(...)`, `tokenizer.decode(...)`). From
+//! an earlier read of its Mooncake-style trace dataset (not in the stored
+//! copy): block tokens are seeded with Python's per-process `hash()` (two
+//! runs send different prompts), and a turn's output never enters the next
+//! turn's prompt, so a session's sharing with the engine's cached output is
+//! lost.
 
 mod client;
 mod prompt;
