@@ -155,6 +155,10 @@ fn an_agentic_trace_is_answered_in_session_order_with_its_lengths() {
         }
     }
     assert!(summary["wall_s"].as_f64().unwrap() > 0.0);
+    assert!(summary["held"].as_u64().unwrap() >= 1);
+    // Sent on time: within 50 ms wall (1 s modelled at 20×) of its arrival.
+    let lag = summary["send_lag_s"]["p99"].as_f64().unwrap();
+    assert!((0.0..1.0).contains(&lag), "send lag p99 {lag} s");
 }
 
 #[test]

@@ -13,7 +13,9 @@
 //!   real client cannot send turn n+1 before turn n's output exists;
 //!   essim's driver replays arrivals open loop and has no such wait, so the
 //!   two differ where a turn ends after its successor's arrival (the wait
-//!   shows in `sent_s`; latencies are measured from the send).
+//!   shows in `sent_s`, such turns are counted `held` in summary.json;
+//!   latencies are measured from the send). `send_lag_s` in summary.json:
+//!   how late the other requests went out, the replayer's own error.
 //! - Prompts (`prompt`): the trace's prefix sharing, block by block, as
 //!   token ids or as text; a session stream carries the previous turn's real
 //!   output. A prompt is built shortly before it is due (or, for a turn
@@ -239,6 +241,7 @@ async fn run_chain(shared: Arc<Shared>, chain: Vec<usize>) {
     let k = shared.config.time_scale;
     // The session's context: the last prompt and its real output.
     let mut context: Vec<u32> = Vec::new();
+    let mut previous_end: Option<Instant> = None;
     for index in chain {
         let request = &shared.trace.requests[index];
         let due = shared.start + Duration::from_secs_f64(request.arrival_ns as f64 / 1e9 / k);
@@ -262,7 +265,9 @@ async fn run_chain(shared: Arc<Shared>, chain: Vec<usize>) {
             (body, kept)
         });
         tokio::time::sleep_until(due).await;
-        let (row, text) = send_one(&shared, index, session, body).await;
+        let held = previous_end.is_some_and(|end| end > due);
+        let (row, text) = send_one(&shared, index, session, body, held).await;
+        previous_end = Some(Instant::now());
         if let (Some(mut tokens), Outcome::Ok) = (tokens, &row.outcome) {
             tokens.extend(prompt::output_ids(&text));
             context = tokens;
@@ -284,6 +289,7 @@ async fn send_one(
     index: usize,
     session: Option<String>,
     body: Vec<u8>,
+    held: bool,
 ) -> (Row, String) {
     let k = shared.config.time_scale;
     let modelled = |d: Duration| d.as_secs_f64() * k;
@@ -293,6 +299,8 @@ async fn send_one(
         url: String::new(),
         engine: String::new(),
         sent_s: modelled(shared.start.elapsed()),
+        due_s: shared.trace.requests[index].arrival_ns as f64 / 1e9,
+        held,
         ttft_s: f64::NAN,
         tpot_s: f64::NAN,
         e2e_s: f64::NAN,

@@ -26,6 +26,10 @@ pub struct Row {
     pub engine: String,
     /// Sent, modelled seconds from the replay's start.
     pub sent_s: f64,
+    /// Due (its trace arrival), likewise; not in the CSV.
+    pub due_s: f64,
+    /// Its session's previous turn ended after it was due (it waited).
+    pub held: bool,
     /// Time to first token, modelled seconds (NaN: none).
     pub ttft_s: f64,
     /// Time per output token after the first, modelled seconds.
@@ -123,6 +127,12 @@ pub struct Summary {
     pub tpot_s: Stats,
     /// E2E over the `ok` requests, modelled seconds.
     pub e2e_s: Stats,
+    /// Requests sent late because their session's previous turn ended
+    /// after they were due.
+    pub held: usize,
+    /// How late the others were sent (or skipped) after they were due,
+    /// modelled seconds: the replayer's own timing error.
+    pub send_lag_s: Stats,
     /// Wall seconds from the replay's start (trace time 0) to the last response.
     pub wall_s: f64,
     /// Arrivals were sent this many times denser than the trace's (after
@@ -150,6 +160,13 @@ impl Summary {
             ttft_s: Stats::of(ok.iter().map(|r| r.ttft_s).collect()),
             tpot_s: Stats::of(ok.iter().map(|r| r.tpot_s).collect()),
             e2e_s: Stats::of(ok.iter().map(|r| r.e2e_s).collect()),
+            held: rows.iter().filter(|r| r.held).count(),
+            send_lag_s: Stats::of(
+                rows.iter()
+                    .filter(|r| !r.held)
+                    .map(|r| r.sent_s - r.due_s)
+                    .collect(),
+            ),
             wall_s,
             time_scale,
             urls: urls.to_vec(),
@@ -162,11 +179,12 @@ impl Summary {
             v.map_or("–".to_owned(), |v| format!("{:.3}", v * scale))
         };
         let mut text = format!(
-            "{}: {} requests in {:.1} s wall (time scale {}), {}\n\n",
+            "{}: {} requests in {:.1} s wall (time scale {}), {} held by their session, {}\n\n",
             self.trace,
             self.requests,
             self.wall_s,
             self.time_scale,
+            self.held,
             self.outcomes
                 .iter()
                 .map(|(k, v)| format!("{k} {v}"))
@@ -178,6 +196,7 @@ impl Summary {
             ("TTFT s", &self.ttft_s, 1.0),
             ("TPOT ms", &self.tpot_s, 1e3),
             ("E2E s", &self.e2e_s, 1.0),
+            ("send lag ms", &self.send_lag_s, 1e3),
         ] {
             let _ = writeln!(
                 text,
@@ -214,6 +233,8 @@ mod tests {
             url: "http://127.0.0.1:1".into(),
             engine: String::new(),
             sent_s: 0.5,
+            due_s: 0.25,
+            held: id == 3,
             ttft_s,
             tpot_s: f64::NAN,
             e2e_s: ttft_s * 2.0,
@@ -249,6 +270,8 @@ mod tests {
         assert_eq!(summary.ttft_s.p99, Some(3.0));
         assert_eq!(summary.ttft_s.mean, Some(2.0));
         assert_eq!(summary.tpot_s.p50, None);
+        assert_eq!(summary.held, 1);
+        assert_eq!(summary.send_lag_s.p99, Some(0.25));
         assert!(summary
             .table()
             .contains("| TTFT s | 1.000 | 3.000 | 3.000 | 2.000 |"));
