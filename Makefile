@@ -19,10 +19,11 @@ export ENGINE_STATE_PYTHON := $(PY)
 
 .PHONY: help build bins py venv lint-venv test test-rust test-loom test-py test-go test-capi test-vllm \
         vllm-venv lint lint-rust lint-py lint-shm-only lint-capi capi-header fmt miri bench bench-vllm \
-        demo demo-smoke sim sim-residency sim-share clean fuzz
+        demo demo-smoke demo-fleet demo-fleet-smoke sim sim-residency sim-share clean fuzz
 
 help:
 	@echo "make demo        four demo engines, live in esdump --watch for DURATION=$(DURATION) s"
+	@echo "make demo-fleet  a fake vLLM fleet, esroute in front, a trace replayed through it (DURATION s)"
 	@echo "make test        every test (Rust, loom, Miri, Python, Go, vLLM contract, demo smoke)"
 	@echo "make bench       benchmarks against their baselines (see BENCHMARKS.md)"
 	@echo "make sim         the essim routing sweeps behind docs/ROUTING.md (minutes)"
@@ -61,7 +62,7 @@ build: bins py
 
 # ---- tests -------------------------------------------------------------------
 
-test: lint build test-rust test-loom miri test-py test-go test-capi test-vllm demo-smoke
+test: lint build test-rust test-loom miri test-py test-go test-capi test-vllm demo-smoke demo-fleet-smoke
 
 test-rust: bins py
 	$(CARGO) test --release --workspace --exclude engine-state-py
@@ -207,6 +208,20 @@ demo-smoke: build
 	@grep -c " fresh " $(TARGET_DIR)/demo-smoke.txt >/dev/null
 	@for i in 0 1 2 3; do grep -q "demo-$$i .* fresh" $(TARGET_DIR)/demo-smoke.txt || { echo "demo-$$i not fresh in make demo"; exit 1; }; done
 	@echo "demo smoke: 4 engines fresh"
+
+# The fake fleet end to end: essim serve engines, esroute in front of them,
+# essim replay sending the agentic trace through it, esdump --watch live.
+DEMO_FLEET_DIR ?= /dev/shm/engine_state_demo_fleet
+demo-fleet: bins
+	examples/demo_fleet.sh $(abspath $(BIN)) $(DEMO_FLEET_DIR) $(DURATION) 4
+
+# What CI runs to keep `make demo-fleet` true: a short replay, checked.
+demo-fleet-smoke: bins
+	REPLAY_ARGS="--limit 12" examples/demo_fleet.sh $(abspath $(BIN)) $(DEMO_FLEET_DIR)_smoke 2 4 \
+	    > $(TARGET_DIR)/demo-fleet-smoke.txt
+	@for i in 0 1 2 3; do grep -q "sim-$$i .* fresh" $(TARGET_DIR)/demo-fleet-smoke.txt || { echo "sim-$$i not fresh in make demo-fleet"; exit 1; }; done
+	@grep -q "12 requests in .* ok 12," $(TARGET_DIR)/demo-fleet-smoke.txt || { echo "make demo-fleet: not every request ok:"; cat $(TARGET_DIR)/demo-fleet-smoke.txt; exit 1; }
+	@echo "demo-fleet smoke: 4 engines fresh, 12 requests ok through esroute"
 
 # ---- benchmarks --------------------------------------------------------------
 
