@@ -15,7 +15,9 @@
 //!   two differ where a turn ends after its successor's arrival (the wait
 //!   shows in `sent_s`, such turns are counted `held` in summary.json;
 //!   latencies are measured from the send). `send_lag_s` in summary.json:
-//!   how late the other requests went out, the replayer's own error.
+//!   how late the other requests went out, the replayer's own error (the
+//!   full agentic trace at 50× over 8 engines: p50 0.3 ms, p99 26 ms
+//!   modelled, 0.5 ms wall).
 //! - Prompts (`prompt`): the trace's prefix sharing, block by block, as
 //!   token ids or as text; a session stream carries the previous turn's real
 //!   output. A prompt is built shortly before it is due, off the send; a
@@ -239,6 +241,20 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Tokio's timer fires on whole milliseconds, late: sleep to within this
+/// of a send's due time, then yield until it.
+const TIMER_SLACK: Duration = Duration::from_millis(2);
+
+/// Return at `due` (not a millisecond after, as `sleep_until` would).
+async fn wait_until(due: Instant) {
+    if let Some(early) = due.checked_sub(TIMER_SLACK) {
+        tokio::time::sleep_until(early).await;
+    }
+    while Instant::now() < due {
+        tokio::task::yield_now().await;
+    }
+}
+
 /// One session's turns (or one request), in order.
 async fn run_chain(shared: Arc<Shared>, chain: Vec<usize>) {
     let k = shared.config.time_scale;
@@ -267,7 +283,7 @@ async fn run_chain(shared: Arc<Shared>, chain: Vec<usize>) {
             );
             (body, stream.then_some(prompt))
         });
-        tokio::time::sleep_until(due).await;
+        wait_until(due).await;
         let held = previous_end.is_some_and(|end| end > due);
         let (row, text) = send_one(&shared, index, session, body, held).await;
         previous_end = Some(Instant::now());
