@@ -15,11 +15,16 @@
 //!   two differ where a turn ends after its successor's arrival (the wait
 //!   shows in `sent_s`, such turns are counted `held` in summary.json;
 //!   latencies are measured from the send). `send_lag_s` in summary.json:
-//!   how late the other requests went out, the replayer's own error.
+//!   how late the other requests went out, the replayer's own error (the
+//!   full agentic trace at 50× over 8 engines: p50 0.3 ms, p99 26 ms
+//!   modelled, 0.5 ms wall).
 //! - Prompts (`prompt`): the trace's prefix sharing, block by block, as
 //!   token ids or as text; a session stream carries the previous turn's real
-//!   output. A prompt is built shortly before it is due (or, for a turn
-//!   waiting on its predecessor, right after it), off the send.
+//!   output. A prompt is built shortly before it is due, off the send; a
+//!   turn waiting on its predecessor is built right after it ended, from
+//!   the session's context already serialised (the agentic trace's longest
+//!   prompt, 117k tokens: 0.5 ms as token ids, 25 µs as text, against 3 ms
+//!   and 1 ms from scratch).
 //! - Requests are streamed (`stream_options.include_usage`), with
 //!   `max_tokens` = the trace's output length and `ignore_eos`; a session's
 //!   requests carry `x-session-id: s<N>` and `"user": "s<N>"`. Several URLs
@@ -59,7 +64,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 pub use self::client::Outcome;
-pub use self::prompt::{prompt_tokens, Endpoint, PromptKind, TOKEN_BASE, TOKEN_SPAN};
+pub use self::prompt::{prompt, Endpoint, Prompt, PromptKind, TOKEN_BASE, TOKEN_SPAN};
 pub use self::report::{Row, Stats, Summary, CSV_HEADER};
 use crate::trace::{Content, Trace};
 
@@ -236,11 +241,25 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Tokio's timer fires on whole milliseconds, late: sleep to within this
+/// of a send's due time, then yield until it.
+const TIMER_SLACK: Duration = Duration::from_millis(2);
+
+/// Return at `due` (not a millisecond after, as `sleep_until` would).
+async fn wait_until(due: Instant) {
+    if let Some(early) = due.checked_sub(TIMER_SLACK) {
+        tokio::time::sleep_until(early).await;
+    }
+    while Instant::now() < due {
+        tokio::task::yield_now().await;
+    }
+}
+
 /// One session's turns (or one request), in order.
 async fn run_chain(shared: Arc<Shared>, chain: Vec<usize>) {
     let k = shared.config.time_scale;
     // The session's context: the last prompt and its real output.
-    let mut context: Vec<u32> = Vec::new();
+    let mut context = Prompt::default();
     let mut previous_end: Option<Instant> = None;
     for index in chain {
         let request = &shared.trace.requests[index];
@@ -251,26 +270,29 @@ async fn run_chain(shared: Arc<Shared>, chain: Vec<usize>) {
         let session = request.session.map(|s| format!("s{s}"));
         let len = prompt::content_len(shared.config.endpoint, request.input_len);
         let stream = matches!(request.content, Content::Stream(_));
-        let (body, tokens) = tokio::task::block_in_place(|| {
-            let tokens = prompt_tokens(shared.config.prompt, request, index, &context, len);
-            let kept = stream.then(|| tokens.clone());
+        let kind = shared.config.prompt;
+        let (body, kept) = tokio::task::block_in_place(|| {
+            let prompt = prompt(kind, request, index, std::mem::take(&mut context), len);
             let body = prompt::body(
                 shared.config.endpoint,
-                shared.config.prompt,
+                kind,
                 &shared.config.model,
-                tokens,
+                &prompt,
                 request.output_len,
                 session.as_deref(),
             );
-            (body, kept)
+            (body, stream.then_some(prompt))
         });
-        tokio::time::sleep_until(due).await;
+        wait_until(due).await;
         let held = previous_end.is_some_and(|end| end > due);
         let (row, text) = send_one(&shared, index, session, body, held).await;
         previous_end = Some(Instant::now());
-        if let (Some(mut tokens), Outcome::Ok) = (tokens, &row.outcome) {
-            tokens.extend(prompt::output_ids(&text));
-            context = tokens;
+        if let Some(prompt) = kept {
+            // Failed: the next turn has the trace's tokens where the output was.
+            context = match row.outcome {
+                Outcome::Ok => prompt.with_output(kind, &text),
+                _ => prompt,
+            };
         }
         if let Some(bar) = &shared.progress {
             bar.inc(1);

@@ -58,31 +58,100 @@ fn token(kind: PromptKind, request: &TraceRequest, index: usize, position: u64) 
     }
 }
 
-/// The first `len` prompt tokens of request `index`: its session's context
-/// first (see the module doc; empty outside session streams), then the
+/// A prompt: its token ids and, ready for the body, their JSON (the ids
+/// joined by commas, or the text's escaped characters), so that a session's
+/// next prompt copies its context's JSON instead of serialising it again.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Prompt {
+    /// The token ids.
+    pub tokens: Vec<u32>,
+    json: Vec<u8>,
+}
+
+impl Prompt {
+    /// A prompt of these tokens.
+    pub fn of(kind: PromptKind, tokens: Vec<u32>) -> Prompt {
+        let mut prompt = Prompt::default();
+        match kind {
+            PromptKind::Tokens => {
+                for &t in &tokens {
+                    prompt.push_id(t);
+                }
+            }
+            PromptKind::Text => {
+                let bytes: Vec<u8> = tokens.iter().map(|&t| t as u8).collect();
+                prompt.push_text(&String::from_utf8_lossy(&bytes));
+            }
+        }
+        prompt.tokens = tokens;
+        prompt
+    }
+
+    fn push_id(&mut self, id: u32) {
+        if !self.json.is_empty() {
+            self.json.push(b',');
+        }
+        self.json
+            .extend_from_slice(itoa::Buffer::new().format(id).as_bytes());
+    }
+
+    /// Text's JSON-escaped characters (its tokens are not touched).
+    fn push_text(&mut self, text: &str) {
+        let quoted = serde_json::to_vec(text).expect("a string serialises");
+        self.json.extend_from_slice(&quoted[1..quoted.len() - 1]);
+    }
+
+    /// Append one token of `kind` (a filler token: an id, or a byte that
+    /// needs no escaping).
+    fn push(&mut self, kind: PromptKind, token: u32) {
+        self.tokens.push(token);
+        match kind {
+            PromptKind::Tokens => self.push_id(token),
+            PromptKind::Text => self.json.push(token as u8),
+        }
+    }
+
+    /// This prompt followed by the text a server generated for it: the
+    /// next turn's context. The output's token ids are the router crate's
+    /// text mapping in both kinds (the response is text; with essim serve,
+    /// whose tokens are bytes, they are the ids it generated).
+    pub fn with_output(mut self, kind: PromptKind, text: &str) -> Prompt {
+        let ids = engine_state_router::text_token_ids(text);
+        match kind {
+            PromptKind::Tokens => {
+                for &t in &ids {
+                    self.push_id(t);
+                }
+            }
+            PromptKind::Text => self.push_text(text),
+        }
+        self.tokens.extend(ids);
+        self
+    }
+}
+
+/// The prompt of `len` tokens of request `index`: its session's context
+/// first (see the module doc; ignored outside session streams), then the
 /// trace's tokens.
-pub fn prompt_tokens(
+pub fn prompt(
     kind: PromptKind,
     request: &TraceRequest,
     index: usize,
-    context: &[u32],
+    context: Prompt,
     len: u64,
-) -> Vec<u32> {
-    let context = match request.content {
-        Content::Stream(_) => &context[..context.len().min(len as usize)],
-        Content::Blocks(_) | Content::Unique => &[],
+) -> Prompt {
+    let mut prompt = match request.content {
+        Content::Stream(_) if context.tokens.len() as u64 > len => {
+            Prompt::of(kind, context.tokens[..len as usize].to_vec())
+        }
+        Content::Stream(_) => context,
+        Content::Blocks(_) | Content::Unique => Prompt::default(),
     };
-    let mut tokens = Vec::with_capacity(len as usize);
-    tokens.extend_from_slice(context);
-    tokens.extend((context.len() as u64..len).map(|p| token(kind, request, index, p)));
-    tokens
-}
-
-/// Output text as token ids, for the next turn's context: the router
-/// crate's text mapping in both prompt kinds (the response is text; with
-/// essim serve, whose tokens are bytes, these are the ids it generated).
-pub fn output_ids(text: &str) -> Vec<u32> {
-    engine_state_router::text_token_ids(text)
+    prompt.tokens.reserve(len as usize - prompt.tokens.len());
+    for p in prompt.tokens.len() as u64..len {
+        prompt.push(kind, token(kind, request, index, p));
+    }
+    prompt
 }
 
 /// Tokens the chat template adds around one user message.
@@ -100,30 +169,14 @@ pub fn content_len(endpoint: Endpoint, input_len: u64) -> u64 {
 }
 
 #[derive(Serialize)]
-#[serde(untagged)]
-enum PromptField {
-    Tokens(Vec<u32>),
-    Text(String),
-}
-
-#[derive(Serialize)]
-struct ChatMessage {
-    role: &'static str,
-    content: String,
-}
-
-#[derive(Serialize)]
 struct StreamOptions {
     include_usage: bool,
 }
 
+/// The body's fields after the prompt.
 #[derive(Serialize)]
-struct Body<'a> {
+struct Rest<'a> {
     model: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    prompt: Option<PromptField>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    messages: Option<[ChatMessage; 1]>,
     max_tokens: u64,
     /// vLLM's extra parameter: generate exactly `max_tokens`.
     ignore_eos: bool,
@@ -133,37 +186,18 @@ struct Body<'a> {
     user: Option<&'a str>,
 }
 
-fn text_of(tokens: &[u32]) -> String {
-    let bytes: Vec<u8> = tokens.iter().map(|&t| t as u8).collect();
-    String::from_utf8_lossy(&bytes).into_owned()
-}
-
-/// The JSON body of one request.
+/// The JSON body of one request: the prompt's JSON copied in, then the
+/// other fields.
 pub fn body(
     endpoint: Endpoint,
     kind: PromptKind,
     model: &str,
-    tokens: Vec<u32>,
+    prompt: &Prompt,
     max_tokens: u64,
     session: Option<&str>,
 ) -> Vec<u8> {
-    let (prompt, messages) = match (endpoint, kind) {
-        (Endpoint::Completions, PromptKind::Tokens) => (Some(PromptField::Tokens(tokens)), None),
-        (Endpoint::Completions, PromptKind::Text) => {
-            (Some(PromptField::Text(text_of(&tokens))), None)
-        }
-        (Endpoint::Chat, _) => (
-            None,
-            Some([ChatMessage {
-                role: "user",
-                content: text_of(&tokens),
-            }]),
-        ),
-    };
-    let body = Body {
+    let rest = serde_json::to_vec(&Rest {
         model,
-        prompt,
-        messages,
         max_tokens,
         ignore_eos: true,
         stream: true,
@@ -171,8 +205,23 @@ pub fn body(
             include_usage: true,
         },
         user: session,
+    })
+    .expect("a body serialises");
+    let (open, close): (&[u8], &[u8]) = match (endpoint, kind) {
+        (Endpoint::Completions, PromptKind::Tokens) => (b"{\"prompt\":[", b"],"),
+        (Endpoint::Completions, PromptKind::Text) => (b"{\"prompt\":\"", b"\","),
+        (Endpoint::Chat, _) => (
+            b"{\"messages\":[{\"role\":\"user\",\"content\":\"",
+            b"\"}],",
+        ),
     };
-    serde_json::to_vec(&body).expect("a body serialises")
+    let mut body = Vec::with_capacity(open.len() + prompt.json.len() + close.len() + rest.len());
+    body.extend_from_slice(open);
+    body.extend_from_slice(&prompt.json);
+    body.extend_from_slice(close);
+    // `rest` without its opening brace.
+    body.extend_from_slice(&rest[1..]);
+    body
 }
 
 #[cfg(test)]
@@ -223,7 +272,7 @@ mod tests {
             let prompts: Vec<Vec<u32>> = requests
                 .iter()
                 .enumerate()
-                .map(|(i, r)| prompt_tokens(kind, r, i, &[], r.input_len))
+                .map(|(i, r)| prompt(kind, r, i, Prompt::default(), r.input_len).tokens)
                 .collect();
             for (i, a) in requests.iter().enumerate() {
                 assert_eq!(prompts[i].len() as u64, a.input_len);
@@ -256,28 +305,69 @@ mod tests {
         .generate();
         let turns = &trace.requests;
         assert!(turns.len() >= 2);
-        let first = prompt_tokens(PromptKind::Tokens, &turns[0], 0, &[], turns[0].input_len);
-        let output = output_tokens(7, turns[0].output_len);
-        let mut context = first.clone();
-        context.extend(&output);
-        let second = prompt_tokens(
-            PromptKind::Tokens,
-            &turns[1],
-            1,
-            &context,
-            turns[1].input_len,
+        let kind = PromptKind::Tokens;
+        let first = prompt(kind, &turns[0], 0, Prompt::default(), turns[0].input_len);
+        let output: String = output_tokens(7, turns[0].output_len)
+            .iter()
+            .map(|&t| char::from(t as u8))
+            .collect();
+        let context = first.clone().with_output(kind, &output);
+        assert_eq!(context.tokens[..first.tokens.len()], first.tokens[..]);
+        assert_eq!(
+            context.tokens[first.tokens.len()..],
+            engine_state_router::text_token_ids(&output)[..]
         );
-        assert_eq!(second.len() as u64, turns[1].input_len);
-        assert_eq!(second[..context.len()], context[..]);
+        let second = prompt(kind, &turns[1], 1, context.clone(), turns[1].input_len);
+        assert_eq!(second.tokens.len() as u64, turns[1].input_len);
+        assert_eq!(second.tokens[..context.tokens.len()], context.tokens[..]);
         // Past the context: the trace's stream tokens.
-        let plain = prompt_tokens(PromptKind::Tokens, &turns[1], 1, &[], turns[1].input_len);
-        assert_eq!(second[context.len()..], plain[context.len()..]);
+        let plain = prompt(kind, &turns[1], 1, Prompt::default(), turns[1].input_len);
+        assert_eq!(
+            second.tokens[context.tokens.len()..],
+            plain.tokens[context.tokens.len()..]
+        );
+        // A context longer than the prompt is cut.
+        let short = prompt(kind, &turns[1], 1, context.clone(), 10);
+        assert_eq!(short.tokens, context.tokens[..10]);
+        assert_eq!(short, Prompt::of(kind, context.tokens[..10].to_vec()));
         // Outside session streams a context is ignored.
         let blocks = &mooncake_like()[0];
         assert_eq!(
-            prompt_tokens(PromptKind::Text, blocks, 0, &[1, 2, 3], 100),
-            prompt_tokens(PromptKind::Text, blocks, 0, &[], 100)
+            prompt(PromptKind::Text, blocks, 0, context, 100),
+            prompt(PromptKind::Text, blocks, 0, Prompt::default(), 100)
         );
+    }
+
+    /// The JSON built piece by piece (a context's copied in, an output
+    /// escaped) is the JSON of the tokens.
+    #[test]
+    fn prompt_json_is_built_incrementally_and_escaped() {
+        let request = &mooncake_like()[0];
+        let stream = TraceRequest {
+            content: Content::Stream(5),
+            ..request.clone()
+        };
+        for kind in [PromptKind::Tokens, PromptKind::Text] {
+            let first = prompt(kind, &stream, 0, Prompt::default(), 50);
+            let context = first.with_output(kind, "a\"b\\c\n é");
+            let next = prompt(kind, &stream, 1, context, 120);
+            let body = body(Endpoint::Completions, kind, "m", &next, 3, None);
+            let value: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let sent: Vec<u32> = match kind {
+                PromptKind::Tokens => value["prompt"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_u64().unwrap() as u32)
+                    .collect(),
+                PromptKind::Text => {
+                    engine_state_router::text_token_ids(value["prompt"].as_str().unwrap())
+                }
+            };
+            assert_eq!(sent, next.tokens, "{kind:?}");
+            assert_eq!(next.tokens.len(), 120);
+            assert_eq!(Prompt::of(kind, next.tokens.clone()), next, "{kind:?}");
+        }
     }
 
     #[test]
@@ -286,7 +376,7 @@ mod tests {
             Endpoint::Completions,
             PromptKind::Tokens,
             "essim",
-            vec![1001, 1002],
+            &Prompt::of(PromptKind::Tokens, vec![1001, 1002]),
             5,
             Some("s3"),
         );
@@ -297,8 +387,14 @@ mod tests {
                 "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true},
                 "user": "s3"})
         );
-        let text = prompt_tokens(PromptKind::Text, &mooncake_like()[0], 0, &[], 40);
-        let chat = super::body(Endpoint::Chat, PromptKind::Text, "m", text, 5, None);
+        let text = prompt(
+            PromptKind::Text,
+            &mooncake_like()[0],
+            0,
+            Prompt::default(),
+            40,
+        );
+        let chat = super::body(Endpoint::Chat, PromptKind::Text, "m", &text, 5, None);
         let value: serde_json::Value = serde_json::from_slice(&chat).unwrap();
         let content = value["messages"][0]["content"].as_str().unwrap();
         assert_eq!(content.len(), 40);
