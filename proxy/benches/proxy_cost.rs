@@ -213,6 +213,8 @@ fn pin(pid: u32, cpu: &str) {
 
 fn main() {
     let args = args();
+    // Before pinning, which narrows what this process may use.
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     if args.pin {
         // Before the runtime's threads exist: they inherit CPU 0.
         pin(std::process::id(), "0");
@@ -221,10 +223,10 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    runtime.block_on(run(args));
+    runtime.block_on(run(args, cores));
 }
 
-async fn run(args: Args) {
+async fn run(args: Args, cores: usize) {
     let (url_a, _a) = start_fake().await;
     let (url_b, _b) = start_fake().await;
     let mut extra = vec!["--no-engine-state"];
@@ -236,7 +238,6 @@ async fn run(args: Args) {
     let http = client();
     let direct = vec![url_a.clone(), url_b.clone()];
     let proxied = vec![proxy.url.clone()];
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let load = load.split(' ').next().unwrap_or("?").to_owned();
     println!(

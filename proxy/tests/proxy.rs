@@ -220,11 +220,11 @@ async fn a_stalled_upstream_times_out_and_releases() {
 }
 
 /// `/v1/chat/completions` with text messages and the session in the
-/// header; `/v1/models` passed through.
+/// header; `/v1/models` passed through (esroute on one thread, `--threads 1`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_completions_are_routed_too() {
     let (url, fake) = start_fake().await;
-    let proxy = start_proxy(&[("a", &url)], &["--no-engine-state"]);
+    let proxy = start_proxy(&[("a", &url)], &["--no-engine-state", "--threads", "1"]);
     let http = client();
     let body = json!({"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 2});
     let request = hyper::Request::post(format!("{}/v1/chat/completions", proxy.url))

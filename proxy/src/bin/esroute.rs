@@ -73,6 +73,11 @@ struct Flags {
     /// After SIGTERM/Ctrl-C, how long in-flight streams may still run, in ms.
     #[arg(long, default_value_t = 30_000)]
     drain_timeout_ms: u64,
+    /// Threads serving requests: 1 runs everything on one thread (no
+    /// wake-ups between workers); N > 1 a work-stealing pool of N; 0 one
+    /// worker per CPU.
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -113,7 +118,16 @@ fn main() -> anyhow::Result<()> {
         drain_timeout: Duration::from_millis(flags.drain_timeout_ms),
         ..Config::new(flags.engines)
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let mut runtime = match flags.threads {
+        1 => tokio::runtime::Builder::new_current_thread(),
+        0 => tokio::runtime::Builder::new_multi_thread(),
+        n => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.worker_threads(n);
+            builder
+        }
+    };
+    let runtime = runtime
         .enable_all()
         .build()
         .context("starting the runtime")?;
