@@ -233,6 +233,7 @@ bench: build
 	$(BIN)/redis_bench --seconds 10
 	$(PY) bench/hook_bench.py
 	$(PY) bench/router_compare.py
+	$(CARGO) bench -p engine-state-proxy --bench proxy_cost
 	cd go && go test -run '^$$' -bench . -benchtime 2s ./enginestate
 
 # The vLLM hook's cost with vLLM's real Scheduler and Request objects.

@@ -54,6 +54,43 @@ impl FromStr for EngineSpec {
     }
 }
 
+impl EngineSpec {
+    /// An engines file's text: one `ID=URL` a line (each as
+    /// [`EngineSpec::from_str`]), `#` comments and blank lines ignored; an
+    /// error names `source` (the file) and the line number.
+    pub fn parse_list(text: &str, source: &str) -> Result<Vec<EngineSpec>, Error> {
+        let mut engines = Vec::new();
+        for (number, line) in text.lines().enumerate() {
+            let line = line
+                .split_once('#')
+                .map_or(line, |(before, _)| before)
+                .trim();
+            if line.is_empty() {
+                continue;
+            }
+            let spec = line.parse().map_err(|error: Error| {
+                Error::Config(format!("{source}, line {}: {error}", number + 1))
+            })?;
+            engines.push(spec);
+        }
+        Ok(engines)
+    }
+
+    /// Refuses an engine id given twice (over `--engine` and `--engines-file`).
+    pub fn check_unique(engines: &[EngineSpec]) -> Result<(), Error> {
+        let mut seen = std::collections::HashSet::new();
+        for engine in engines {
+            if !seen.insert(engine.id.as_str()) {
+                return Err(Error::Config(format!(
+                    "engine id {:?} is given twice (--engine, --engines-file): give each engine once",
+                    engine.id
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Everything [`run`](crate::run) needs.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -120,5 +157,22 @@ mod tests {
         ] {
             assert!(bad.parse::<EngineSpec>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn engines_files_skip_comments_and_name_bad_lines() {
+        let text = "# the fleet\nsim-0=http://127.0.0.1:8000\n\n  sim-1=http://127.0.0.1:8001/  # second\n";
+        let engines = EngineSpec::parse_list(text, "fleet.txt").unwrap();
+        let ids: Vec<&str> = engines.iter().map(|e| e.id.as_str()).collect();
+        assert_eq!(ids, ["sim-0", "sim-1"]);
+        assert_eq!(engines[1].url, "http://127.0.0.1:8001");
+        let error = EngineSpec::parse_list("a=http://a:1\n\nb=https://b:1\n", "fleet.txt")
+            .unwrap_err()
+            .to_string();
+        assert!(error.starts_with("fleet.txt, line 3: "), "{error}");
+        assert!(error.contains("TLS"), "{error}");
+        let twice = EngineSpec::parse_list("a=http://a:1\na=http://b:1", "f").unwrap();
+        let error = EngineSpec::check_unique(&twice).unwrap_err().to_string();
+        assert!(error.contains("\"a\" is given twice"), "{error}");
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use engine_state_router::Router;
 use metrics::{Counter, Gauge, Histogram};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder};
 
 /// Picks made, by engine (label `engine`).
 pub const DECISIONS: &str = "esroute_decisions_total";
@@ -29,10 +29,21 @@ pub const ENGINE_REQUESTS: &str = "esroute_engine_requests";
 /// Engines currently taken out of routing after a failed connection or
 /// because their engine-state writer died.
 pub const ENGINES_DOWN: &str = "esroute_engines_down";
+/// The router's pick and reserve of one request (one `Router::pick` call).
+pub const PICK: &str = "esroute_pick_seconds";
+/// Reservations released, by `outcome` as the router counts them:
+/// `completed` (the stream ended), `failed` (an upstream error, status or
+/// timeout), `dropped` (the client went away).
+pub const RELEASES: &str = "esroute_releases_total";
 
 const KINDS: [&str; 4] = ["connect", "status", "stream", "timeout"];
 const VIEWS: [&str; 3] = ["own", "peers", "effective"];
 const REASONS: [&str; 3] = ["bad_request", "too_large", "unavailable"];
+const OUTCOMES: [&str; 3] = ["completed", "failed", "dropped"];
+/// A pick takes microseconds: its own buckets, 1 µs to 10 ms.
+const PICK_BUCKETS: [f64; 12] = [
+    1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 1e-2,
+];
 
 /// Per-engine handles.
 #[derive(Debug)]
@@ -65,6 +76,10 @@ pub(crate) struct ProxyMetrics {
     pub client_cancels: Counter,
     held: Gauge,
     pub engines_down: Gauge,
+    /// Seconds per `Router::pick`.
+    pub pick: Histogram,
+    /// `completed`, `failed`, `dropped`.
+    releases: [Counter; 3],
 }
 
 impl ProxyMetrics {
@@ -75,11 +90,12 @@ impl ProxyMetrics {
         let recorder = PrometheusBuilder::new()
             .set_buckets(&buckets)
             .expect("non-empty bucket list")
+            .set_buckets_for_metric(Matcher::Full(PICK.to_owned()), &PICK_BUCKETS)
+            .expect("non-empty bucket list")
             .build_recorder();
         let engine_ids: Vec<&str> = engine_ids.into_iter().collect();
-        let (engines, refused, client_cancels, held, engines_down) = metrics::with_local_recorder(
-            &recorder,
-            || {
+        let (engines, refused, client_cancels, held, engines_down, pick, releases) =
+            metrics::with_local_recorder(&recorder, || {
                 metrics::describe_counter!(DECISIONS, "Picks made (reservations taken), by engine");
                 metrics::describe_counter!(
                     UPSTREAM_ERRORS,
@@ -106,6 +122,15 @@ impl ProxyMetrics {
                     ENGINES_DOWN,
                     "Engines out of routing after a failed connection or a dead writer"
                 );
+                metrics::describe_histogram!(
+                    PICK,
+                    metrics::Unit::Seconds,
+                    "The router's pick and reserve of one request"
+                );
+                metrics::describe_counter!(
+                    RELEASES,
+                    "Reservations released, by outcome (completed, failed, dropped)"
+                );
                 let engines = engine_ids
                 .iter()
                 .map(|id| {
@@ -129,9 +154,10 @@ impl ProxyMetrics {
                     metrics::counter!(CLIENT_CANCELS),
                     metrics::gauge!(RESERVATIONS_HELD),
                     metrics::gauge!(ENGINES_DOWN),
+                    metrics::histogram!(PICK),
+                    OUTCOMES.map(|outcome| metrics::counter!(RELEASES, "outcome" => outcome)),
                 )
-            },
-        );
+            });
         ProxyMetrics {
             recorder,
             engines,
@@ -139,6 +165,8 @@ impl ProxyMetrics {
             client_cancels,
             held,
             engines_down,
+            pick,
+            releases,
         }
     }
 
@@ -152,9 +180,18 @@ impl ProxyMetrics {
         }
     }
 
-    /// The text exposition, with the held reservations read from the router now.
+    /// The text exposition, with the held reservations and the releases read
+    /// from the router now.
     pub fn render(&self, router: &Router) -> String {
         self.held.set(reservations_held(router) as f64);
+        let stats = router.stats();
+        for (counter, value) in
+            self.releases
+                .iter()
+                .zip([stats.completed, stats.failed, stats.dropped])
+        {
+            counter.absolute(value);
+        }
         let views = router.instances();
         for (id, handles) in &self.engines {
             let view = views.iter().find(|v| &v.instance_id == id);

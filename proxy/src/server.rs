@@ -14,6 +14,7 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use bytes::Bytes;
 use engine_state_publisher::{ReplicaOptions, ReplicaPublisher};
 use engine_state_router::{Request, Router};
@@ -24,7 +25,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpListener;
 
-use crate::config::Config;
+use crate::config::{Config, EngineSpec};
 use crate::error::Error;
 use crate::feed::{spawn_feed, DeadWriters, Health};
 use crate::metrics::ProxyMetrics;
@@ -76,6 +77,7 @@ pub async fn serve(
             "no engines: give at least one --engine ID=URL".to_owned(),
         ));
     }
+    EngineSpec::check_unique(&config.engines)?;
     let router = Router::with_instances(
         config.settings.clone(),
         config.engines.iter().map(|e| e.id.as_str()),
@@ -143,6 +145,13 @@ pub async fn serve(
     let drain_timeout = app.config.drain_timeout;
     let draining = Arc::new(tokio::sync::Notify::new());
     let notify = draining.clone();
+    // Nagle on the client's socket would hold a stream's first chunk until
+    // the client's delayed ACK of the head (~40 ms): chunks go out at once.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(error) = tcp.set_nodelay(true) {
+            tracing::debug!("could not set TCP_NODELAY on a client connection: {error}");
+        }
+    });
     let server = axum::serve(listener, routes).with_graceful_shutdown(async move {
         shutdown.await;
         tracing::info!("shutting down: no new connections; draining in-flight streams");
@@ -234,7 +243,10 @@ async fn route(
     }
     // Each failed connection takes one engine out, so this ends.
     for _ in 0..=app.urls.len() {
-        let (decision, mut reservation) = match app.router.pick(&request) {
+        let picking = Instant::now();
+        let picked = app.router.pick(&request);
+        app.metrics.pick.record(picking.elapsed().as_secs_f64());
+        let (decision, mut reservation) = match picked {
             Ok(picked) => picked,
             Err(
                 engine_state_router::Error::NoInstances

@@ -48,7 +48,7 @@ impl ReservedBody {
         success: bool,
         read_timeout: Duration,
     ) -> ReservedBody {
-        ReservedBody {
+        let mut body = ReservedBody {
             upstream,
             engine: reservation.instance_id().to_owned(),
             reservation: Some(reservation),
@@ -58,6 +58,23 @@ impl ReservedBody {
             success,
             read_timeout,
             deadline: Box::pin(tokio::time::sleep(read_timeout)),
+        };
+        if body.upstream.is_end_stream() {
+            // An empty body: nothing will be polled.
+            body.finish();
+        }
+        body
+    }
+
+    /// The engine's body ended: `complete` after a 2xx, else `fail` (the
+    /// status was counted as an error when the head arrived).
+    fn finish(&mut self) {
+        if let Some(mut reservation) = self.reservation.take() {
+            if self.success {
+                reservation.complete();
+            } else {
+                reservation.fail();
+            }
         }
     }
 
@@ -93,8 +110,15 @@ impl Body for ReservedBody {
                         reservation.prefill_done();
                     }
                 }
-                let next = tokio::time::Instant::now() + this.read_timeout;
-                this.deadline.as_mut().reset(next);
+                if this.upstream.is_end_stream() {
+                    // A body of known length (a non-streamed answer, an
+                    // error): the server stops polling after its last byte,
+                    // so it ends here, not at a `None` that never comes.
+                    this.finish();
+                } else {
+                    let next = tokio::time::Instant::now() + this.read_timeout;
+                    this.deadline.as_mut().reset(next);
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(error))) => {
@@ -106,16 +130,7 @@ impl Body for ReservedBody {
                 .into())))
             }
             Poll::Ready(None) => {
-                if this.success {
-                    if let Some(mut reservation) = this.reservation.take() {
-                        reservation.complete();
-                    }
-                } else {
-                    // Counted as a `status` error when the head arrived.
-                    if let Some(mut reservation) = this.reservation.take() {
-                        reservation.fail();
-                    }
-                }
+                this.finish();
                 Poll::Ready(None)
             }
             Poll::Pending => {

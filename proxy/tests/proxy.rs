@@ -1,209 +1,19 @@
-//! `esroute` as a real process in front of fake engines (axum servers on
-//! 127.0.0.1:0 inside the test) that stream SSE chunks, and can be told per
-//! request (the body's `fake` field, forwarded unchanged) to fail
-//! mid-stream or to stall.
+//! `esroute` as a real process in front of fake engines (support/mod.rs:
+//! axum servers on 127.0.0.1:0 inside the test) that stream SSE chunks, and
+//! can be told per request (the body's `fake` field, forwarded unchanged)
+//! to fail mid-stream or to stall.
 
-use std::io::{BufRead, BufReader};
-use std::pin::Pin;
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::task::{Context, Poll};
+mod support;
+
+use std::process::Command;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
-use axum::extract::State;
-use axum::response::Response;
 use bytes::Bytes;
-use http_body::Frame;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
 
-type Http = Client<HttpConnector, Full<Bytes>>;
-
-/// A fake engine's counters.
-#[derive(Default)]
-struct Fake {
-    requests: AtomicUsize,
-    /// Streams whose client (the proxy) went away before the end.
-    disconnects: AtomicUsize,
-}
-
-/// A body fed by a channel (no `Stream` adapter needed).
-struct ChannelBody(mpsc::Receiver<Result<Bytes, std::io::Error>>);
-
-impl http_body::Body for ChannelBody {
-    type Data = Bytes;
-    type Error = std::io::Error;
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
-        self.0
-            .poll_recv(cx)
-            .map(|item| item.map(|r| r.map(Frame::data)))
-    }
-}
-
-/// Streams `max_tokens` chunks, a usage chunk and `[DONE]`; `"fake": "fail"`
-/// errors after two chunks (the connection is aborted), `"fake": "stall"`
-/// sends one chunk and then nothing until the client goes away.
-async fn fake_completions(State(fake): State<Arc<Fake>>, body: Bytes) -> Response {
-    fake.requests.fetch_add(1, Ordering::Relaxed);
-    let body: Value = serde_json::from_slice(&body).expect("the proxy forwards JSON");
-    let chunks = body["max_tokens"].as_u64().unwrap_or(4);
-    let mode = body["fake"].as_str().unwrap_or("").to_owned();
-    let (tx, rx) = mpsc::channel(4);
-    tokio::spawn(async move {
-        let chunk = |i: u64| {
-            Bytes::from(format!(
-                "data: {}\n\n",
-                json!({"object": "text_completion", "choices": [{"index": 0, "text": format!("t{i}")}]})
-            ))
-        };
-        for i in 0..chunks {
-            if mode == "fail" && i == 2 {
-                let _ = tx
-                    .send(Err(std::io::Error::other("engine died mid-stream")))
-                    .await;
-                return;
-            }
-            if tx.send(Ok(chunk(i))).await.is_err() {
-                fake.disconnects.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
-            if mode == "slow" {
-                tokio::time::sleep(Duration::from_millis(30)).await;
-            }
-            if mode == "stall" {
-                tx.closed().await;
-                fake.disconnects.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
-        }
-        let usage =
-            json!({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": chunks}});
-        let _ = tx.send(Ok(Bytes::from(format!("data: {usage}\n\n")))).await;
-        let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;
-    });
-    Response::builder()
-        .header("content-type", "text/event-stream")
-        .body(Body::new(ChannelBody(rx)))
-        .unwrap()
-}
-
-async fn start_fake() -> (String, Arc<Fake>) {
-    let fake = Arc::new(Fake::default());
-    let app = axum::Router::new()
-        .route("/v1/completions", axum::routing::post(fake_completions))
-        .route(
-            "/v1/chat/completions",
-            axum::routing::post(fake_completions),
-        )
-        .route("/health", axum::routing::get(|| async { "ok" }))
-        .route(
-            "/v1/models",
-            axum::routing::get(|| async { r#"{"object":"list","data":[{"id":"fake"}]}"# }),
-        )
-        .with_state(fake.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (url, fake)
-}
-
-/// A running `esroute`, killed when dropped.
-struct Proxy {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_proxy(engines: &[(&str, &str)], extra: &[&str]) -> Proxy {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_esroute"));
-    command.args(["--listen", "127.0.0.1:0"]);
-    for (id, url) in engines {
-        command.arg("--engine").arg(format!("{id}={url}"));
-    }
-    let mut child = command
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start esroute");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("esroute listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_owned();
-    Proxy {
-        child,
-        url: format!("http://{addr}"),
-    }
-}
-
-fn client() -> Http {
-    Client::builder(TokioExecutor::new()).build(HttpConnector::new())
-}
-
-async fn post(http: &Http, url: &str, body: Vec<u8>) -> hyper::Response<hyper::body::Incoming> {
-    post_to(http, &format!("{url}/v1/completions"), body).await
-}
-
-async fn post_to(http: &Http, url: &str, body: Vec<u8>) -> hyper::Response<hyper::body::Incoming> {
-    let request = hyper::Request::post(url)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body)))
-        .unwrap();
-    http.request(request).await.unwrap()
-}
-
-async fn get_text(http: &Http, url: &str) -> String {
-    let request = hyper::Request::get(url)
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-    let response = http.request(request).await.unwrap();
-    let body = response.into_body().collect().await.unwrap().to_bytes();
-    String::from_utf8(body.to_vec()).unwrap()
-}
-
-/// A metric's value from the text exposition (the first sample of the family).
-fn metric(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .find(|line| line.starts_with(name) && !line.starts_with('#'))
-        .and_then(|line| line.rsplit(' ').next())
-        .and_then(|value| value.parse().ok())
-}
-
-/// Polls `/metrics` until the reservations held are zero, or panics at the deadline.
-async fn reservations_return_to_zero(http: &Http, proxy: &Proxy) -> String {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let text = get_text(http, &format!("{}/metrics", proxy.url)).await;
-        if metric(&text, "esroute_reservations_held") == Some(0.0) {
-            return text;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "reservations still held:\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+use support::*;
 
 /// 100 streamed requests over two engines: every one gets all its chunks,
 /// the usage chunk and `[DONE]`; both engines served; nothing stays reserved.
@@ -250,7 +60,7 @@ async fn streams_one_hundred_requests_and_releases_every_reservation() {
     let served_b = fake_b.requests.load(Ordering::Relaxed);
     assert_eq!(served_a + served_b, 100);
     assert!(served_a > 0 && served_b > 0, "a {served_a}, b {served_b}");
-    let text = reservations_return_to_zero(&http, &proxy).await;
+    let text = reservations_return_to_zero(&http, &proxy.url).await;
     let decisions: f64 = text
         .lines()
         .filter(|l| l.starts_with("esroute_decisions_total{"))
@@ -258,6 +68,23 @@ async fn streams_one_hundred_requests_and_releases_every_reservation() {
         .sum();
     assert_eq!(decisions, 100.0, "{text}");
     assert!(text.contains("esroute_upstream_first_chunk_seconds_bucket"));
+    // One pick per request, timed in microseconds (its own buckets).
+    assert_eq!(
+        metric_line(&text, "esroute_pick_seconds_count"),
+        Some(100.0),
+        "{text}"
+    );
+    let pick_sum = metric_line(&text, "esroute_pick_seconds_sum").unwrap();
+    assert!(pick_sum > 0.0 && pick_sum < 1.0, "{text}");
+    assert!(
+        text.contains("esroute_pick_seconds_bucket{le=\"0.00001\"}"),
+        "{text}"
+    );
+    assert_eq!(
+        metric_line(&text, "esroute_releases_total{outcome=\"completed\"}"),
+        Some(100.0),
+        "{text}"
+    );
     let health = get_text(&http, &format!("{}/health", proxy.url)).await;
     assert!(health.contains("\"down\":[]"), "{health}");
 }
@@ -281,7 +108,7 @@ async fn an_upstream_failing_mid_stream_fails_the_client_and_releases() {
         let outcome = response.into_body().collect().await;
         assert!(outcome.is_err(), "the client must see the failure");
     }
-    let text = reservations_return_to_zero(&http, &proxy).await;
+    let text = reservations_return_to_zero(&http, &proxy.url).await;
     assert!(
         text.contains("esroute_upstream_errors_total{engine=\"a\",kind=\"stream\"} 1"),
         "{text}"
@@ -307,7 +134,7 @@ async fn a_client_cancel_releases_the_reservation() {
         "{held}"
     );
     drop(stream);
-    reservations_return_to_zero(&http, &proxy).await;
+    reservations_return_to_zero(&http, &proxy.url).await;
     let deadline = Instant::now() + Duration::from_secs(5);
     while fake.disconnects.load(Ordering::Relaxed) == 0 {
         assert!(Instant::now() < deadline, "the engine never saw the cancel");
@@ -357,7 +184,7 @@ async fn bad_json_oversized_and_no_engine_are_refused_clearly() {
     }
     let health = get_text(&http, &format!("{}/health", proxy.url)).await;
     assert!(health.contains("\"down\":[\"gone\"]"), "{health}");
-    reservations_return_to_zero(&http, &proxy).await;
+    reservations_return_to_zero(&http, &proxy.url).await;
 
     let dead = start_proxy(&[("gone", "http://127.0.0.1:1")], &["--no-engine-state"]);
     let body = json!({"prompt": [1, 2, 3]});
@@ -369,7 +196,7 @@ async fn bad_json_oversized_and_no_engine_are_refused_clearly() {
         text.contains("no healthy engine") && text.contains("gone"),
         "{text}"
     );
-    reservations_return_to_zero(&http, &dead).await;
+    reservations_return_to_zero(&http, &dead.url).await;
 }
 
 /// An engine that sends nothing for longer than `--read-timeout-ms`: the
@@ -385,7 +212,7 @@ async fn a_stalled_upstream_times_out_and_releases() {
     let body = json!({"prompt": [1, 2, 3], "max_tokens": 5, "fake": "stall"});
     let response = post(&http, &proxy.url, serde_json::to_vec(&body).unwrap()).await;
     assert!(response.into_body().collect().await.is_err());
-    let text = reservations_return_to_zero(&http, &proxy).await;
+    let text = reservations_return_to_zero(&http, &proxy.url).await;
     assert!(
         text.contains("esroute_upstream_errors_total{engine=\"a\",kind=\"timeout\"} 1"),
         "{text}"
@@ -393,11 +220,11 @@ async fn a_stalled_upstream_times_out_and_releases() {
 }
 
 /// `/v1/chat/completions` with text messages and the session in the
-/// header; `/v1/models` passed through.
+/// header; `/v1/models` passed through (esroute on one thread, `--threads 1`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_completions_are_routed_too() {
     let (url, fake) = start_fake().await;
-    let proxy = start_proxy(&[("a", &url)], &["--no-engine-state"]);
+    let proxy = start_proxy(&[("a", &url)], &["--no-engine-state", "--threads", "1"]);
     let http = client();
     let body = json!({"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 2});
     let request = hyper::Request::post(format!("{}/v1/chat/completions", proxy.url))
@@ -412,7 +239,7 @@ async fn chat_completions_are_routed_too() {
     assert_eq!(fake.requests.load(Ordering::Relaxed), 1);
     let models = get_text(&http, &format!("{}/v1/models", proxy.url)).await;
     assert!(models.contains("\"fake\""), "{models}");
-    reservations_return_to_zero(&http, &proxy).await;
+    reservations_return_to_zero(&http, &proxy.url).await;
 }
 
 /// SIGTERM with a stream in flight: the stream still ends with `[DONE]`,
@@ -519,7 +346,7 @@ async fn engine_state_steers_away_from_a_shutting_down_engine() {
         }
         assert!(Instant::now() < deadline, "still routed: {status}");
     }
-    reservations_return_to_zero(&http, &proxy).await;
+    reservations_return_to_zero(&http, &proxy.url).await;
 }
 
 /// Two replicas sharing reservations: a request one of them holds shows in
@@ -555,7 +382,7 @@ async fn replicas_share_reservations() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     drop(stream);
-    reservations_return_to_zero(&http, &one).await;
+    reservations_return_to_zero(&http, &one.url).await;
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let text = get_text(&http, &format!("{}/metrics", two.url)).await;
@@ -568,12 +395,6 @@ async fn replicas_share_reservations() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-/// The value of the sample whose name and labels are exactly `series`.
-fn metric_line(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
 }
 
 /// 300 requests at once, 5 % cancelled by the client after the first chunk
@@ -621,10 +442,91 @@ async fn no_reservation_leaks_under_cancels_and_failures() {
     for task in tasks {
         task.await.unwrap();
     }
-    let text = reservations_return_to_zero(&http, &proxy).await;
+    let text = reservations_return_to_zero(&http, &proxy.url).await;
     assert_eq!(
         metric(&text, "esroute_client_cancels_total"),
         Some(15.0),
         "{text}"
     );
+}
+
+/// The first chunk goes out as it comes: with Nagle on the client's
+/// socket, a chunk written while the response head is unacknowledged waits
+/// for the client's delayed ACK (~40 ms on Linux). The engine sends its
+/// head at once and its first chunk 2 ms later (a prefill), so the proxy
+/// writes them apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_chunk_is_not_held_back_by_nagle() {
+    let (url, _fake) = start_fake().await;
+    let proxy = start_proxy(&[("a", &url)], &["--no-engine-state"]);
+    let http = client();
+    let body = json!({"prompt": [1, 2, 3], "max_tokens": 2, "fake_first_us": 2_000});
+    let body = serde_json::to_vec(&body).unwrap();
+    let mut ttft = Vec::new();
+    // One keep-alive connection, as a client streaming request after
+    // request; Linux ACKs the first few segments of a connection at once
+    // (quick-ACK mode), so the delay shows from about the fifth request on.
+    for _ in 0..25 {
+        let sent = Instant::now();
+        let response = post(&http, &proxy.url, body.clone()).await;
+        let mut stream = response.into_body();
+        assert!(stream.frame().await.unwrap().unwrap().is_data());
+        ttft.push(sent.elapsed());
+        stream.collect().await.unwrap();
+    }
+    ttft.sort();
+    let median = ttft[ttft.len() / 2];
+    assert!(
+        median < Duration::from_millis(20),
+        "the first chunk took {median:?} (all: {ttft:?})"
+    );
+}
+
+/// `--engines-file` (comments, blank lines) together with `--engine`; a
+/// bad line is named by its number, an id given twice is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engines_file_adds_to_engine_flags() {
+    let (url_a, fake_a) = start_fake().await;
+    let (url_b, fake_b) = start_fake().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("engines.txt");
+    std::fs::write(&file, format!("# the fleet\n\nb={url_b}  # second\n")).unwrap();
+    let file_arg = file.to_str().unwrap();
+    let proxy = start_proxy(
+        &[("a", &url_a)],
+        &["--no-engine-state", "--engines-file", file_arg],
+    );
+    let http = client();
+    let health = get_text(&http, &format!("{}/health", proxy.url)).await;
+    assert!(health.contains("\"routed\":[\"a\",\"b\"]"), "{health}");
+    for _ in 0..6 {
+        let body = json!({"prompt": [1, 2, 3], "max_tokens": 1});
+        let response = post(&http, &proxy.url, serde_json::to_vec(&body).unwrap()).await;
+        assert_eq!(response.status(), 200);
+        response.into_body().collect().await.unwrap();
+    }
+    let served = |fake: &Fake| fake.requests.load(Ordering::Relaxed);
+    assert_eq!(served(&fake_a) + served(&fake_b), 6);
+    assert!(served(&fake_b) > 0, "the file's engine is routed to");
+
+    let refused = |file_text: String| {
+        std::fs::write(&file, file_text).unwrap();
+        let output = Command::new(env!("CARGO_BIN_EXE_esroute"))
+            .args(["--listen", "127.0.0.1:0", "--no-engine-state"])
+            .args([
+                "--engine",
+                &format!("a={url_a}"),
+                "--engines-file",
+                file_arg,
+            ])
+            .output()
+            .unwrap();
+        assert!(!output.status.success());
+        assert!(output.stdout.is_empty(), "refused before listening");
+        String::from_utf8(output.stderr).unwrap()
+    };
+    let error = refused(format!("b={url_b}\n# ok so far\nc=https://127.0.0.1:1\n"));
+    assert!(error.contains("engines.txt, line 3: "), "{error}");
+    let error = refused(format!("a={url_b}\n"));
+    assert!(error.contains("\"a\" is given twice"), "{error}");
 }

@@ -1,5 +1,7 @@
-//! `esroute`: flags → [`Config`] → [`engine_state_proxy::serve`].
+//! `esroute`: flags (and `--engines-file`) → [`Config`] →
+//! [`engine_state_proxy::serve`].
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -10,8 +12,8 @@ use engine_state_router::{CacheKnowledge, Policy, RealStateUse, RouterSettings};
 
 /// An OpenAI-compatible routing proxy on the engine-state router. It
 /// accepts `POST /v1/completions` and `/v1/chat/completions`, reads the
-/// prompt as token ids (text: one token per whitespace-separated word, a
-/// deterministic hash), picks an engine with the router (its policy, its
+/// prompt as token ids (text: one token per UTF-8 byte, the router crate's
+/// deterministic mapping, which essim serve shares), picks an engine with the router (its policy, its
 /// reservations, the engines' published state and cache digests), forwards
 /// the request unchanged to that engine and streams its answer back; the
 /// reservation is released when the stream ends, fails, times out or the
@@ -27,8 +29,12 @@ struct Flags {
     listen: String,
     /// An engine as ID=URL, e.g. sim-0=http://127.0.0.1:8000 (repeat for
     /// each engine; ID is its engine-state engine id).
-    #[arg(long = "engine", required = true)]
+    #[arg(long = "engine", required_unless_present = "engines_file")]
     engines: Vec<EngineSpec>,
+    /// A file of engines, one ID=URL a line (# comments and blank lines
+    /// ignored); combinable with --engine, each id once.
+    #[arg(long)]
+    engines_file: Option<PathBuf>,
     /// Routing policy: load_only, lmetric, sticky or unified.
     #[arg(long, default_value = "unified")]
     policy: Policy,
@@ -67,6 +73,11 @@ struct Flags {
     /// After SIGTERM/Ctrl-C, how long in-flight streams may still run, in ms.
     #[arg(long, default_value_t = 30_000)]
     drain_timeout_ms: u64,
+    /// Threads serving requests: 1 runs everything on one thread (no
+    /// wake-ups between workers); N > 1 a work-stealing pool of N; 0 one
+    /// worker per CPU.
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -77,7 +88,14 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let flags = Flags::parse();
+    let mut flags = Flags::parse();
+    if let Some(path) = &flags.engines_file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read --engines-file {}", path.display()))?;
+        let listed = EngineSpec::parse_list(&text, &path.display().to_string())?;
+        flags.engines.extend(listed);
+    }
+    EngineSpec::check_unique(&flags.engines)?;
     let state_uri = if flags.no_engine_state {
         None
     } else {
@@ -100,7 +118,16 @@ fn main() -> anyhow::Result<()> {
         drain_timeout: Duration::from_millis(flags.drain_timeout_ms),
         ..Config::new(flags.engines)
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let mut runtime = match flags.threads {
+        1 => tokio::runtime::Builder::new_current_thread(),
+        0 => tokio::runtime::Builder::new_multi_thread(),
+        n => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.worker_threads(n);
+            builder
+        }
+    };
+    let runtime = runtime
         .enable_all()
         .build()
         .context("starting the runtime")?;
