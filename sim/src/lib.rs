@@ -19,6 +19,8 @@
 //! - [`Summary`], [`markdown`], [`write_report`], [`plots`], [`Sweep`]: reports.
 //!
 //! - [`serve`]: `essim serve`, a fake vLLM fleet in real time over HTTP.
+//! - [`replay`]: `essim replay`, a trace sent to such URLs in real time,
+//!   latencies measured by the client.
 //!
 //! Layout: `profile`, `kv`, `residency` and `engine` (the engine model), `feed`, `trace`
 //! and `agentic` (inputs), `driver` (the event loop), `share` (replicas
@@ -48,6 +50,7 @@ mod metrics;
 mod output;
 pub mod plots;
 mod profile;
+pub mod replay;
 mod residency;
 pub mod serve;
 mod share;

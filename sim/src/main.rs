@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use engine_state_router::{CacheKnowledge, Policy, RealStateUse, RouterSettings};
+use engine_state_sim::replay::{Endpoint, PromptKind, ReplayConfig};
 use engine_state_sim::{
     markdown, read_csv, run_one, write_report, write_summary_plots, AgenticSpec, EngineProfile,
     FeedSpec, Outcome, RunConfig, Split, StepScenario, Summary, Sweep, TraceFormat, TraceSpec,
@@ -74,6 +75,21 @@ enum Command {
     /// aborts its request. When ready, prints `sim-<i> http://ADDR` per
     /// engine on stdout. Stops on SIGINT/SIGTERM, draining streams.
     Serve(ServeArgs),
+    /// Send a trace to OpenAI-compatible URLs in real time; measure TTFT,
+    /// TPOT and E2E per request on the client side.
+    ///
+    /// The trace comes from the same flags as `essim run`'s. A request at
+    /// trace time t (after --rate-scale) is sent at wall time t/K
+    /// (--time-scale K), but a session's turn never before its previous turn
+    /// ended; every reported time is wall time × K (modelled seconds,
+    /// comparable with essim run and with `essim serve --time-scale K`).
+    /// Prompts reproduce the trace's prefix sharing block by block, as
+    /// token ids or text (one token per byte); a session stream carries the
+    /// previous turn's real output. Requests stream with usage, max_tokens =
+    /// the trace's output length, `x-session-id` and `user` = s<session>.
+    /// Every URL is probed first (GET /v1/models, else /health). With --out:
+    /// requests.csv (one row per request) and summary.json.
+    Replay(ReplayArgs),
     /// One engine model, step by step: a JSON scenario on stdin, one JSON line
     /// per step on stdout (for the check against vLLM's real scheduler,
     /// sim/tests_vllm).
@@ -112,6 +128,38 @@ struct ServeArgs {
     /// and the publisher's heartbeat period.
     #[arg(long, default_value_t = 50)]
     period_ms: u64,
+}
+
+#[derive(Args)]
+struct ReplayArgs {
+    #[command(flatten)]
+    trace: TraceArgs,
+    /// Base URL (http://HOST:PORT) of an engine or router; repeat for
+    /// several: requests go round-robin, one each in send order.
+    #[arg(long = "url", required = true)]
+    urls: Vec<String>,
+    /// Arrivals K times denser in wall time; reported latencies × K
+    /// (modelled seconds; pair with `essim serve --time-scale K`).
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
+    /// Prompts as token ids (a JSON list) or text (one token per UTF-8 byte).
+    #[arg(long, value_enum, default_value = "tokens")]
+    prompt: PromptKind,
+    /// /v1/completions or /v1/chat/completions (chat: with --prompt text).
+    #[arg(long, value_enum, default_value = "completions")]
+    endpoint: Endpoint,
+    /// The `model` field of every request.
+    #[arg(long, default_value = "essim")]
+    model: String,
+    /// Per-request timeout, modelled seconds (send to last byte).
+    #[arg(long, default_value_t = 600.0)]
+    timeout_s: f64,
+    /// Requests in flight at most: one due beyond it is not sent, counted `skipped`.
+    #[arg(long, default_value_t = 4096)]
+    max_in_flight: usize,
+    /// Write requests.csv and summary.json here.
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -263,12 +311,36 @@ fn main() -> anyhow::Result<()> {
                 period: std::time::Duration::from_millis(args.period_ms),
             })
         }
+        Command::Replay(args) => replay(args),
         Command::TraceStats(args) => {
             let trace = args.spec().load(args.rate_scale)?;
             println!("{}", trace.stats());
             Ok(())
         }
     }
+}
+
+fn replay(args: ReplayArgs) -> anyhow::Result<()> {
+    let trace = args.trace.spec().load(args.trace.rate_scale)?;
+    eprintln!("{}", trace.stats());
+    let summary = engine_state_sim::replay::replay(
+        trace,
+        ReplayConfig {
+            urls: args.urls,
+            time_scale: args.time_scale,
+            prompt: args.prompt,
+            endpoint: args.endpoint,
+            model: args.model,
+            timeout_s: args.timeout_s,
+            max_in_flight: args.max_in_flight,
+            out: args.out.clone(),
+        },
+    )?;
+    println!("{}", summary.table());
+    if let Some(dir) = &args.out {
+        eprintln!("wrote {}", dir.display());
+    }
+    Ok(())
 }
 
 fn load_profile(path: Option<&Path>) -> anyhow::Result<EngineProfile> {

@@ -81,6 +81,19 @@ impl TraceRequest {
         }
     }
 
+    /// Content word of token `position` of this request's token stream
+    /// (the prompt, and for a session stream the output after it): the
+    /// content of its 16-token block ([`TraceRequest::kv_block_hashes`]'s)
+    /// mixed with its offset in the block, so two requests' tokens agree
+    /// block by block exactly where their block hashes do (`essim replay`
+    /// builds its prompts from these).
+    pub fn token_content(&self, index: usize, position: u64) -> u64 {
+        mix(
+            self.kv_content(index, position / KV_BLOCK_TOKENS),
+            position % KV_BLOCK_TOKENS,
+        )
+    }
+
     /// Chained hashes of the full 16-token blocks the engine's prefix cache
     /// knows in advance ([`crate::EngineRequest::block_hashes`]): the
     /// prompt's, and for a session stream also the output's (the next turn's

@@ -21,7 +21,9 @@ use anyhow::Context;
 use engine_state_publisher::{Publisher, PublisherConfig};
 
 pub use self::http::{metrics_text, DEFAULT_MAX_TOKENS};
-pub use self::tokens::{chat_text, output_seed, output_tokens, text_tokens, Message};
+pub use self::tokens::{
+    chat_text, kv_block_hashes, output_seed, output_tokens, text_tokens, Message,
+};
 use crate::engine::Engine;
 use crate::profile::EngineProfile;
 
