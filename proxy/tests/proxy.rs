@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::extract::State;
 use axum::response::Response;
+use axum::serve::ListenerExt;
 use bytes::Bytes;
 use http_body::Frame;
 use http_body_util::{BodyExt, Full};
@@ -51,7 +52,8 @@ impl http_body::Body for ChannelBody {
 
 /// Streams `max_tokens` chunks, a usage chunk and `[DONE]`; `"fake": "fail"`
 /// errors after two chunks (the connection is aborted), `"fake": "stall"`
-/// sends one chunk and then nothing until the client goes away.
+/// sends one chunk and then nothing until the client goes away, `"fake":
+/// "late"` sends its first chunk 10 ms after the head.
 async fn fake_completions(State(fake): State<Arc<Fake>>, body: Bytes) -> Response {
     fake.requests.fetch_add(1, Ordering::Relaxed);
     let body: Value = serde_json::from_slice(&body).expect("the proxy forwards JSON");
@@ -65,6 +67,9 @@ async fn fake_completions(State(fake): State<Arc<Fake>>, body: Bytes) -> Respons
                 json!({"object": "text_completion", "choices": [{"index": 0, "text": format!("t{i}")}]})
             ))
         };
+        if mode == "late" {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         for i in 0..chunks {
             if mode == "fail" && i == 2 {
                 let _ = tx
@@ -112,6 +117,10 @@ async fn start_fake() -> (String, Arc<Fake>) {
         .with_state(fake.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
+    // As vLLM's server does (uvicorn sets TCP_NODELAY).
+    let listener = listener.tap_io(|stream| {
+        let _ = stream.set_nodelay(true);
+    });
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     (url, fake)
 }
@@ -627,4 +636,27 @@ async fn no_reservation_leaks_under_cancels_and_failures() {
         Some(15.0),
         "{text}"
     );
+}
+
+/// A first chunk that comes soon after the head is forwarded at once, not
+/// after the client's delayed ACK of the head (40 ms on Linux, on a
+/// kept-alive connection): esroute's accepted sockets have TCP_NODELAY.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_chunk_soon_after_the_head_is_not_held_back() {
+    let (url, _fake) = start_fake().await;
+    let proxy = start_proxy(&[("a", &url)], &["--no-engine-state"]);
+    let http = client();
+    let mut firsts = Vec::new();
+    for _ in 0..20 {
+        let body = json!({"prompt": [1, 2, 3], "max_tokens": 2, "fake": "late"});
+        let started = Instant::now();
+        let mut stream = post(&http, &proxy.url, serde_json::to_vec(&body).unwrap())
+            .await
+            .into_body();
+        assert!(stream.frame().await.unwrap().unwrap().is_data());
+        firsts.push(started.elapsed());
+        while stream.frame().await.is_some() {}
+    }
+    firsts.sort();
+    assert!(firsts[10] < Duration::from_millis(35), "{firsts:?}");
 }
