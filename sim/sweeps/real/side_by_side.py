@@ -47,6 +47,9 @@ HERE = Path(__file__).resolve().parent
 VLLM_ROUTER = Path.home() / ".cache/engine-state/vllm-router-venv/bin/vllm-router"
 MODEL = "essim"
 READY_S = 60.0
+# A later turn sent within this many modelled seconds of its predecessor's
+# end counts as having waited on it.
+WAITED_S = 0.2
 STOP_S = 5.0
 
 
@@ -216,6 +219,33 @@ def replay_counts(summary: dict) -> tuple[int, int]:
     return ok, errors
 
 
+def session_stats(requests_csv: Path) -> tuple[float, float]:
+    """From the replay's requests.csv: the share of later turns sent as soon
+    as their predecessor ended (they waited on it: essim run's open loop
+    would have sent them earlier), and the mean distinct engines per
+    session (esroute names its engine in a response header; NaN without)."""
+    by_session: dict[str, list[dict]] = {}
+    with open(requests_csv) as f:
+        for row in csv.DictReader(f):
+            if row["session"]:
+                by_session.setdefault(row["session"], []).append(row)
+    waited = later = 0
+    engines = []
+    for rows in by_session.values():
+        rows.sort(key=lambda r: int(r["id"]))
+        for before, after in zip(rows, rows[1:], strict=False):
+            if not (before["e2e_s"] and after["sent_s"]):
+                continue
+            later += 1
+            ended = float(before["sent_s"]) + float(before["e2e_s"])
+            waited += float(after["sent_s"]) - ended < WAITED_S
+        named = {r["engine"] for r in rows if r["engine"]}
+        if named:
+            engines.append(len(named))
+    share = waited / later if later else math.nan
+    return share, (sum(engines) / len(engines) if engines else math.nan)
+
+
 def read_json(path: Path):
     data = json.loads(path.read_text())
     return data[0] if isinstance(data, list) else data
@@ -325,6 +355,7 @@ def run_one(setup: Setup, config: Config, load: float) -> dict:
         shutil.rmtree(state, ignore_errors=True)
     real = read_json(run_dir / "replay" / "summary.json")
     ok, errors = replay_counts(real)
+    waited, engines_per_session = session_stats(run_dir / "replay" / "requests.csv")
     result = {
         "config": config.name,
         "router": config.router,
@@ -339,6 +370,8 @@ def run_one(setup: Setup, config: Config, load: float) -> dict:
         "tpot_p90_ms": quantile_s(real, "tpot", "p90") * 1e3,
         "e2e_p90_s": quantile_s(real, "e2e", "p90"),
         "prefix_hit_rate": hit_rate,
+        "engines_per_session": engines_per_session,
+        "turns_waited": waited,
         "wall_s": time.monotonic() - started,
     }
     if predicted is not None:
@@ -348,6 +381,7 @@ def run_one(setup: Setup, config: Config, load: float) -> dict:
             pred_tpot_p90_ms=quantile_s(predicted, "tpot", "p90") * 1e3,
             pred_e2e_p90_s=quantile_s(predicted, "e2e", "p90"),
             pred_prefix_hit_rate=predicted.get("prefix_hit_rate", math.nan),
+            pred_engines_per_session=predicted.get("engines_per_session_mean", math.nan),
         )
         result["real_over_pred"] = result["ttft_p90_s"] / result["pred_ttft_p90_s"]
     (run_dir / "result.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -372,6 +406,9 @@ COLUMNS = [
     "pred_tpot_p90_ms",
     "pred_e2e_p90_s",
     "pred_prefix_hit_rate",
+    "engines_per_session",
+    "pred_engines_per_session",
+    "turns_waited",
     "time_scale",
     "sessions",
     "wall_s",
@@ -398,19 +435,39 @@ def write_reports(out: Path, rows: list[dict]) -> None:
         writer.writeheader()
         for row in rows:
             writer.writerow({k: row.get(k, "") for k in COLUMNS})
+    loads = sorted({r["load"] for r in rows})
+    by = {(r["config"], r["load"]): r for r in rows}
+    head = "| configuration |"
+    rule = "|---|"
+    for load in loads:
+        head += f" TTFT p90 {load:g}× real s | essim s | real / essim |"
+        rule += "---|---|---|"
+    pivot = [head + " errors |", rule + "---|"]
+    for name in dict.fromkeys(r["config"] for r in rows):
+        line = f"| {name} |"
+        errors = 0
+        for load in loads:
+            r = by.get((name, load), {})
+            errors += r.get("errors", 0)
+            line += f" {cell(r.get('ttft_p90_s'))} | {cell(r.get('pred_ttft_p90_s'))} |"
+            line += f" {cell(r.get('real_over_pred'))} |"
+        pivot.append(line + f" {errors} |")
     lines = [
         "| configuration | load | TTFT p50 s | p90 s | p99 s | TPOT p90 ms | E2E p90 s "
-        "| prefix hit | errors | essim TTFT p90 s | real / essim |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| prefix hit | engines / session | turns waited | errors | essim TTFT p90 s "
+        "| real / essim |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['config']} | {r['load']:g}× | {cell(r['ttft_p50_s'])} | "
             f"{cell(r['ttft_p90_s'])} | {cell(r['ttft_p99_s'])} | {cell(r['tpot_p90_ms'], 1)} | "
-            f"{cell(r['e2e_p90_s'])} | {cell(r['prefix_hit_rate'])} | {r['errors']} | "
-            f"{cell(r.get('pred_ttft_p90_s'))} | {cell(r.get('real_over_pred'))} |"
+            f"{cell(r['e2e_p90_s'])} | {cell(r['prefix_hit_rate'])} | "
+            f"{cell(r.get('engines_per_session'))} | {cell(r.get('turns_waited'))} | "
+            f"{r['errors']} | {cell(r.get('pred_ttft_p90_s'))} | {cell(r.get('real_over_pred'))} |"
         )
-    (out / "table.md").write_text("\n".join(lines) + "\n")
+    text = "\n".join(pivot) + "\n\nEvery measure (modelled seconds; TPOT ms):\n\n"
+    (out / "table.md").write_text(text + "\n".join(lines) + "\n")
     (out / "ttft_p90.svg").write_text(svg(rows))
 
 
