@@ -19,7 +19,7 @@ export ENGINE_STATE_PYTHON := $(PY)
 
 .PHONY: help build bins py venv lint-venv test test-rust test-loom test-py test-go test-capi test-vllm \
         vllm-venv lint lint-rust lint-py lint-shm-only lint-capi capi-header fmt miri bench bench-vllm \
-        demo demo-smoke demo-fleet demo-fleet-smoke sim sim-residency sim-share clean fuzz
+        demo demo-smoke demo-fleet demo-fleet-smoke sim sim-residency sim-share vllm-router-venv real clean fuzz
 
 help:
 	@echo "make demo        four demo engines, live in esdump --watch for DURATION=$(DURATION) s"
@@ -29,6 +29,7 @@ help:
 	@echo "make sim         the essim routing sweeps behind docs/ROUTING.md (minutes)"
 	@echo "make sim-residency  the cache-residency sweeps (issue 21; minutes)"
 	@echo "make sim-share   replicas sharing their reservations (issue 22; minutes)"
+	@echo "make real        esroute vs vllm-router on the fake fleet, real processes (issue 23; ~25 min)"
 	@echo "make lint        cargo fmt --check, clippy -D warnings, ruff, stubtest, the C header is current"
 	@echo "make capi-header regenerate capi/include/engine_state.h (cbindgen) after an ABI change"
 	@echo "make miri        the seqlock module under Miri (needs nightly with miri)"
@@ -305,6 +306,30 @@ sim-share:
 	  docs/routing/share-agentic-seed3 docs/routing/share-agentic-seed4 \
 	  --out docs/routing/share-agentic-4seeds
 	rm -f docs/routing/share-agentic*/summary.json  # the CSV holds the same
+
+# ---- real processes ----------------------------------------------------------
+
+# vllm-router (vllm-project/router on PyPI, a Rust binary in a wheel), pinned,
+# outside the clone like the vLLM venv.
+VLLM_ROUTER_VENV ?= $(HOME)/.cache/engine-state/vllm-router-venv
+VLLM_ROUTER_VERSION ?= 0.1.17
+REAL_OUT ?= sim/sweeps/real/out
+
+$(VLLM_ROUTER_VENV)/.ok:
+	$(PYTHON) -m venv $(VLLM_ROUTER_VENV)
+	$(VLLM_ROUTER_VENV)/bin/pip install -q "vllm-router==$(VLLM_ROUTER_VERSION)"
+	touch $@
+
+vllm-router-venv: $(VLLM_ROUTER_VENV)/.ok
+
+# esroute and vllm-router side by side on the fake fleet, with essim's
+# prediction (docs/ROUTING.md, "Real processes"): sim/sweeps/real/matrix.json,
+# every run's logs in $(REAL_OUT)/runs; the table, CSV and plot into docs/routing/real.
+real: bins vllm-router-venv
+	$(PYTHON) sim/sweeps/real/side_by_side.py --bin $(BIN) \
+	  --vllm-router $(VLLM_ROUTER_VENV)/bin/vllm-router --out $(REAL_OUT)
+	mkdir -p docs/routing/real
+	cp $(REAL_OUT)/table.md $(REAL_OUT)/results.csv $(REAL_OUT)/ttft_p90.svg docs/routing/real/
 
 clean:
 	$(CARGO) clean

@@ -370,3 +370,101 @@ fn sigterm_stops_the_fleet_and_removes_its_files() {
         );
     }
 }
+
+/// POST `body` to `path` of `url` (a render endpoint), expect `status`, the JSON back.
+fn post_json(url: &str, path: &str, body: &Value, status: u16) -> Value {
+    let response = client()
+        .post(format!("{url}{path}"))
+        .json(body)
+        .send()
+        .unwrap();
+    assert_eq!(response.status(), status, "{path} {body}");
+    response.json().unwrap()
+}
+
+#[test]
+fn render_answers_the_token_ids_the_engine_runs_without_generating() {
+    let fleet = Fleet::start(1, 10.0);
+    let url = &fleet.urls[0];
+    let bytes = |s: &str| s.bytes().map(u32::from).collect::<Vec<u32>>();
+    let ids = |v: &Value| -> Vec<u32> { serde_json::from_value(v["token_ids"].clone()).unwrap() };
+
+    // A completion: a list of one GenerateRequest; text is one token per byte.
+    let text = json!({"model": "essim", "prompt": "hello world", "max_tokens": 7,
+        "stream": true, "stream_options": {"include_usage": true}});
+    let rendered = post_json(url, "/v1/completions/render", &text, 200);
+    let list = rendered.as_array().unwrap();
+    assert_eq!(list.len(), 1, "{rendered}");
+    let first = &list[0];
+    assert_eq!(ids(first), bytes("hello world"));
+    assert!(first["request_id"].as_str().unwrap().starts_with("cmpl-"));
+    assert_eq!(first["sampling_params"]["max_tokens"], 7);
+    assert_eq!(first["model"], "essim");
+    assert_eq!(first["stream"], true);
+    assert_eq!(first["stream_options"]["include_usage"], true);
+    // Token ids pass through as they are.
+    let tokens = json!({"prompt": [5, 6, 70_000]});
+    let rendered = post_json(url, "/v1/completions/render", &tokens, 200);
+    assert_eq!(ids(&rendered[0]), vec![5, 6, 70_000]);
+    assert_eq!(rendered[0]["sampling_params"]["max_tokens"], 16);
+
+    // A chat: one GenerateRequest, the template's text.
+    let messages = json!([{"role": "user", "content": "hi"}]);
+    let chat = json!({"messages": messages, "max_tokens": 3});
+    let rendered = post_json(url, "/v1/chat/completions/render", &chat, 200);
+    assert!(rendered.is_object(), "{rendered}");
+    assert!(rendered["request_id"]
+        .as_str()
+        .unwrap()
+        .starts_with("chatcmpl-"));
+    assert_eq!(ids(&rendered), bytes("<|user|>\nhi\n<|assistant|>\n"));
+    // The engine runs exactly these tokens.
+    let whole = post_json(url, "/v1/chat/completions", &chat, 200);
+    assert_eq!(whole["usage"]["prompt_tokens"], ids(&rendered).len());
+
+    // Bad requests are refused as the generation endpoints refuse them.
+    post_json(url, "/v1/completions/render", &json!({"prompt": []}), 400);
+    post_json(
+        url,
+        "/v1/chat/completions/render",
+        &json!({"max_tokens": 3}),
+        400,
+    );
+    let too_long = json!({"prompt": [1, 2, 3], "max_tokens": 10_000_000});
+    post_json(url, "/v1/completions/render", &too_long, 400);
+
+    // Rendering generated nothing: only the chat completion ran.
+    let text = client()
+        .get(format!("{url}/metrics"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    assert_eq!(metric(&text, "vllm:request_success_total"), 1.0);
+    assert_eq!(metric(&text, "vllm:generation_tokens_total"), 3.0);
+}
+
+#[test]
+fn a_streamed_first_token_is_not_held_back_by_nagle() {
+    // At 1×, a 3-token prompt's first token comes one short step (≈ 10 ms)
+    // after the response head. Without TCP_NODELAY on the engine's side it
+    // waits for the client's delayed ACK of the head (40 ms on Linux) on a
+    // kept-alive connection.
+    let fleet = Fleet::start(1, 1.0);
+    let http = client();
+    let url = format!("{}/v1/completions", fleet.urls[0]);
+    let mut firsts: Vec<Duration> = (0..20)
+        .map(|i| {
+            let body = json!({"prompt": [i, 2, 3], "max_tokens": 2, "stream": true});
+            let started = Instant::now();
+            let response = http.post(&url).json(&body).send().unwrap();
+            let mut lines = BufReader::new(response).lines();
+            assert!(lines.next().unwrap().unwrap().starts_with("data: {"));
+            let first = started.elapsed();
+            lines.for_each(drop);
+            first
+        })
+        .collect();
+    firsts.sort();
+    assert!(firsts[10] < Duration::from_millis(35), "{firsts:?}");
+}

@@ -1,6 +1,9 @@
 //! The HTTP side of one served engine: the subset of vLLM's OpenAI API that
 //! routers and benchmarks use (`/v1/completions`, `/v1/chat/completions`,
-//! `/v1/models`, `/health`, `/metrics`). Every request becomes a
+//! `/v1/models`, `/health`, `/metrics`, and the render endpoints
+//! `/v1/completions/render` and `/v1/chat/completions/render` that
+//! vllm-router's cache_aware policy asks for a prompt's token ids). Every
+//! generation request becomes a
 //! [`Command::Add`] to the engine thread; its tokens come back one
 //! [`Sampled`] at a time. A client that goes away (its response body or
 //! handler dropped) aborts its request in the model.
@@ -54,6 +57,8 @@ pub fn router(state: Arc<EngineHttp>) -> Router {
     Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions/render", post(completions_render))
+        .route("/v1/chat/completions/render", post(chat_completions_render))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
@@ -85,6 +90,8 @@ struct Parsed {
     stream: bool,
     include_usage: bool,
     model: String,
+    /// `stream_options` as sent (render echoes it).
+    stream_options: Value,
 }
 
 /// The request, or why it is a bad one (400).
@@ -140,12 +147,14 @@ fn parse(body: &[u8], kind: Kind, default_model: &str) -> Result<Parsed, String>
         .and_then(Value::as_str)
         .unwrap_or(default_model)
         .to_owned();
+    let stream_options = value.get("stream_options").cloned().unwrap_or(Value::Null);
     Ok(Parsed {
         prompt,
         max_tokens,
         stream,
         include_usage,
         model,
+        stream_options,
     })
 }
 
@@ -172,25 +181,68 @@ async fn chat_completions(State(state): State<Arc<EngineHttp>>, body: Bytes) -> 
     serve(state, &body, Kind::Chat).await
 }
 
-async fn serve(state: Arc<EngineHttp>, body: &[u8], kind: Kind) -> Response {
-    let parsed = match parse(body, kind, &state.model) {
+async fn completions_render(State(state): State<Arc<EngineHttp>>, body: Bytes) -> Response {
+    render(&state, &body, Kind::Completion)
+}
+
+async fn chat_completions_render(State(state): State<Arc<EngineHttp>>, body: Bytes) -> Response {
+    render(&state, &body, Kind::Chat)
+}
+
+/// The request, parsed and within the engine's context, or why not (400).
+fn admit(state: &EngineHttp, body: &[u8], kind: Kind) -> Result<Parsed, String> {
+    let parsed = parse(body, kind, &state.model)?;
+    let total = parsed.prompt.len() as u64 + parsed.max_tokens;
+    if total.div_ceil(KV_BLOCK_TOKENS) > state.kv_blocks {
+        return Err(format!(
+            "This model's maximum context length is {} tokens. However, you requested {} \
+             tokens ({} in the messages, {} in the completion).",
+            state.kv_blocks * KV_BLOCK_TOKENS,
+            total,
+            parsed.prompt.len(),
+            parsed.max_tokens
+        ));
+    }
+    Ok(parsed)
+}
+
+/// vLLM's render endpoints (`vllm/entrypoints/scale_out/render`): the
+/// token-in `GenerateRequest` the request would become, without generating.
+/// A completion renders to a list of them (one per prompt; essim takes one
+/// prompt), a chat to one. The token ids are the ones the engine itself
+/// would run ([`parse`]); `sampling_params` holds `max_tokens` only (vLLM
+/// writes out every sampling field).
+fn render(state: &EngineHttp, body: &[u8], kind: Kind) -> Response {
+    let parsed = match admit(state, body, kind) {
         Ok(parsed) => parsed,
         Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
-    let total = parsed.prompt.len() as u64 + parsed.max_tokens;
-    if total.div_ceil(KV_BLOCK_TOKENS) > state.kv_blocks {
-        return error(
-            StatusCode::BAD_REQUEST,
-            format!(
-                "This model's maximum context length is {} tokens. However, you requested {} \
-                 tokens ({} in the messages, {} in the completion).",
-                state.kv_blocks * KV_BLOCK_TOKENS,
-                total,
-                parsed.prompt.len(),
-                parsed.max_tokens
-            ),
-        );
-    }
+    let id = state.next_id.fetch_add(1, Ordering::Relaxed);
+    let request = json!({
+        "request_id": format!("{}-{}-{id}", kind.prefix(), state.engine_id),
+        "token_ids": parsed.prompt,
+        "token_offsets": null,
+        "features": null,
+        "sampling_params": {"max_tokens": parsed.max_tokens},
+        "model": parsed.model,
+        "stream": parsed.stream,
+        "stream_options": parsed.stream_options,
+        "cache_salt": null,
+        "priority": 0,
+        "kv_transfer_params": null,
+    });
+    axum::Json(match kind {
+        Kind::Completion => json!([request]),
+        Kind::Chat => request,
+    })
+    .into_response()
+}
+
+async fn serve(state: Arc<EngineHttp>, body: &[u8], kind: Kind) -> Response {
+    let parsed = match admit(&state, body, kind) {
+        Ok(parsed) => parsed,
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
+    };
     let id = state.next_id.fetch_add(1, Ordering::Relaxed);
     let seed = tokens::output_seed(&parsed.prompt);
     // The output is known in advance: the engine caches its blocks under
