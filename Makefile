@@ -218,7 +218,7 @@ demo-fleet: bins
 
 # What CI runs to keep `make demo-fleet` true: a short replay, checked.
 demo-fleet-smoke: bins
-	REPLAY_ARGS="--limit 12" examples/demo_fleet.sh $(abspath $(BIN)) $(DEMO_FLEET_DIR)_smoke 2 4 \
+	REPLAY_ARGS="--limit 12" examples/demo_fleet.sh $(abspath $(BIN)) $$(mktemp -u -d /dev/shm/es_demo_fleet_smoke.XXXXXX) 2 4 \
 	    > $(TARGET_DIR)/demo-fleet-smoke.txt
 	@for i in 0 1 2 3; do grep -q "sim-$$i .* fresh" $(TARGET_DIR)/demo-fleet-smoke.txt || { echo "sim-$$i not fresh in make demo-fleet"; exit 1; }; done
 	@grep -q "12 requests in .* ok 12," $(TARGET_DIR)/demo-fleet-smoke.txt || { echo "make demo-fleet: not every request ok:"; cat $(TARGET_DIR)/demo-fleet-smoke.txt; exit 1; }

@@ -19,7 +19,7 @@ mkdir -p "$dir"
 pids=()
 cleanup() {
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
+    wait "${pids[@]}" 2>/dev/null || true
     rm -rf "$dir"
 }
 trap cleanup EXIT
@@ -58,6 +58,7 @@ echo "demo-fleet: $engines engines (essim serve, time scale $time_scale), esrout
 "$bin/essim" replay --format agentic --sessions 32 --time-scale "$time_scale" \
     --url "$proxy" --out "$dir/replay" ${REPLAY_ARGS:-} > "$dir/replay.txt" 2> "$dir/replay.err" &
 replay=$!
+pids+=("$replay")
 
 "$bin/esdump" --uri "$uri" --watch --interval 500 --count $(( duration * 2 ))
 

@@ -23,8 +23,7 @@ const REOPEN_AFTER: Duration = Duration::from_secs(1);
 /// router, until `stop` is set. A source that cannot be opened or read is
 /// logged (once until it recovers) and retried; routing goes on on the
 /// shadow counters meanwhile. An engine whose writer the reading finds dead
-/// is taken out of routing ([`DeadWriters`]), counted in `engines_down`.
-#[allow(clippy::too_many_arguments)]
+/// is taken out of routing ([`DeadWriters`]).
 pub(crate) fn spawn_feed(
     router: Router,
     uri: StateUri,
@@ -32,7 +31,6 @@ pub(crate) fn spawn_feed(
     interval: Duration,
     health: Arc<Health>,
     mut dead: DeadWriters,
-    engines_down: Gauge,
     stop: Arc<AtomicBool>,
 ) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
@@ -57,9 +55,7 @@ pub(crate) fn spawn_feed(
                     match source.read_into(&mut reading) {
                         Ok(()) => {
                             router.update_from_reading(&reading);
-                            if let Some(down) = dead.observe(&reading, &router, &health) {
-                                engines_down.set(down as f64);
-                            }
+                            dead.observe(&reading, &router, &health);
                         }
                         Err(error) => {
                             failed = Some(format!("engine state at {uri}: {error}"));
@@ -113,16 +109,18 @@ pub(crate) fn spawn_feed(
 /// dead (the process is gone or its file was retired: docs/FORMAT.md,
 /// "Liveness and staleness") — a killed engine is noticed within the
 /// liveness bound, before a request fails to connect to it. Each death
-/// counts once: a writer seen dead is remembered by its pid and creation
-/// time, so an engine that `GET /health` put back while its old file still
-/// reads dead stays routed, and only a new writer's death takes it out
-/// again.
+/// counts once: an engine that `GET /health` put back while its old file
+/// still reads dead stays routed. It is taken out again when it reads dead
+/// after reading otherwise (or not at all) in between, or with another
+/// writer's (pid, creation time) — a Redis record may carry neither, so the
+/// reading in between is what re-arms there.
 #[derive(Debug)]
 pub(crate) struct DeadWriters {
     /// The engines this proxy routes to (other engines in the same
     /// engine-state directory are not its business).
     routed: HashSet<String>,
-    /// Engine id → the writer (pid, creation time) last seen dead.
+    /// Engine id → the writer (pid, creation time) seen dead, kept while
+    /// the engine goes on reading dead.
     seen: HashMap<String, (u32, u64)>,
 }
 
@@ -134,71 +132,72 @@ impl DeadWriters {
         }
     }
 
-    /// Marks down every routed engine whose writer `reading` finds dead for
-    /// the first time. Returns the number of engines down after it, or
-    /// `None` when nothing changed.
-    pub fn observe(
-        &mut self,
-        reading: &Reading,
-        router: &Router,
-        health: &Health,
-    ) -> Option<usize> {
-        let mut down = None;
+    /// Marks down every routed engine whose writer `reading` finds newly
+    /// dead; forgets the deaths of engines that read otherwise or not at all.
+    pub fn observe(&mut self, reading: &Reading, router: &Router, health: &Health) {
+        self.seen
+            .retain(|id, _| reading.get(id).is_some_and(|e| e.status == Status::Dead));
         for engine in &reading.engines {
             if engine.status != Status::Dead || !self.routed.contains(&*engine.engine_id) {
                 continue;
             }
             let writer = (engine.writer.pid, engine.writer.created_unix_ns);
-            if self.seen.get(&*engine.engine_id) == Some(&writer) {
+            if self.seen.insert(engine.engine_id.to_string(), writer) == Some(writer) {
                 continue;
             }
-            self.seen.insert(engine.engine_id.to_string(), writer);
-            down = Some(health.mark_down(
+            health.mark_down(
                 router,
                 &engine.engine_id,
                 format!(
                     "its engine-state writer (pid {}) is dead",
                     engine.writer.pid
                 ),
-            ));
+            );
         }
-        down
     }
 }
 
 /// Engines taken out of routing because a connection to them failed or
 /// their engine-state writer died, with the reason; the proxy's retry task
-/// puts them back once `GET /health` answers.
-#[derive(Debug, Default)]
+/// puts them back once `GET /health` answers. It owns the
+/// `esroute_engines_down` gauge, set under the same lock as the list.
+#[derive(Debug)]
 pub(crate) struct Health {
     down: Mutex<BTreeMap<String, String>>,
+    gauge: Gauge,
 }
 
 impl Health {
+    pub fn new(gauge: Gauge) -> Health {
+        Health {
+            down: Mutex::default(),
+            gauge,
+        }
+    }
+
     fn down(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, String>> {
         self.down.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Takes `engine` out of routing (its sessions are placed anew later).
-    /// Returns the number of engines down.
-    pub fn mark_down(&self, router: &Router, engine: &str, reason: String) -> usize {
+    pub fn mark_down(&self, router: &Router, engine: &str, reason: String) {
         let mut down = self.down();
         if down.insert(engine.to_owned(), reason).is_none() {
             // Fails only when already removed: nothing to undo.
             let _ = router.remove_instance(engine);
             tracing::warn!("engine {engine} is out of routing until GET /health answers");
         }
-        down.len()
+        self.gauge.set(down.len() as f64);
     }
 
-    /// Puts `engine` back in routing. Returns the number of engines down.
-    pub fn mark_up(&self, router: &Router, engine: &str) -> usize {
+    /// Puts `engine` back in routing.
+    pub fn mark_up(&self, router: &Router, engine: &str) {
         let mut down = self.down();
         if down.remove(engine).is_some() {
             let _ = router.add_instance(engine);
             tracing::info!("engine {engine} answers again and is routed to");
         }
-        down.len()
+        self.gauge.set(down.len() as f64);
     }
 
     /// The engines down, with why (for a 503's message).
@@ -258,7 +257,10 @@ mod tests {
     #[test]
     fn a_dead_writer_takes_its_engine_out_once_per_death() {
         let router = Router::with_instances(RouterSettings::default(), ["a", "b"]).unwrap();
-        let health = Health::default();
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let gauge = metrics::with_local_recorder(&recorder, || metrics::gauge!("down"));
+        let health = Health::new(gauge);
+        let down = || recorder.handle().render();
         let mut dead = DeadWriters::new(["a", "b"]);
 
         // Alive, and a dead writer of an engine this proxy does not route.
@@ -267,29 +269,43 @@ mod tests {
             engine("b", Status::Stale, 11, 1),
             engine("other", Status::Dead, 12, 1),
         ]);
-        assert_eq!(dead.observe(&alive, &router, &health), None);
+        dead.observe(&alive, &router, &health);
         assert_eq!(router.instance_ids(), ["a", "b"]);
 
-        // a's writer dies: a is out, with the reason.
+        // a's writer dies: a is out, with the reason, counted.
         let died = reading(vec![
             engine("a", Status::Dead, 10, 1),
             engine("b", Status::Fresh, 11, 1),
         ]);
-        assert_eq!(dead.observe(&died, &router, &health), Some(1));
+        dead.observe(&died, &router, &health);
         assert_eq!(router.instance_ids(), ["b"]);
         assert!(health
             .describe()
             .contains("a: its engine-state writer (pid 10) is dead"));
+        assert!(down().contains("down 1"), "{}", down());
 
         // GET /health answers again (the retry task): a is back, and the
         // same dead file does not take it out a second time.
-        assert_eq!(health.mark_up(&router, "a"), 0);
-        assert_eq!(dead.observe(&died, &router, &health), None);
+        health.mark_up(&router, "a");
+        assert!(down().contains("down 0"), "{}", down());
+        dead.observe(&died, &router, &health);
         assert_eq!(router.instance_ids().len(), 2);
 
         // A new writer for a (a restarted engine) that dies too: out again.
         let died_again = reading(vec![engine("a", Status::Dead, 20, 2)]);
-        assert_eq!(dead.observe(&died_again, &router, &health), Some(1));
+        dead.observe(&died_again, &router, &health);
         assert_eq!(router.instance_ids(), ["b"]);
+
+        // A writer with no identity (a Redis record: pid and creation time
+        // 0) that reads alive in between, then dead again: out again.
+        health.mark_up(&router, "a");
+        for status in [Status::Dead, Status::Fresh, Status::Dead] {
+            dead.observe(&reading(vec![engine("a", status, 0, 0)]), &router, &health);
+            if status == Status::Dead {
+                assert_eq!(router.instance_ids(), ["b"], "{status:?}");
+                health.mark_up(&router, "a");
+            }
+        }
+        assert_eq!(router.instance_ids().len(), 2);
     }
 }

@@ -74,7 +74,8 @@ pub async fn serve(
 ) -> Result<(), Error> {
     if config.engines.is_empty() {
         return Err(Error::Config(
-            "no engines: give at least one --engine ID=URL".to_owned(),
+            "no engines: give at least one --engine ID=URL, or an --engines-file with ID=URL lines"
+                .to_owned(),
         ));
     }
     EngineSpec::check_unique(&config.engines)?;
@@ -96,7 +97,7 @@ pub async fn serve(
     let proxy_metrics = Arc::new(ProxyMetrics::new(
         config.engines.iter().map(|e| e.id.as_str()),
     ));
-    let engine_health = Arc::new(Health::default());
+    let engine_health = Arc::new(Health::new(proxy_metrics.engines_down.clone()));
     let stop_feed = Arc::new(AtomicBool::new(false));
     let feed = match &config.state_uri {
         Some(uri) => Some(
@@ -110,7 +111,6 @@ pub async fn serve(
                 config.poll_interval,
                 engine_health.clone(),
                 DeadWriters::new(config.engines.iter().map(|e| e.id.as_str())),
-                proxy_metrics.engines_down.clone(),
                 stop_feed.clone(),
             )
             .map_err(|e| Error::Config(format!("could not start the feed thread: {e}")))?,
@@ -284,12 +284,11 @@ async fn route(
             Ok(Err(error)) if error.is_connect() => {
                 reservation.fail();
                 engine_metrics.upstream_error("connect");
-                let down = app.health.mark_down(
+                app.health.mark_down(
                     &app.router,
                     &engine,
                     format!("cannot connect to {}: {}", app.urls[&engine], chain(&error)),
                 );
-                app.metrics.engines_down.set(down as f64);
             }
             Ok(Err(error)) => {
                 reservation.fail();
@@ -346,8 +345,7 @@ async fn retry_down_engines(app: Arc<App>) {
             let answer =
                 tokio::time::timeout(app.config.connect_timeout, app.client.request(request)).await;
             if matches!(answer, Ok(Ok(response)) if response.status().is_success()) {
-                let down = app.health.mark_up(&app.router, &engine);
-                app.metrics.engines_down.set(down as f64);
+                app.health.mark_up(&app.router, &engine);
             }
         }
     }

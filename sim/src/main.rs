@@ -110,8 +110,9 @@ struct ServeArgs {
     /// engine-state directory keep their ids apart: --engines 1 --first-id 1).
     #[arg(long, default_value_t = 0)]
     first_id: usize,
-    /// Engine i listens on HOST:PORT+i. Port 0: every engine on a free port
-    /// the OS picks (read them from the `sim-<i> http://ADDR` lines on stdout).
+    /// This process's k-th engine, sim-<F+k>, listens on HOST:PORT+k. Port 0:
+    /// every engine on a free port the OS picks (read them from the
+    /// `sim-<i> http://ADDR` lines on stdout).
     #[arg(long, default_value = "127.0.0.1:8100")]
     listen_base: std::net::SocketAddr,
     /// Modelled time runs K times faster than the wall clock (every step K

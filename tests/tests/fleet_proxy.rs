@@ -254,8 +254,9 @@ fn a_hundred_streams_through_esroute_and_an_engine_killed_mid_stream() {
                     "esroute_upstream_errors_total",
                     &[&stream_errors, "kind=\"stream\""],
                 ) == 1.0
+                && sample(&metrics, "esroute_releases_total", &["outcome=\"failed\""]) == 1.0
         },
-        "the killed stream's reservation to be released, as one stream error",
+        "the killed stream's reservation to be released as failed, one stream error",
     );
 
     // Out of routing from engine state alone: no request is sent meanwhile.
