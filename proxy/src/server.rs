@@ -17,7 +17,7 @@ use axum::routing::{get, post};
 use axum::serve::ListenerExt;
 use bytes::Bytes;
 use engine_state_publisher::{ReplicaOptions, ReplicaPublisher};
-use engine_state_router::{Request, Router};
+use engine_state_router::{Request, Router, ENGINE_HEADER, SESSION_HEADER};
 use engine_state_shm_format::EngineId;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -32,8 +32,6 @@ use crate::metrics::ProxyMetrics;
 use crate::prompt::prompt_tokens;
 use crate::stream::ReservedBody;
 
-/// The header a client names its session by (else the body's `session_id`).
-const SESSION_HEADER: &str = "x-session-id";
 /// The header a request id is taken from and forwarded in.
 const REQUEST_ID_HEADER: &str = "x-request-id";
 
@@ -321,7 +319,7 @@ async fn route(
                     }
                 }
                 if let Ok(value) = HeaderValue::from_str(&engine) {
-                    response.headers_mut().insert("x-esroute-engine", value);
+                    response.headers_mut().insert(ENGINE_HEADER, value);
                 }
                 return Ok(response);
             }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use bytes::Bytes;
+use engine_state_router::{ENGINE_HEADER, SESSION_HEADER};
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -16,11 +17,6 @@ use tokio::time::Instant;
 
 /// The pooled client.
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
-
-/// The engine header esroute sets on its responses.
-pub const ENGINE_HEADER: &str = "x-esroute-engine";
-/// The session header routers read.
-pub const SESSION_HEADER: &str = "x-session-id";
 
 /// How long the probe of each URL may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);

@@ -124,8 +124,16 @@ struct Shared {
     /// The endpoint URL of each base URL.
     targets: Vec<String>,
     start: Instant,
+    /// Requests sent and not yet ended: a send's `fetch_add` claims a slot
+    /// (undone at once when over the limit), its end's `fetch_sub` frees
+    /// it. Counts only: nothing else is published through it (Relaxed
+    /// would do; AcqRel keeps the claim and the release in one order).
     in_flight: AtomicUsize,
+    /// The next URL, round-robin: one `fetch_add` per sent request, the
+    /// only operation on it.
     next_target: AtomicUsize,
+    /// Failed requests (the first few are shown): `fetch_add` per failure,
+    /// read once after every task ended (the join orders it).
     errors: AtomicUsize,
     rows: Mutex<Vec<Option<Row>>>,
     progress: Option<indicatif::ProgressBar>,
