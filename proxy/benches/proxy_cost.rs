@@ -227,8 +227,9 @@ fn main() {
 }
 
 async fn run(args: Args, cores: usize) {
-    let (url_a, _a) = start_fake().await;
-    let (url_b, _b) = start_fake().await;
+    let (url_a, fake_a) = start_fake().await;
+    let (url_b, fake_b) = start_fake().await;
+    let fakes = [fake_a, fake_b];
     let mut extra = vec!["--no-engine-state"];
     extra.extend(args.proxy_args.iter().map(String::as_str));
     let proxy = start_proxy(&[("a", &url_a), ("b", &url_b)], &extra);
@@ -253,17 +254,31 @@ async fn run(args: Args, cores: usize) {
         extra,
     );
     if args.latency {
-        latency(&args, &http, &direct, &proxied).await;
+        latency(&args, &http, &direct, &proxied, &fakes).await;
     }
     if args.cpu {
         cpu(&args, &http, &proxied, proxy.child.id()).await;
     }
 }
 
-async fn latency(args: &Args, http: &Http, direct: &[String], proxied: &[String]) {
+async fn latency(
+    args: &Args,
+    http: &Http,
+    direct: &[String],
+    proxied: &[String],
+    fakes: &[Arc<Fake>],
+) {
+    let connections = || {
+        fakes
+            .iter()
+            .map(|f| f.connections.load(Ordering::Relaxed))
+            .sum::<usize>()
+    };
     println!();
-    println!("| streams | path | requests | E2E p50 ms | E2E p99 ms | TTFT p50 ms | TTFT p99 ms |");
-    println!("|---:|---|---:|---:|---:|---:|---:|");
+    println!(
+        "| streams | path | requests | E2E p50 ms | E2E p99 ms | TTFT p50 ms | TTFT p99 ms | engine connections opened |"
+    );
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|");
     let mut added = Vec::new();
     let (pick_sum_0, pick_count_0) = pick_totals(http, &proxied[0]).await;
     for streams in [1usize, 100, 1_000] {
@@ -277,6 +292,7 @@ async fn latency(args: &Args, http: &Http, direct: &[String], proxied: &[String]
             (_, true) => 1,
         };
         let mut timings: [Vec<Timing>; 2] = [Vec::new(), Vec::new()];
+        let mut opened = [0usize; 2];
         for round in 0..args.rounds {
             // Alternate which path goes first.
             let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
@@ -284,18 +300,21 @@ async fn latency(args: &Args, http: &Http, direct: &[String], proxied: &[String]
                 let urls = if path == 0 { direct } else { proxied };
                 // Warm-up: the connections of this concurrency exist.
                 phase(http, urls, streams, 1).await;
+                let before = connections();
                 timings[path].extend(phase(http, urls, streams, each).await);
+                opened[path] += connections() - before;
             }
         }
         let sums = [summary(&timings[0]), summary(&timings[1])];
-        for (path, s) in ["direct", "esroute"].iter().zip(&sums) {
+        for (i, (path, s)) in ["direct", "esroute"].iter().zip(&sums).enumerate() {
             println!(
-                "| {streams} | {path} | {} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                "| {streams} | {path} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {} |",
                 s.n,
                 ms(s.e2e[0]),
                 ms(s.e2e[1]),
                 ms(s.ttft[0]),
-                ms(s.ttft[1])
+                ms(s.ttft[1]),
+                opened[i],
             );
         }
         let mean = |t: &[Timing], e2e: bool| {

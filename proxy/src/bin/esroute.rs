@@ -13,14 +13,16 @@ use engine_state_router::{CacheKnowledge, Policy, RealStateUse, RouterSettings};
 /// An OpenAI-compatible routing proxy on the engine-state router. It
 /// accepts `POST /v1/completions` and `/v1/chat/completions`, reads the
 /// prompt as token ids (text: one token per UTF-8 byte, the router crate's
-/// deterministic mapping, which essim serve shares), picks an engine with the router (its policy, its
-/// reservations, the engines' published state and cache digests), forwards
-/// the request unchanged to that engine and streams its answer back; the
-/// reservation is released when the stream ends, fails, times out or the
-/// client goes away. The session comes from the `x-session-id` header or
-/// the body's `session_id`. `GET /health` and `GET /metrics` (Prometheus)
-/// report on the proxy; SIGTERM or Ctrl-C stops accepting and drains the
-/// streams in flight. It prints `esroute listening on ADDR` once serving.
+/// deterministic mapping, which essim serve shares), picks an engine with
+/// the router (its policy, its reservations, the engines' published state
+/// and cache digests), forwards the request unchanged to that engine and
+/// streams its answer back; the reservation is released when the stream
+/// ends, fails, times out or the client goes away. The session comes from
+/// the `x-session-id` header or the body's `session_id`. `GET /health` and
+/// `GET /metrics` (Prometheus) report on the proxy; SIGTERM or Ctrl-C stops
+/// accepting and drains the streams in flight. It prints `esroute
+/// listening on ADDR` once serving. Engines come from --engine and/or
+/// --engines-file (at least one).
 #[derive(Debug, Parser)]
 #[command(name = "esroute", version, verbatim_doc_comment)]
 struct Flags {

@@ -43,6 +43,8 @@ pub struct Fake {
     pub requests: AtomicUsize,
     /// Streams whose client (the proxy) went away before the end.
     pub disconnects: AtomicUsize,
+    /// Connections accepted.
+    pub connections: AtomicUsize,
 }
 
 /// A body fed by a channel (no `Stream` adapter needed).
@@ -139,7 +141,9 @@ pub async fn start_fake() -> (String, Arc<Fake>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     // As a real engine's server would: chunks are not held back by Nagle.
-    let listener = listener.tap_io(|tcp| {
+    let counters = fake.clone();
+    let listener = listener.tap_io(move |tcp| {
+        counters.connections.fetch_add(1, Ordering::Relaxed);
         let _ = tcp.set_nodelay(true);
     });
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
