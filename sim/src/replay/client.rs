@@ -43,16 +43,10 @@ pub fn base_url(url: &str) -> anyhow::Result<String> {
     Ok(url.trim_end_matches('/').to_owned())
 }
 
-/// The error and its causes, as one line (the OS error last).
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
+/// The error and its causes, as one line (the OS error last): anyhow's
+/// alternate form.
+fn chain(e: impl std::error::Error + Send + Sync + 'static) -> String {
+    format!("{:#}", anyhow::Error::new(e))
 }
 
 /// `GET /v1/models` (or, if that is refused, `/health`) must answer 2xx.
@@ -67,7 +61,7 @@ pub async fn probe(client: &HttpClient, base: &str) -> anyhow::Result<()> {
             .map_err(|_| {
                 anyhow::anyhow!("{base}: no answer to GET {path} within {PROBE_TIMEOUT:?}")
             })?
-            .map_err(|e| anyhow::anyhow!("{base} is unreachable: {}", chain(&e)))?;
+            .map_err(|e| anyhow::anyhow!("{base} is unreachable: {}", chain(e)))?;
         let status = response.status();
         // Drain the body so that the connection returns to the pool.
         let _ = response.into_body().collect().await;
@@ -192,7 +186,7 @@ pub async fn send(
     let answer = match client.request(request).await {
         Ok(answer) => answer,
         Err(e) => {
-            response.outcome = Outcome::Error(chain(&e));
+            response.outcome = Outcome::Error(chain(e));
             return response;
         }
     };
@@ -216,7 +210,7 @@ pub async fn send(
         let frame = match frame {
             Ok(frame) => frame,
             Err(e) => {
-                response.outcome = Outcome::Error(chain(&e));
+                response.outcome = Outcome::Error(chain(e));
                 return response;
             }
         };

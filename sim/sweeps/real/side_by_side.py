@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """esroute and vllm-router side by side on the fake fleet, with essim's
-prediction for each esroute configuration (docs/ROUTING.md, "Real processes").
+prediction for each esroute configuration.
 
 Per run (a configuration at a load): a cold `essim serve` fleet of 8 engines
 at time scale K (a fresh engine-state directory), the configuration's routers
