@@ -8,8 +8,9 @@
 //! proxied (client → esroute → engine) phases, each after its own warm-up,
 //! and record every request's TTFT (to the first data chunk) and E2E (to
 //! the end of the stream). Added latency is proxied minus direct, per
-//! percentile. The pick's share is the mean of `esroute_pick_seconds`
-//! over the mean added E2E. The CPU part sends 1,000 requests/s open loop
+//! percentile (nearest rank, essim's `quantile`). The pick's share is the
+//! mean of `esroute_pick_seconds` over the mean added TTFT (the pick
+//! happens before the first chunk). The CPU part sends 1,000 requests/s open loop
 //! for a few seconds and reads esroute's utime + stime from
 //! /proc/<pid>/stat.
 //!
@@ -147,8 +148,8 @@ async fn phase(http: &Http, urls: &[String], streams: usize, each: usize) -> Vec
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let rank = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[rank.min(sorted.len() - 1)]
+    let seconds: Vec<f64> = sorted.iter().map(Duration::as_secs_f64).collect();
+    Duration::from_secs_f64(engine_state_sim::quantile(&seconds, p))
 }
 
 fn ms(d: Duration) -> f64 {
@@ -400,7 +401,7 @@ async fn cpu(args: &Args, http: &Http, proxied: &[String], pid: u32) {
         "esroute CPU at {:.0} requests/s ({} streams in flight on average, {seconds} s window): \
          {:.1} % of one core (utime+stime {:.2} s over {:.2} s); {} requests, all complete",
         sent_in_window as f64 / elapsed,
-        RATE as f64 * (CHUNKS as f64 * GAP.as_secs_f64()),
+        RATE as f64 * (GAP * (CHUNKS as u32 - 1)).as_secs_f64(),
         100.0 * cpu / elapsed,
         cpu,
         elapsed,
