@@ -29,7 +29,7 @@ help:
 	@echo "make sim         the essim routing sweeps behind docs/ROUTING.md (minutes)"
 	@echo "make sim-residency  the cache-residency sweeps (issue 21; minutes)"
 	@echo "make sim-share   replicas sharing their reservations (issue 22; minutes)"
-	@echo "make real        esroute vs vllm-router on the fake fleet, real processes (issue 23; ~25 min)"
+	@echo "make real        esroute vs vllm-router on the fake fleet, real processes (issue 23; ~22 min)"
 	@echo "make lint        cargo fmt --check, clippy -D warnings, ruff, stubtest, the C header is current"
 	@echo "make capi-header regenerate capi/include/engine_state.h (cbindgen) after an ABI change"
 	@echo "make miri        the seqlock module under Miri (needs nightly with miri)"
