@@ -323,7 +323,7 @@ $(VLLM_ROUTER_VENV)/.ok:
 vllm-router-venv: $(VLLM_ROUTER_VENV)/.ok
 
 # esroute and vllm-router side by side on the fake fleet, with essim's
-# prediction: sim/sweeps/real/matrix.json,
+# prediction (docs/ROUTING.md, "Real processes"): sim/sweeps/real/matrix.json,
 # every run's logs in $(REAL_OUT)/runs; the table, CSV and plot into docs/routing/real.
 real: bins vllm-router-venv
 	$(PYTHON) sim/sweeps/real/side_by_side.py --bin $(BIN) \

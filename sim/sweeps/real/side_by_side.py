@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """esroute and vllm-router side by side on the fake fleet, with essim's
-prediction for each esroute configuration.
+prediction for each esroute configuration (docs/ROUTING.md, "Real processes").
 
 Per run (a configuration at a load): a cold `essim serve` fleet of 8 engines
 at time scale K (a fresh engine-state directory), the configuration's routers
@@ -270,14 +270,17 @@ class Setup:
         return self.feed_ms * self.time_scale
 
 
-def start_routers(setup: Setup, config: Config, procs: Processes, urls, uri, run_dir) -> list[str]:
+def start_routers(
+    setup: Setup, config: Config, procs: Processes, engines, uri, run_dir
+) -> list[str]:
+    """The configuration's routers in front of `engines` ((id, URL) pairs); their URLs."""
     router_urls = []
     for j in range(config.replicas):
         what = f"{config.router} {j}"
         if config.router == "esroute":
             argv = [str(setup.bin / "esroute"), "--listen", "127.0.0.1:0"]
-            for i, url in enumerate(urls):
-                argv += ["--engine", f"sim-{i}={url}"]
+            for engine_id, url in engines:
+                argv += ["--engine", f"{engine_id}={url}"]
             argv += ["--policy", config.policy, "--cache-knowledge", config.cache]
             argv += ["--uri", uri, "--poll-ms", str(setup.feed_ms), "--replica-id", f"r{j}"]
             if config.share:
@@ -292,7 +295,7 @@ def start_routers(setup: Setup, config: Config, procs: Processes, urls, uri, run
         else:
             port = free_port()
             argv = [str(setup.vllm_router), "--host", "127.0.0.1", "--port", str(port)]
-            argv += ["--worker-urls", *urls, "--policy", config.policy]
+            argv += ["--worker-urls", *(url for _, url in engines), "--policy", config.policy]
             argv += ["--prometheus-port", str(free_port()), "--log-level", "warning"]
             child, _ = procs.start(argv, run_dir / f"vllm-router-{j}.log")
             url = f"http://127.0.0.1:{port}"
@@ -334,8 +337,14 @@ def run_one(setup: Setup, config: Config, load: float) -> dict:
         argv += ["--uri", uri, "--period-ms", str(setup.feed_ms), "--model", MODEL]
         fleet, lines = procs.start(argv, run_dir / "essim-serve.log", True)
         ready = read_lines(fleet, lines, setup.engines, "essim serve")
-        urls = [line.split(" ", 1)[1] for line in ready]
-        router_urls = start_routers(setup, config, procs, urls, uri, run_dir)
+        engines = []  # (engine id, URL), as essim serve printed them
+        for line in ready:
+            engine_id, _, url = line.partition(" ")
+            if not engine_id.startswith("sim-") or not url.startswith("http://"):
+                raise RuntimeError(f"essim serve: unexpected ready line {line!r}")
+            engines.append((engine_id, url))
+        urls = [url for _, url in engines]
+        router_urls = start_routers(setup, config, procs, engines, uri, run_dir)
         argv = [str(setup.bin / "essim"), "replay"]
         for url in router_urls:
             argv += ["--url", url]
@@ -383,7 +392,8 @@ def run_one(setup: Setup, config: Config, load: float) -> dict:
             pred_prefix_hit_rate=predicted.get("prefix_hit_rate", math.nan),
             pred_engines_per_session=predicted.get("engines_per_session_mean", math.nan),
         )
-        result["real_over_pred"] = result["ttft_p90_s"] / result["pred_ttft_p90_s"]
+        pred = result["pred_ttft_p90_s"]
+        result["real_over_pred"] = result["ttft_p90_s"] / pred if pred else math.nan
     (run_dir / "result.json").write_text(json.dumps(result, indent=1) + "\n")
     return result
 
