@@ -77,6 +77,26 @@ const AGENTIC: &[&str] = &[
 ];
 
 /// The trace of [`AGENTIC`], loaded as essim does.
+/// A Mooncake trace in `dir` of unrelated 600-token requests, one per
+/// `(timestamp ms, output tokens)`, each with its own two blocks.
+fn mooncake_trace(dir: &Path, requests: &[(u64, u64)]) -> std::path::PathBuf {
+    let lines: String = requests
+        .iter()
+        .enumerate()
+        .map(|(i, (timestamp, output))| {
+            format!(
+                "{{\"timestamp\": {timestamp}, \"input_length\": 600, \"output_length\": {output}, \
+                 \"hash_ids\": [{}, {}]}}\n",
+                10 * i,
+                10 * i + 1
+            )
+        })
+        .collect();
+    let path = dir.join("trace.jsonl");
+    std::fs::write(&path, lines).unwrap();
+    path
+}
+
 fn agentic_trace() -> engine_state_sim::Trace {
     TraceSpec {
         format: TraceFormat::Agentic,
@@ -215,18 +235,7 @@ fn past_max_in_flight_requests_are_skipped_and_counted() {
     let dir = tempfile::tempdir().unwrap();
     // Four unrelated requests at once; the first holds the only slot for
     // its 400 tokens (≥ 160 ms wall at 20×: 8 ms a step modelled).
-    let trace = dir.path().join("burst.jsonl");
-    let lines: String = (0..4)
-        .map(|i| {
-            format!(
-                "{{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 400, \
-                 \"hash_ids\": [{}, {}]}}\n",
-                10 * i,
-                10 * i + 1
-            )
-        })
-        .collect();
-    std::fs::write(&trace, lines).unwrap();
+    let trace = mooncake_trace(dir.path(), &[(0, 400); 4]);
     let out = dir.path().join("out");
     run_ok(&[
         "--trace",
@@ -368,19 +377,7 @@ fn session_headers_engine_headers_http_errors_and_timeouts() {
     let dir = tempfile::tempdir().unwrap();
     // Three one-turn sessions, 0.2 s apart (so that the script's order is
     // the trace's).
-    let trace = dir.path().join("three.jsonl");
-    let lines: String = (0..3)
-        .map(|i| {
-            format!(
-                "{{\"timestamp\": {}, \"input_length\": 600, \"output_length\": 2, \
-                 \"hash_ids\": [{}, {}]}}\n",
-                200 * i,
-                10 * i,
-                10 * i + 1
-            )
-        })
-        .collect();
-    std::fs::write(&trace, lines).unwrap();
+    let trace = mooncake_trace(dir.path(), &[(0, 2), (200, 2), (400, 2)]);
     let out = dir.path().join("out");
     run_ok(&[
         "--trace",
